@@ -1,0 +1,1 @@
+"""hcc.compiler — frontend checks, bounds, tree packing, lowering, cost model."""

@@ -1,0 +1,34 @@
+"""hcc — a declarative schedule compiler for collective communication.
+
+    import hcc
+    program = hcc.load("samples/dgx1.hcl")       # parse and check (path or source text)
+    plan = hcc.compile(program, "allreduce")      # bounds, tree packing, lowering, verify
+    plan.figures.efficiency                       # bound_s / predicted_s
+    plan.save("plan.json"); plan = hcc.Plan.load("plan.json")
+    out = plan.run(comm, array)                   # on one rank, over a backend communicator
+
+Heavy dependencies (OR-Tools, networkx, mpi4py, Ray, matplotlib) load only when used.
+"""
+from __future__ import annotations
+
+from .api import compile, compile_all, load
+from .grammar.diagnostics import HccError, SourceError
+from .ir.errors import PlanError, VerifyError
+from .ir.plan import Figures, Plan, Tree
+from .ir.topology import Topology
+from .compiler.program import CollectiveSpec, Program
+from .backends.base import (
+    CollectiveTimeout,
+    PeerFailed,
+    RankFailed,
+    RootFailed,
+    RuntimeFault,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveSpec", "CollectiveTimeout", "Figures", "HccError", "PeerFailed", "Plan",
+    "PlanError", "Program", "RankFailed", "RootFailed", "RuntimeFault", "SourceError",
+    "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "__version__",
+]

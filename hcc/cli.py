@@ -1,0 +1,96 @@
+"""hcc.cli — the ``hcc`` console script: a thin ``main()`` over the subcommands.
+
+Exit status: 0 success; 2 bad input (a :class:`SourceError` or :class:`PlanError`, printed
+as ``file:line:col: error: …`` with the line and a caret); 1 a failed run or an internal
+fault. No traceback reaches the user unless ``HCC_TRACEBACK=1``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# subcommand -> "module:function"; each module owns its flags' meaning
+COMMANDS = {
+    "check": "hcc.commands:cmd_check",
+    "compile": "hcc.commands:cmd_compile",
+    "viz": "hcc.commands:cmd_viz",
+    "simulate": "hcc.commands:cmd_simulate",
+    "run": "hcc.runner:cmd_run",
+    "netem": "hcc.netemcmd:cmd_netem",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hcc", description="declarative collective schedule compiler")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("check", help="parse and check a program")
+    s.add_argument("file")
+
+    s = sub.add_parser("compile", help="compile collectives to plans")
+    s.add_argument("file")
+    s.add_argument("-c", "--collective", metavar="NAME", help="compile only this collective")
+    s.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan file (atomically)")
+    s.add_argument("--json", action="store_true", help="print a JSON list, one object per collective")
+
+    s = sub.add_parser("viz", help="draw the topology and trees, or a timeline")
+    s.add_argument("file", help="plan.hcl or plan.json")
+    s.add_argument("-c", "--collective", metavar="NAME")
+    s.add_argument("--format", choices=["dot", "trace", "png", "svg"], default="dot")
+    s.add_argument("-o", "--output", metavar="OUT", required=True)
+
+    s = sub.add_parser("simulate", help="predict per-rank times and link utilisation")
+    s.add_argument("file", help="plan.hcl or plan.json")
+    s.add_argument("-c", "--collective", metavar="NAME")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("run", help="run a plan on local ranks and check the results")
+    s.add_argument("file", help="plan.hcl or plan.json")
+    s.add_argument("-c", "--collective", metavar="NAME")
+    s.add_argument("--backend", choices=["sockets", "mpi", "ray"], default="sockets")
+    s.add_argument("--iters", type=int, default=5)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--timeout", type=float, default=60.0, help="per-wait deadline, seconds")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--netem", action="store_true", help="run each rank in its `hcc netem` namespace")
+    s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("netem", help="emulate a topology with network namespaces (root)")
+    s.add_argument("action", choices=["up", "down", "exec", "status"])
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .grammar.diagnostics import HccError, SourceError
+    from .ir.errors import PlanError
+
+    args = build_parser().parse_args(argv)
+    module, func = COMMANDS[args.command].split(":")
+    try:
+        handler = getattr(importlib.import_module(module), func)
+        return int(handler(args) or 0)
+    except (SourceError, PlanError) as e:
+        print(e.render() if isinstance(e, SourceError) else str(e), file=sys.stderr)
+        return 2
+    except HccError as e:
+        print(f"hcc {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"hcc {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal fault: say so plainly, keep the traceback for debugging
+        if os.environ.get("HCC_TRACEBACK"):
+            raise
+        print(
+            f"hcc {args.command}: internal error: {type(e).__name__}: {e}\n"
+            "(set HCC_TRACEBACK=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

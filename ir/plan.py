@@ -1,0 +1,336 @@
+"""hcc.ir.plan — the plan IR: frozen value types a backend executes.
+
+A :class:`Plan` is one compiled collective: per rank, a small dataflow program of chunk
+operations, plus the spanning trees it was lowered from (kept so a runtime can re-route
+around a late or dead rank, design.md "Adaptive hooks") and the compiler's figures.
+
+Terms
+- rank: an integer ``0 .. n-1``, the index of a vertex name in :attr:`Plan.ranks`.
+- element: one item of the plan's dtype. Every offset and count is in elements, never bytes.
+- buffers: every rank has three flat element buffers, named ``"in"`` (the caller's input,
+  never written), ``"out"`` (the caller's output, also the working buffer) and ``"tmp"``
+  (scratch owned by the executor). Their lengths are :meth:`Plan.buffer_elems`; see
+  :func:`buffer_layout` for what each kind puts where.
+- block ``i`` of an E-element buffer over n ranks is ``[block_start(E, n, i), block_start(E,
+  n, i+1))`` with ``block_start(E, n, i) = i*E // n``: blocks differ by at most one element,
+  so a size that does not divide by the rank count still works.
+- :class:`ChunkRef` ``(buf, offset, count)``: a contiguous range of one buffer of the rank
+  that runs the op.
+- program: ``Plan.programs[r]`` is a tuple of ops. Op ``i`` may be *posted* only when every
+  op listed in its ``deps`` (indices into the same program, each ``< i``) has *completed*;
+  apart from that, ops run in any order and concurrently. A Send completes when its source
+  range may be overwritten; a Recv when the data is in place; a RecvReduce when the data has
+  been combined into ``dst`` with the plan's reduction. Local ops complete when done.
+- message: a Send on rank ``a`` with ``(peer=b, tag=t)`` matches exactly one Recv or
+  RecvReduce on rank ``b`` with ``(peer=a, tag=t)``, with equal counts. Tags are unique per
+  ordered pair ``(a, b)`` and small (``0 <= tag < 2**24``) so MPI can use them directly.
+- ``tree``/``chunk`` on an op name the packed tree and the chunk within it that the op moves
+  (``-1`` when not from a tree): error messages and the adaptive runtime use them.
+
+Reduction ``avg`` is lowered as ``sum`` (RecvReduce / Reduce with the plan's ``op`` =
+"avg" mean "sum") followed by a :class:`Scale` by the contributor count on the ranks that
+hold the result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from .topology import Topology
+
+PLAN_VERSION = 1
+
+DTYPE_SIZES: dict[str, int] = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+}
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+REDUCING_KINDS = frozenset({"reduce", "allreduce", "reduce_scatter"})
+ROOTED_KINDS = frozenset({"broadcast", "reduce", "gather", "scatter"})
+KINDS = (
+    "broadcast",
+    "reduce",
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "alltoall",
+    "neighbor_average",
+)
+OPS = ("sum", "prod", "min", "max", "avg")
+BUFFERS = ("in", "out", "tmp")
+
+
+def block_start(elems: int, n: int, i: int) -> int:
+    """First element of block ``i`` when ``elems`` elements are split over ``n`` ranks.
+
+    >>> [block_start(10, 4, i) for i in range(5)]
+    [0, 2, 5, 7, 10]
+    """
+    return i * elems // n
+
+
+def block_range(elems: int, n: int, i: int) -> tuple[int, int]:
+    return block_start(elems, n, i), block_start(elems, n, i + 1)
+
+
+def buffer_layout(kind: str, elems: int, n: int, rank: int, root: int) -> tuple[int, int]:
+    """``(in, out)`` lengths in elements for one rank; ``elems`` = size_bytes / dtype size.
+
+    Initial and required final states (the verifier's contract, style.md habit 6):
+
+    ======================  ==========================  ===========================================
+    kind                    in (initial)                out (required at the end)
+    ======================  ==========================  ===========================================
+    broadcast               E (root's data; others 0)   E: root's ``in`` on every rank
+    reduce                  E                           E on root: op over all ranks' ``in``
+    allreduce               E                           E: op over all ranks' ``in``, every rank
+    allgather               |block r|                   E: block j = rank j's ``in``
+    reduce_scatter          E                           |block r|: op over all ranks' block r
+    gather                  |block r|                   E on root: block j = rank j's ``in``
+    scatter                 E (root's data; others 0)   |block r|: root's block r
+    alltoall                E (E divisible by n)        E: block j = rank j's block r of ``in``
+    neighbor_average        E                           E: mean of own ``in`` and the peers' ``in``
+    ======================  ==========================  ===========================================
+
+    Non-root ranks of reduce and gather have an ``out`` of E too (used as scratch; its final
+    content is unspecified). Rooted kinds whose non-roots own no input still get ``in`` of E
+    for broadcast and scatter so every rank can call with the same shape.
+    """
+    lo, hi = block_range(elems, n, rank)
+    b = hi - lo
+    if kind in ("broadcast", "reduce", "allreduce", "alltoall", "neighbor_average"):
+        return elems, elems
+    if kind == "allgather":
+        return b, elems
+    if kind == "reduce_scatter":
+        return elems, b
+    if kind == "gather":
+        return b, elems
+    if kind == "scatter":
+        return elems, b
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    buf: str  # "in" | "out" | "tmp"
+    offset: int  # elements
+    count: int  # elements
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.count
+
+
+@dataclass(frozen=True)
+class Send:
+    peer: int
+    tag: int
+    src: ChunkRef
+    deps: tuple[int, ...] = ()
+    tree: int = -1
+    chunk: int = -1
+
+
+@dataclass(frozen=True)
+class Recv:
+    """``dst := message``."""
+
+    peer: int
+    tag: int
+    dst: ChunkRef
+    deps: tuple[int, ...] = ()
+    tree: int = -1
+    chunk: int = -1
+
+
+@dataclass(frozen=True)
+class RecvReduce:
+    """``dst := dst (op) message`` with the plan's reduction op (``avg`` reduces as sum)."""
+
+    peer: int
+    tag: int
+    dst: ChunkRef
+    deps: tuple[int, ...] = ()
+    tree: int = -1
+    chunk: int = -1
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``dst := src`` on this rank (counts equal)."""
+
+    src: ChunkRef
+    dst: ChunkRef
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """``dst := dst (op) src`` on this rank (counts equal)."""
+
+    src: ChunkRef
+    dst: ChunkRef
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scale:
+    """``dst := dst / divisor`` (for ``avg`` and ``neighbor_average``; float dtypes only)."""
+
+    dst: ChunkRef
+    divisor: int
+    deps: tuple[int, ...] = ()
+
+
+Op = Union[Send, Recv, RecvReduce, Copy, Reduce, Scale]
+OP_TYPES: dict[str, type] = {
+    "send": Send,
+    "recv": Recv,
+    "recv_reduce": RecvReduce,
+    "copy": Copy,
+    "reduce": Reduce,
+    "scale": Scale,
+}
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One packed spanning tree over the plan's ranks.
+
+    ``parent[r]`` is the parent rank of rank ``r`` (``-1`` for the root and for ranks the tree
+    does not span). Data flows root→leaves for broadcast-like phases and leaves→root for
+    reduce-like phases. ``paths[r]`` is the topology vertex path from ``parent[r]`` to ``r``
+    (through switches; empty for the root). ``rate`` is the bytes/s the packing gives the tree
+    and ``span = (lo, hi)`` the element range of the root's data it carries.
+    """
+
+    index: int
+    root: int
+    parent: tuple[int, ...]
+    rate: float
+    span: tuple[int, int]
+    paths: tuple[tuple[str, ...], ...] = ()
+
+    def children(self, r: int) -> tuple[int, ...]:
+        return tuple(c for c, p in enumerate(self.parent) if p == r)
+
+    def depth(self) -> int:
+        best = 0
+        for r in range(len(self.parent)):
+            d, v, guard = 0, r, 0
+            while self.parent[v] != -1 and guard <= len(self.parent):
+                v, d, guard = self.parent[v], d + 1, guard + 1
+            best = max(best, d)
+        return best
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The compiler's numbers for one plan (design.md "Cost model"). Rates in bytes/s,
+    times in seconds. ``efficiency = bound_s / predicted_s``."""
+
+    rate_Bps: float = 0.0  # the packed trees' aggregate rate (the schedule's steady state)
+    bound_rate_Bps: float = 0.0  # best rate the network allows (cut bound)
+    predicted_s: float = 0.0  # event-driven simulation of this plan
+    bound_s: float = 0.0  # size / bound rate (+ the least latency), the lower bound
+    efficiency: float = 0.0
+    ring_predicted_s: float = 0.0  # NCCL-style ring, same cost model
+    tree_predicted_s: float = 0.0  # NCCL-style double binary tree, same cost model
+    compile_s: float = 0.0
+    wire_bytes: int = 0  # bytes put on links by this plan (after compression)
+    algbw_Bps: float = 0.0  # size_bytes / predicted_s
+    busbw_Bps: float = 0.0  # algbw x the nccl-tests factor of the kind
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    kind: str
+    ranks: tuple[str, ...]  # topology vertex of each rank
+    root: int  # -1 for kinds without a root
+    size_bytes: int
+    dtype: str
+    op: str | None  # reducing kinds (and "avg" for neighbor_average); None otherwise
+    algorithm: str  # the algorithm actually used: treepack | ring | tree | direct | ...
+    chunk_bytes: int
+    trees: tuple[Tree, ...]
+    programs: tuple[tuple[Op, ...], ...]
+    tmp_elems: tuple[int, ...]  # per rank length of "tmp"
+    topology: Topology
+    figures: Figures = field(default_factory=Figures)
+    compress: str = "none"  # none | fp16 | int8
+    on_failure: str = "abort"  # abort | continue
+    adaptive: bool = False
+    peers: str | None = None  # neighbor_average only: ring | all | shift_one
+    version: int = PLAN_VERSION
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def elems(self) -> int:
+        return self.size_bytes // self.itemsize
+
+    def buffer_elems(self, rank: int) -> dict[str, int]:
+        i, o = buffer_layout(self.kind, self.elems, self.n, rank, self.root)
+        return {"in": i, "out": o, "tmp": self.tmp_elems[rank]}
+
+    # The heavy parts live in their own modules and are imported where used.
+    def verify(self) -> None:
+        from .verify import verify
+
+        verify(self)
+
+    def to_json(self) -> str:
+        from .serialize import dumps
+
+        return dumps(self)
+
+    @staticmethod
+    def from_json(text: str, source: str = "<plan>") -> "Plan":
+        from .serialize import loads
+
+        return loads(text, source=source)
+
+    def save(self, path) -> None:
+        from .serialize import save
+
+        save(self, path)
+
+    @staticmethod
+    def load(path) -> "Plan":
+        from .serialize import load
+
+        return load(path)
+
+    def digest(self) -> str:
+        """A short stable id of the plan (frames on the wire carry it)."""
+        from .serialize import digest
+
+        return digest(self)
+
+    def summary(self) -> dict:
+        from .serialize import summary
+
+        return summary(self)
+
+    def run(self, comm, array=None, **options):
+        """Execute this plan on one rank over a backend communicator (see hcc.backends)."""
+        from ..backends.executor import run
+
+        return run(self, comm, array, **options)
