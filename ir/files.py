@@ -12,6 +12,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent or ".")
     try:
+        # mkstemp makes the file 0600; a plan or picture is an ordinary file (0666 less umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

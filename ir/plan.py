@@ -167,11 +167,19 @@ class RecvReduce:
 
 @dataclass(frozen=True)
 class Copy:
-    """``dst := src`` on this rank (counts equal)."""
+    """``dst := src`` on this rank (counts equal).
+
+    ``roundtrip=True`` (compressed plans only): ``dst := decode(encode(src))`` with the plan's
+    codec, i.e. the value a receiver of ``src`` gets; ``src`` and ``dst`` may be the same
+    range. A compressed allreduce uses it so the owner of a block keeps what it sent and every
+    rank ends with identical values (compiler/lower_relax.py). Symbolically (ir/verify.py) and
+    when ``compress == "none"`` it is a plain copy.
+    """
 
     src: ChunkRef
     dst: ChunkRef
     deps: tuple[int, ...] = ()
+    roundtrip: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,509 @@
+"""hcc.compiler.lower — packed spanning trees to per-rank chunk programs (the plan IR).
+
+Terms
+- packed tree: a value shaped like ``compiler.treepack.PackedTree``: ``root`` (a rank's vertex
+  name, or its rank index), ``edges`` = ``(parent, child, path)`` triples (vertex names or rank
+  indices; ``path`` the topology vertices from parent to child) and ``rate`` in bytes/s.
+- span: the element range a tree carries, a share of the data proportional to its rate
+  (Blink, MLSys 2020, sec. 3: each tree of the packing moves ``w_T / sum w`` of the data).
+- chunk: a run of at most ``chunk_elems`` consecutive elements of a span; the unit of
+  pipelining. A rank forwards chunk ``c`` as soon as it holds it: a Send depends only on the
+  op that produced that chunk on that rank, so a depth-``d`` tree costs about ``d`` chunk times
+  plus one buffer time, not ``d`` buffer times (design.md "Runtime").
+- ready ops: the ops after whose completion a rank holds a chunk's value (a Recv, every
+  RecvReduce of a reduction, or none when the value sits in ``in`` from the start).
+
+Lowering per kind (ir/plan.py ``buffer_layout`` gives the required result):
+- broadcast: out-trees from the root; the root sends from ``in`` and copies ``in`` to ``out``.
+- reduce: in-trees to the root: an interior rank copies ``in`` to ``out``, RecvReduces each
+  child (concurrently: reductions into one range commute, and the executor applies them one
+  at a time), then sends up; a leaf sends straight from ``in``. ``avg`` = sum, then a Scale
+  at the root.
+- allreduce: Blink's reduce-then-broadcast over the same trees, per chunk: the broadcast of
+  chunk ``c`` starts when the root has reduced ``c``; a non-root's Recv of the result depends
+  on its own Send-up of that chunk (it overwrites what it sent).
+- allreduce over trees rooted at every rank (a ForestColl allgather packing, the pipeline's
+  "treepack-rsag"): tree ``T`` rooted at ``j`` carries a rate share of block ``j``; per chunk
+  it reduces into ``j`` over ``T`` walked backwards, then broadcasts back over ``T``: a
+  reduce-scatter followed by an allgather, pipelined chunk by chunk. (Trees with fewer
+  distinct roots, e.g. the double binary tree, share the whole buffer by rate instead.)
+- allgather / reduce_scatter: one set of trees per root rank ``j`` carrying block ``j``
+  (ForestColl); reduce_scatter accumulates in ``tmp`` on interior ranks and in ``out`` at ``j``.
+- gather / scatter: trees rooted at the root; each block is split across the trees in the
+  same rate proportions and every block part travels along the tree path between its owner
+  and the root; relays hold it in ``out`` (gather: a non-root's ``out`` is scratch) or in
+  ``tmp`` at its natural offset (scatter).
+- alltoall, neighbor_average: direct messages between the pairs that exchange data.
+
+Tags are allocated per ordered pair ``(src, dst)`` from 0 upward, so they are unique per pair
+and small (``< 2**24``, ir/plan.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from ..ir.errors import PlanError
+from ..ir.plan import (
+    DTYPE_SIZES,
+    ROOTED_KINDS,
+    ChunkRef,
+    Copy,
+    Op,
+    Plan,
+    Recv,
+    RecvReduce,
+    Scale,
+    Send,
+    Tree,
+    block_range,
+)
+from ..ir.topology import Topology
+from ..ir.verify import neighbor_peers
+
+MAX_TAG = 1 << 24
+
+__all__ = [
+    "ProgramBuilder",
+    "assemble",
+    "TreeShape",
+    "chunk_elems",
+    "lower",
+    "neighbor_peers",
+    "plan_op",
+    "split_by_rate",
+]
+
+
+def chunk_elems(chunk_bytes: int, dtype: str) -> int:
+    """Chunk size in whole elements, at least one.
+
+    >>> chunk_elems(1000, "float32"), chunk_elems(1, "float64")
+    (250, 1)
+    """
+    if chunk_bytes <= 0:
+        raise PlanError(f"chunk size must be positive, got {chunk_bytes} bytes")
+    return max(1, int(chunk_bytes) // DTYPE_SIZES[dtype])
+
+
+def split_by_rate(lo: int, hi: int, rates: Sequence[float]) -> list[tuple[int, int]]:
+    """Split ``[lo, hi)`` into consecutive ranges proportional to ``rates`` (cumulative floor,
+    so the parts tile the range exactly). Non-positive total rate splits evenly.
+
+    >>> split_by_rate(0, 10, [3.0, 1.0])
+    [(0, 7), (7, 10)]
+    """
+    total = float(sum(rates))
+    weights = list(rates) if total > 0 else [1.0] * len(rates)
+    total = float(sum(weights))
+    out, acc, start = [], 0.0, lo
+    for i, w in enumerate(weights):
+        acc += w
+        end = hi if i == len(weights) - 1 else lo + int((hi - lo) * acc / total)
+        end = max(start, min(hi, end))
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _chunks(lo: int, hi: int, ce: int) -> Iterator[tuple[int, int]]:
+    a = lo
+    while a < hi:
+        b = min(hi, a + ce)
+        yield a, b
+        a = b
+
+
+def _deps(*xs: int | None) -> tuple[int, ...]:
+    return tuple(sorted({x for x in xs if x is not None}))
+
+
+def plan_op(kind: str, op: str | None) -> str | None:
+    """The plan's reduction op: the spec's (default sum) for reducing kinds, ``avg`` for
+    neighbor_average, ``None`` otherwise."""
+    if kind in ("reduce", "allreduce", "reduce_scatter"):
+        return op or "sum"
+    if kind == "neighbor_average":
+        return "avg"
+    return None
+
+
+class ProgramBuilder:
+    """Per-rank op lists under construction, with per-pair tag counters and tmp sizing."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.programs: list[list[Op]] = [[] for _ in range(n)]
+        self.tmp_end = [0] * n
+        self._tags: dict[tuple[int, int], int] = {}
+
+    def add(self, rank: int, op: Op) -> int:
+        prog = self.programs[rank]
+        prog.append(op)
+        for ref in _refs(op):
+            if ref.buf == "tmp" and ref.end > self.tmp_end[rank]:
+                self.tmp_end[rank] = ref.end
+        return len(prog) - 1
+
+    def message(
+        self,
+        src: int,
+        dst: int,
+        src_ref: ChunkRef,
+        dst_ref: ChunkRef,
+        *,
+        send_deps: tuple[int, ...] = (),
+        recv_deps: tuple[int, ...] = (),
+        reduce: bool = False,
+        tree: int = -1,
+        chunk: int = -1,
+    ) -> tuple[int, int]:
+        """Add a matched Send (on ``src``) and Recv/RecvReduce (on ``dst``); return their
+        indices in the two programs."""
+        tag = self._tags.get((src, dst), 0)
+        if tag >= MAX_TAG:
+            raise PlanError(f"more than {MAX_TAG} messages from rank {src} to rank {dst}; use larger chunks")
+        self._tags[(src, dst)] = tag + 1
+        s = self.add(src, Send(dst, tag, src_ref, send_deps, tree, chunk))
+        cls = RecvReduce if reduce else Recv
+        r = self.add(dst, cls(src, tag, dst_ref, recv_deps, tree, chunk))
+        return s, r
+
+    def finish(self) -> tuple[tuple[tuple[Op, ...], ...], tuple[int, ...]]:
+        return tuple(tuple(p) for p in self.programs), tuple(self.tmp_end)
+
+
+def _refs(op: Op) -> tuple[ChunkRef, ...]:
+    if isinstance(op, Send):
+        return (op.src,)
+    if isinstance(op, (Recv, RecvReduce, Scale)):
+        return (op.dst,)
+    return (op.src, op.dst)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A packed tree resolved to rank indices, with the traversal orders lowering needs."""
+
+    root: int
+    parent: tuple[int, ...]
+    paths: tuple[tuple[str, ...], ...]
+    rate: float
+    children: tuple[tuple[int, ...], ...]
+    order: tuple[int, ...]  # BFS from the root: parents before children
+
+    @staticmethod
+    def of(packed: Any, ranks: Sequence[str], index: int) -> "TreeShape":
+        n = len(ranks)
+        rank_of = {v: i for i, v in enumerate(ranks)}
+
+        def rank(x: Any) -> int:
+            if isinstance(x, str):
+                if x not in rank_of:
+                    raise PlanError(f"tree {index} names {x!r}, which is not a rank of the collective")
+                return rank_of[x]
+            if isinstance(x, int) and 0 <= x < n:
+                return x
+            raise PlanError(f"tree {index} names rank {x!r}, outside 0..{n - 1}")
+
+        root = rank(packed.root)
+        parent = [-1] * n
+        paths: list[tuple[str, ...]] = [()] * n
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for edge in packed.edges:
+            p, c = rank(edge[0]), rank(edge[1])
+            path = tuple(edge[2]) if len(edge) > 2 else (ranks[p], ranks[c])
+            if c == root or parent[c] != -1:
+                raise PlanError(f"tree {index}: rank {ranks[c]} has two parents")
+            parent[c] = p
+            paths[c] = path
+            kids[p].append(c)
+        order, seen = [root], {root}
+        i = 0
+        while i < len(order):
+            for c in kids[order[i]]:
+                if c not in seen:
+                    seen.add(c)
+                    order.append(c)
+            i += 1
+        if len(order) != n:
+            missing = next(r for r in range(n) if r not in seen)
+            raise PlanError(f"tree {index} rooted at {ranks[root]} does not reach rank {ranks[missing]}")
+        return TreeShape(root, tuple(parent), tuple(paths), float(packed.rate),
+                         tuple(tuple(k) for k in kids), tuple(order))
+
+    def to_tree(self, index: int, span: tuple[int, int]) -> Tree:
+        return Tree(index, self.root, self.parent, self.rate, span, self.paths)
+
+    def path_up(self, r: int) -> list[int]:
+        """Ranks from ``r`` up to the root, inclusive."""
+        out = [r]
+        while out[-1] != self.root:
+            out.append(self.parent[out[-1]])
+        return out
+
+
+class _Lowering:
+    """One lowering run: the builder plus the collective's constants."""
+
+    def __init__(self, spec: Any, ce: int):
+        self.spec = spec
+        self.n = len(spec.ranks)
+        self.E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+        self.ce = ce
+        self.op = plan_op(spec.kind, spec.op)
+        self.B = ProgramBuilder(self.n)
+
+    def block(self, j: int) -> tuple[int, int]:
+        return block_range(self.E, self.n, j)
+
+    # -- out-tree: one chunk from the root to every rank -------------------------------
+    def bcast_chunk(self, t: int, k: int, sh: TreeShape, root_src: ChunkRef, dst: ChunkRef,
+                    root_ready: tuple[int, ...], wait_for: dict[int, int] | None = None) -> None:
+        B = self.B
+        have: dict[int, tuple[int, ...]] = {sh.root: root_ready}
+        src = {sh.root: root_src}
+        for r in sh.order:
+            for c in sh.children[r]:
+                rd = _deps(wait_for.get(c)) if wait_for else ()
+                _, rv = B.message(r, c, src[r], dst, send_deps=have[r], recv_deps=rd,
+                                  tree=t, chunk=k)
+                have[c], src[c] = (rv,), dst
+
+    # -- in-tree: one chunk reduced from every rank to the root -------------------------
+    def reduce_chunk(self, t: int, k: int, sh: TreeShape, a: int, b: int,
+                     dst_of) -> tuple[ChunkRef, tuple[int, ...], dict[int, int]]:
+        """Returns the root's result ref, the ops that complete it, and each non-root's
+        Send-up index. The RecvReduces of one rank's children all depend only on its Copy:
+        reductions into one range commute (ir/verify.py), so a child's chunk is combined as
+        soon as it lands rather than after its siblings'."""
+        B = self.B
+        cnt = b - a
+        inref = ChunkRef("in", a, cnt)
+        ready: dict[int, tuple[ChunkRef, tuple[int, ...]]] = {}
+        sendup: dict[int, int] = {}
+        for r in reversed(sh.order):  # children before parents
+            kids = sh.children[r]
+            if not kids and r != sh.root:
+                ready[r] = (inref, ())  # a leaf sends its input as is
+                continue
+            acc = dst_of(r)
+            copy = B.add(r, Copy(inref, acc))
+            done = []
+            for c in kids:
+                cref, cdeps = ready[c]
+                s, rr = B.message(c, r, cref, acc, send_deps=cdeps, recv_deps=(copy,),
+                                  reduce=True, tree=t, chunk=k)
+                sendup[c] = s
+                done.append(rr)
+            ready[r] = (acc, tuple(done) or (copy,))
+        acc, last = ready[sh.root]
+        if self.op == "avg" and self.n > 1:
+            last = (B.add(sh.root, Scale(acc, self.n, last)),)
+        return acc, last, sendup
+
+
+def _tree_jobs(spans: list[tuple[int, int]], ce: int) -> list[list[tuple[int, int]]]:
+    return [list(_chunks(a, b, ce)) for a, b in spans]
+
+
+def _round_robin(jobs: list[list[Any]]) -> Iterator[tuple[int, int, Any]]:
+    """(tree, chunk index, job) in chunk-major order so every tree advances together."""
+    longest = max((len(j) for j in jobs), default=0)
+    for k in range(longest):
+        for t, js in enumerate(jobs):
+            if k < len(js):
+                yield t, k, js[k]
+
+
+def _direct_alltoall(L: _Lowering) -> None:
+    n, E, B = L.n, L.E, L.B
+    if E % n:
+        raise PlanError(f"alltoall needs a size divisible by the rank count: {E} elements over {n} ranks")
+    w = E // n
+    pieces = list(_chunks(0, w, L.ce))
+    for k, (a, b) in enumerate(pieces):
+        for r in range(n):
+            B.add(r, Copy(ChunkRef("in", r * w + a, b - a), ChunkRef("out", r * w + a, b - a)))
+        # shift d pairs every rank with a distinct peer, spreading the load over links
+        for d in range(1, n):
+            for i in range(n):
+                j = (i + d) % n
+                B.message(i, j, ChunkRef("in", j * w + a, b - a), ChunkRef("out", i * w + a, b - a),
+                          chunk=k)
+
+
+def _direct_neighbor_average(L: _Lowering) -> None:
+    n, B = L.n, L.B
+    peers = [neighbor_peers(L.spec.peers, n, r) for r in range(n)]
+    for k, (a, b) in enumerate(_chunks(0, L.E, L.ce)):
+        ref_in, ref_out = ChunkRef("in", a, b - a), ChunkRef("out", a, b - a)
+        copy = [B.add(r, Copy(ref_in, ref_out)) for r in range(n)]
+        done: list[list[int]] = [[] for _ in range(n)]
+        for r in range(n):
+            for p in peers[r]:
+                _, rr = B.message(p, r, ref_in, ref_out, recv_deps=(copy[r],), reduce=True, chunk=k)
+                done[r].append(rr)
+        for r in range(n):
+            if peers[r]:
+                B.add(r, Scale(ref_out, 1 + len(peers[r]), tuple(done[r])))
+
+
+def _lower_trees(L: _Lowering, shapes: list[TreeShape]) -> list[tuple[int, int]]:
+    """Emit every op for a tree-based kind; return each tree's span."""
+    spec, n, E, ce, B = L.spec, L.n, L.E, L.ce, L.B
+    kind = spec.kind
+    if not shapes:
+        raise PlanError(f"cannot lower {kind} {spec.name!r}: no trees")
+    rates = [s.rate for s in shapes]
+
+    if kind in ("broadcast", "reduce", "gather", "scatter"):
+        for i, s in enumerate(shapes):
+            if s.root != spec.root:
+                raise PlanError(f"tree {i} is rooted at {spec.ranks[s.root]}, but {kind} "
+                                f"{spec.name!r} has root {spec.ranks[spec.root]}")
+
+    per_root = kind == "allreduce" and n > 1 and {s.root for s in shapes} == set(range(n))
+    if kind in ("broadcast", "reduce", "allreduce") and not per_root:
+        spans = split_by_rate(0, E, rates)
+        for t, k, (a, b) in _round_robin(_tree_jobs(spans, ce)):
+            sh, cnt = shapes[t], b - a
+            out = ChunkRef("out", a, cnt)
+            if kind == "broadcast":
+                B.add(sh.root, Copy(ChunkRef("in", a, cnt), out))
+                L.bcast_chunk(t, k, sh, ChunkRef("in", a, cnt), out, ())
+            else:
+                acc, last, sendup = L.reduce_chunk(t, k, sh, a, b, lambda r: out)
+                if kind == "allreduce":
+                    L.bcast_chunk(t, k, sh, acc, out, last, wait_for=sendup)
+        return spans
+
+    if kind in ("allgather", "reduce_scatter") or per_root:
+        spans: list[tuple[int, int]] = [(0, 0)] * len(shapes)
+        for j in range(n):
+            mine = [i for i, s in enumerate(shapes) if s.root == j]
+            lo, hi = L.block(j)
+            if not mine:
+                if hi > lo and n > 1:
+                    raise PlanError(f"{kind} {spec.name!r} needs a tree rooted at every rank; "
+                                    f"none is rooted at {spec.ranks[j]}")
+                continue
+            for i, sp in zip(mine, split_by_rate(lo, hi, [rates[i] for i in mine])):
+                spans[i] = sp
+        for t, k, (a, b) in _round_robin(_tree_jobs(spans, ce)):
+            sh, cnt = shapes[t], b - a
+            j = sh.root
+            lo = L.block(j)[0]
+            if per_root:  # reduce-scatter then allgather, chunk by chunk, over each tree
+                out = ChunkRef("out", a, cnt)
+                acc, last, sendup = L.reduce_chunk(t, k, sh, a, b, lambda r: out)
+                L.bcast_chunk(t, k, sh, acc, out, last, wait_for=sendup)
+            elif kind == "allgather":
+                src = ChunkRef("in", a - lo, cnt)
+                out = ChunkRef("out", a, cnt)
+                B.add(j, Copy(src, out))
+                L.bcast_chunk(t, k, sh, src, out, ())
+            else:
+                def dst_of(r: int, j=j, a=a, cnt=cnt, lo=lo) -> ChunkRef:
+                    return ChunkRef("out", a - lo, cnt) if r == j else ChunkRef("tmp", a, cnt)
+
+                L.reduce_chunk(t, k, sh, a, b, dst_of)
+        return spans
+
+    if kind in ("gather", "scatter"):
+        spans = split_by_rate(0, E, rates)
+        parts = [split_by_rate(*L.block(j), rates) for j in range(n)]
+        jobs: list[list[tuple[int, int, int]]] = []
+        for t in range(len(shapes)):
+            jobs.append([(j, a, b) for j in range(n) for a, b in _chunks(*parts[j][t], ce)])
+        root = spec.root
+        rlo = L.block(root)[0]
+        for t, k, (j, a, b) in _round_robin(jobs):
+            sh, cnt = shapes[t], b - a
+            jlo = L.block(j)[0]
+            if j == root:
+                if kind == "gather":
+                    B.add(root, Copy(ChunkRef("in", a - jlo, cnt), ChunkRef("out", a, cnt)))
+                else:
+                    B.add(root, Copy(ChunkRef("in", a, cnt), ChunkRef("out", a - rlo, cnt)))
+                continue
+            hops = sh.path_up(j)  # j ... root
+            if kind == "gather":
+                src, dep = ChunkRef("in", a - jlo, cnt), None
+                for u, v in zip(hops, hops[1:]):
+                    dst = ChunkRef("out", a, cnt)
+                    _, rv = B.message(u, v, src, dst, send_deps=_deps(dep), tree=t, chunk=k)
+                    src, dep = dst, rv
+            else:
+                hops.reverse()  # root ... j
+                src, dep = ChunkRef("in", a, cnt), None
+                for u, v in zip(hops, hops[1:]):
+                    dst = ChunkRef("out", a - jlo, cnt) if v == j else ChunkRef("tmp", a, cnt)
+                    _, rv = B.message(u, v, src, dst, send_deps=_deps(dep), tree=t, chunk=k)
+                    src, dep = dst, rv
+        return spans
+
+    raise PlanError(f"cannot lower collective kind {kind!r} over trees")
+
+
+def lower(
+    spec_like: Any,
+    topo: Topology,
+    trees: Sequence[Any],
+    chunk_bytes: int,
+    algorithm: str = "treepack",
+) -> Plan:
+    """Lower ``trees`` (PackedTree-like values) for the collective ``spec_like`` (a
+    :class:`~hcc.compiler.program.CollectiveSpec` or anything with its fields) to a
+    :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
+
+    alltoall and neighbor_average ignore ``trees`` and use direct messages (their plans say
+    ``algorithm = "direct"``). ``figures`` are left at their defaults for the cost model.
+    """
+    spec = spec_like
+    kind = spec.kind
+    n = len(spec.ranks)
+    if n < 1:
+        raise PlanError(f"collective {spec.name!r} has no ranks")
+    if spec.dtype not in DTYPE_SIZES:
+        raise PlanError(f"unknown dtype {spec.dtype!r}")
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    L = _Lowering(spec, ce)
+    tree_values: tuple[Tree, ...] = ()
+    if kind == "alltoall":
+        _direct_alltoall(L)
+        algorithm = "direct"
+    elif kind == "neighbor_average":
+        _direct_neighbor_average(L)
+        algorithm = "direct"
+    else:
+        shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
+        spans = _lower_trees(L, shapes)
+        tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
+    return assemble(spec, topo, L.B, tree_values, algorithm, ce)
+
+
+def assemble(spec: Any, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],
+             algorithm: str, ce: int) -> Plan:
+    """The :class:`Plan` of ``spec`` from a finished builder (shared with compiler/algorithms.py)."""
+    kind = spec.kind
+    programs, tmp = builder.finish()
+    return Plan(
+        name=spec.name,
+        kind=kind,
+        ranks=tuple(spec.ranks),
+        root=spec.root if kind in ROOTED_KINDS else -1,
+        size_bytes=spec.size_bytes,
+        dtype=spec.dtype,
+        op=plan_op(kind, spec.op),
+        algorithm=algorithm,
+        chunk_bytes=ce * DTYPE_SIZES[spec.dtype],
+        trees=trees,
+        programs=programs,
+        tmp_elems=tmp,
+        topology=topo,
+        compress=getattr(spec, "compress", "none") or "none",
+        on_failure=getattr(spec, "on_failure", "abort") or "abort",
+        adaptive=bool(getattr(spec, "adaptive", False) or False),
+        peers=getattr(spec, "peers", None) if kind == "neighbor_average" else None,
+    )
