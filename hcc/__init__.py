@@ -17,6 +17,7 @@ from .ir.errors import PlanError, VerifyError
 from .ir.plan import Figures, Plan, Tree
 from .ir.topology import Topology
 from .compiler.program import CollectiveSpec, Program
+from . import relax
 from .backends.base import (
     CollectiveTimeout,
     PeerFailed,
@@ -30,5 +31,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CollectiveSpec", "CollectiveTimeout", "Figures", "HccError", "PeerFailed", "Plan",
     "PlanError", "Program", "RankFailed", "RootFailed", "RuntimeFault", "SourceError",
-    "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "__version__",
+    "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "relax", "__version__",
 ]
