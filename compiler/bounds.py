@@ -1,0 +1,408 @@
+"""hcc.compiler.bounds — lower bounds on the time of every collective, computed from cuts.
+
+Terms
+- A collective of kind K runs on ``topo.restricted(ranks)``: its ranks R (N = |R|) and every
+  switch; c(e) is a link's capacity in bytes/s. M is ``size_bytes``, the per-rank output
+  buffer as nccl-tests counts it (for reduce_scatter the full input, as in ir.plan).
+- For a vertex set S, B⁺(S) is the capacity of the links leaving S and B⁻(S) of those entering.
+- *rate bound* (bytes/s) and *time bound* (seconds): no schedule whatsoever, with any
+  pipelining and any routing through switches, can beat them. Latency is not included; these
+  are bandwidth bounds, the ``M / rate`` term of the cost model.
+
+Results implemented
+- Broadcast / reduce (Edmonds 1973, "Edge-disjoint branchings"; Blink, MLSys 2020): the best
+  rate from root r is R* = min over ranks v != r of maxflow(r, v); time >= M / R*. Reduce uses
+  the reversed graph. On a graph without switches Edmonds' theorem makes R* achievable by a
+  fractional packing of spanning arborescences (compiler/treepack.py reaches it).
+- Allgather / reduce-scatter (ForestColl, Zhao et al. 2024): every rank's M/N bytes must reach
+  every other rank, so for every S containing some but not all ranks, |S ∩ R|·M/N bytes leave S:
+  time >= (M/N) · max_S |S ∩ R| / B⁺(S). Equivalently the per-root rate x* = min_S B⁺(S)/|S ∩ R|.
+  It is computed *exactly* as ForestColl does, by max-flow: add a source s with an arc s -> r of
+  capacity x to every rank; x is feasible iff for every rank v, maxflow(s, v) >= (N-1)·x (arc
+  s -> v left out). A min cut that violates it is a set S with B⁺(S)/|S ∩ R| < x; we lower x to
+  that ratio and repeat (Newton's method on a concave piecewise-linear function: finitely many
+  steps, each exact in integer arithmetic). Reduce-scatter is the same on the reversed graph.
+  Allreduce = reduce-scatter + allgather, bound 2x the allgather bound (design.md).
+- Gather / scatter: every non-root rank's M/N bytes must reach the root, so for every S without
+  the root, time >= (M/N)·|S ∩ R| / B⁺(S) (S = V minus the root gives (N-1)/N·M through the
+  root's in-cut). Exact by the same parametric max-flow with the root as the only sink; scatter
+  on the reversed graph.
+- Alltoall: rank i sends block j (M/N bytes) to rank j, so for every S, |S ∩ R|·|R \\ S|·M/N bytes
+  must cross from S to its complement: time >= max_S |S ∩ R|·|R \\ S|·(M/N) / B⁺(S) (a
+  bisection-style cut bound). Exact enumeration of every vertex subset when the restricted
+  topology has at most 16 vertices; above that the maximum over a family of rank subsets A
+  (singletons, their complements, hosts, the ranks behind each switch, rank-order halves and
+  prefixes of hosts), each priced by the exact min cut separating A from R \\ A with switches
+  free. Every S gives a valid bound, so the family's maximum is still a valid (weaker) bound.
+- neighbor_average: every rank receives M bytes from each of its distinct peers and sends M to
+  each: time >= max over ranks v of max(p·M / B⁻({v}), p·M / B⁺({v})), p the peer count
+  (ring: 2 for N > 2, 1 for N = 2; shift_one: 1; all: N-1).
+
+Max-flows use OR-Tools' SimpleMaxFlow on integer capacities: capacities that are whole bytes/s
+(every unit of language.md gives whole bytes/s above 1 B/s) are used as they are, so the
+figures are exact; other capacities are scaled to about 2^40 (relative error < 1e-12).
+
+>>> from hcc.ir.topology import Topology, Link
+>>> t = Topology("pair", ("a", "b"), links=(Link("a", "b", 10.0), Link("b", "a", 10.0)))
+>>> broadcast_rate_bound(t, ("a", "b"), "a")
+10.0
+>>> allgather_time_bound(t, ("a", "b"), 20)
+1.0
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Iterable
+
+import numpy as np
+from ortools.graph.python import max_flow
+
+from ..ir.topology import Topology
+
+__all__ = [
+    "broadcast_rate_bound",
+    "reduce_rate_bound",
+    "allgather_rate_bound",
+    "allgather_rate_exact",
+    "allgather_time_bound",
+    "reduce_scatter_time_bound",
+    "allreduce_time_bound",
+    "alltoall_time_bound",
+    "gather_time_bound",
+    "scatter_time_bound",
+    "neighbor_average_time_bound",
+    "time_bound",
+    "peer_count",
+]
+
+# 2^40: scaled capacities keep 12 significant digits and sums of 256 ranks' worth of
+# links (and the x N factor of the parametric flow) stay far below 2^63.
+_SCALE_TARGET = float(2**40)
+# exhaustive alltoall cut enumeration up to 2^16 = 65536 subsets (about 0.1 s with numpy)
+_ALLTOALL_EXACT_VERTICES = 16
+
+
+class _Net:
+    """The restricted topology as an integer-capacity digraph for repeated max-flows."""
+
+    def __init__(self, topo: Topology, ranks: tuple[str, ...], reverse: bool = False):
+        sub = topo.restricted(tuple(ranks))
+        g = sub.graph()
+        self.ranks = tuple(ranks)
+        missing = [r for r in self.ranks if r not in g]
+        if missing:
+            raise ValueError(f"ranks not in topology {topo.name!r}: {missing}")
+        self.vertices = tuple(g.nodes)
+        self.index = {v: i for i, v in enumerate(self.vertices)}
+        arcs = []
+        for u, v, d in g.edges(data=True):
+            a, b = (v, u) if reverse else (u, v)
+            if d["capacity"] > 0:
+                arcs.append((self.index[a], self.index[b], float(d["capacity"])))
+        caps = [c for _, _, c in arcs]
+        integral = all(float(c).is_integer() for c in caps) and (max(caps, default=0) < 2**50)
+        self.scale = 1.0 if integral or not caps else _SCALE_TARGET / max(caps)
+        self.arcs = [(a, b, int(round(c * self.scale))) for a, b, c in arcs]
+        self.out_cap = [0] * len(self.vertices)
+        self.in_cap = [0] * len(self.vertices)
+        for a, b, c in self.arcs:
+            self.out_cap[a] += c
+            self.in_cap[b] += c
+        self.rank_idx = [self.index[r] for r in self.ranks]
+        # the arcs as int64 arrays: SimpleMaxFlow takes them in one call, 20x faster than
+        # one Python call per arc on the 256-rank fat tree's 1,024 arcs
+        self._tails = np.array([a for a, _, _ in self.arcs], dtype=np.int64)
+        self._heads = np.array([b for _, b, _ in self.arcs], dtype=np.int64)
+        self._caps = np.array([c for _, _, c in self.arcs], dtype=np.int64)
+
+    def _flow(self, factor: int = 1):
+        f = max_flow.SimpleMaxFlow()
+        if len(self.arcs):
+            f.add_arcs_with_capacity(self._tails, self._heads, self._caps * factor)
+        return f
+
+    def out_of(self, s: Iterable[int]) -> int:
+        """B⁺(S) in scaled integer capacity."""
+        inside = set(s)
+        return sum(c for a, b, c in self.arcs if a in inside and b not in inside)
+
+    def maxflow(self, src: int, dst: int) -> int:
+        f = self._flow()
+        if f.solve(src, dst) != f.OPTIMAL:
+            raise ArithmeticError("max-flow did not reach optimality")
+        return f.optimal_flow()
+
+    def min_cut_between(self, side: set[int], other: set[int]) -> int:
+        """Least B⁺(S) over S ⊇ side, S ∩ other = ∅ (switches and the rest placed freely)."""
+        n = len(self.vertices)
+        s, t = n, n + 1
+        f = self._flow()
+        big = sum(c for _, _, c in self.arcs) + 1
+        for v in side:
+            f.add_arc_with_capacity(s, v, big)
+        for v in other:
+            f.add_arc_with_capacity(v, t, big)
+        if f.solve(s, t) != f.OPTIMAL:
+            raise ArithmeticError("max-flow did not reach optimality")
+        return f.optimal_flow()
+
+    def parametric_rate(self, sinks: list[int]) -> Fraction:
+        """x* = min B⁺(S)/|S ∩ R| over S that miss some rank of ``sinks`` (scaled units).
+
+        Newton iteration on the ForestColl condition maxflow_x(s, v) >= (N-1)·x for v in sinks.
+        """
+        n = len(self.vertices)
+        # S = {r} for a rank r that is not the only sink gives the starting ratio B⁺({r})/1.
+        starts = [self.out_cap[r] for r in self.rank_idx if not (len(sinks) == 1 and r == sinks[0])]
+        x = Fraction(min(starts))
+        if x == 0:
+            return x
+        s = n
+        for _ in range(4 * n + 8):  # Newton steps; each strictly lowers x, few in practice
+            lowered = False
+            for v in sinks:
+                p, q = x.numerator, x.denominator
+                f = self._flow(q)
+                for r in self.rank_idx:
+                    if r != v:
+                        f.add_arc_with_capacity(s, r, p)
+                if f.solve(s, v) != f.OPTIMAL:
+                    raise ArithmeticError("max-flow did not reach optimality")
+                need = (len(self.ranks) - 1) * p
+                if f.optimal_flow() < need:
+                    side = set(f.get_source_side_min_cut()) - {s}
+                    k = sum(1 for r in self.rank_idx if r in side)
+                    ratio = Fraction(self.out_of(side), k)
+                    if ratio < x:
+                        x = ratio
+                        lowered = True
+                        if x == 0:
+                            return x
+            if not lowered:
+                return x
+        raise ArithmeticError("parametric max-flow did not converge")
+
+
+def _rate(net: _Net, value) -> float:
+    return float(value) / net.scale
+
+
+def broadcast_rate_bound(topo: Topology, ranks, root: str) -> float:
+    """Edmonds: R* = min over ranks v != root of maxflow(root, v), in bytes/s."""
+    net = _Net(topo, tuple(ranks))
+    r = net.index[root]
+    others = [v for v in net.rank_idx if v != r]
+    if not others:
+        return math.inf
+    return _rate(net, min(net.maxflow(r, v) for v in others))
+
+
+def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
+    """Edmonds on the reversed graph: min over ranks v != root of maxflow(v, root)."""
+    net = _Net(topo, tuple(ranks), reverse=True)
+    r = net.index[root]
+    others = [v for v in net.rank_idx if v != r]
+    if not others:
+        return math.inf
+    return _rate(net, min(net.maxflow(r, v) for v in others))
+
+
+def allgather_rate_bound(topo: Topology, ranks, *, reverse: bool = False) -> float:
+    """ForestColl's per-root rate x* = min_S B⁺(S)/|S ∩ R| (bytes/s each root can spread)."""
+    net = _Net(topo, tuple(ranks), reverse=reverse)
+    if len(net.ranks) < 2:
+        return math.inf
+    return _rate(net, net.parametric_rate(list(net.rank_idx)))
+
+
+def allgather_rate_exact(topo: Topology, ranks, *, reverse: bool = False) -> Fraction | None:
+    """x* as an exact fraction of bytes/s when every capacity is whole bytes/s, else None
+    (treepack derives its rate quantum from it)."""
+    net = _Net(topo, tuple(ranks), reverse=reverse)
+    if len(net.ranks) < 2 or net.scale != 1.0:
+        return None
+    return net.parametric_rate(list(net.rank_idx))
+
+
+def _per_root_time(size_bytes: float, n: int, x: float) -> float:
+    if n < 2:
+        return 0.0
+    if x <= 0:
+        return math.inf
+    return (size_bytes / n) / x
+
+
+def allgather_time_bound(topo: Topology, ranks, size_bytes: float) -> float:
+    """(M/N)·max_S |S ∩ R| / B⁺(S), S containing some but not all ranks (ForestColl)."""
+    ranks = tuple(ranks)
+    return _per_root_time(size_bytes, len(ranks), allgather_rate_bound(topo, ranks))
+
+
+def reduce_scatter_time_bound(topo: Topology, ranks, size_bytes: float) -> float:
+    """The allgather bound on the reversed graph: (M/N)·max_S |S ∩ R| / B⁻(S)."""
+    ranks = tuple(ranks)
+    return _per_root_time(size_bytes, len(ranks), allgather_rate_bound(topo, ranks, reverse=True))
+
+
+def allreduce_time_bound(topo: Topology, ranks, size_bytes: float) -> float:
+    """Twice the allgather bound (reduce-scatter + allgather, design.md)."""
+    return 2.0 * allgather_time_bound(topo, ranks, size_bytes)
+
+
+def _rooted_gather_time(topo, ranks, root, size_bytes, reverse) -> float:
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
+        return 0.0
+    net = _Net(topo, ranks, reverse=reverse)
+    x = _rate(net, net.parametric_rate([net.index[root]]))
+    return _per_root_time(size_bytes, len(ranks), x)
+
+
+def gather_time_bound(topo: Topology, ranks, root: str, size_bytes: float) -> float:
+    """(M/N)·max over S without the root of |S ∩ R| / B⁺(S)."""
+    return _rooted_gather_time(topo, ranks, root, size_bytes, reverse=False)
+
+
+def scatter_time_bound(topo: Topology, ranks, root: str, size_bytes: float) -> float:
+    """(M/N)·max over S without the root of |S ∩ R| / B⁻(S) (gather on the reversed graph)."""
+    return _rooted_gather_time(topo, ranks, root, size_bytes, reverse=True)
+
+
+def _alltoall_exact(net: _Net) -> tuple[float, int]:
+    """max over all vertex subsets S of k(N-k)/B⁺(S) (k = |S ∩ R|), by enumeration."""
+    nv = len(net.vertices)
+    masks = np.arange(1 << nv, dtype=np.int64)
+    cut = np.zeros(1 << nv, dtype=np.float64)
+    for a, b, c in net.arcs:
+        cut += c * (((masks >> a) & 1) & (1 - ((masks >> b) & 1)))
+    k = np.zeros(1 << nv, dtype=np.int64)
+    for r in net.rank_idx:
+        k += (masks >> r) & 1
+    n = len(net.ranks)
+    demand = (k * (n - k)).astype(np.float64)
+    ok = demand > 0
+    with np.errstate(divide="ignore"):
+        ratio = np.where(ok, demand / np.where(cut > 0, cut, 1.0), 0.0)
+    if np.any(ok & (cut <= 0)):
+        return math.inf, 0
+    i = int(np.argmax(ratio))
+    return float(ratio[i]), i
+
+
+def _alltoall_families(net: _Net, topo: Topology) -> list[frozenset[int]]:
+    rank_set = frozenset(net.rank_idx)
+    fams: set[frozenset[int]] = set()
+    for r in net.rank_idx:
+        fams.add(frozenset({r}))
+        fams.add(rank_set - {r})
+    order = list(net.rank_idx)
+    fams.add(frozenset(order[: len(order) // 2]))
+    hosts: dict[str, list[int]] = {}
+    for v in net.ranks:
+        h = topo.host_of(v)
+        if h:
+            hosts.setdefault(h, []).append(net.index[v])
+    acc: set[int] = set()
+    for h in sorted(hosts):
+        fams.add(frozenset(hosts[h]))
+        acc |= set(hosts[h])
+        fams.add(frozenset(acc))
+    # the ranks one hop behind each switch (NVSwitch, leaf switch) and their complement
+    succ: dict[int, set[int]] = {}
+    for a, b, _ in net.arcs:
+        succ.setdefault(a, set()).add(b)
+    switch_idx = [i for i, v in enumerate(net.vertices) if i not in rank_set]
+    for w in switch_idx:
+        near = frozenset(succ.get(w, set()) & rank_set)
+        fams.add(near)
+        fams.add(rank_set - near)
+    return [f for f in fams if 0 < len(f) < len(rank_set)]
+
+
+def alltoall_time_bound(topo: Topology, ranks, size_bytes: float) -> float:
+    """max_S |S ∩ R|·|R \\ S|·(M/N) / B⁺(S): exact up to 16 vertices, a family above.
+
+    See the module docstring for the family; each member is priced by its exact min cut, so
+    the figure is always a valid lower bound on alltoall time.
+    """
+    ranks = tuple(ranks)
+    n = len(ranks)
+    if n < 2:
+        return 0.0
+    net = _Net(topo, ranks)
+    if len(net.vertices) <= _ALLTOALL_EXACT_VERTICES:
+        best, _ = _alltoall_exact(net)
+    else:
+        best = 0.0
+        rank_set = set(net.rank_idx)
+        for a in _alltoall_families(net, topo):
+            k = len(a)
+            cut = net.min_cut_between(set(a), rank_set - set(a))
+            if cut <= 0:
+                return math.inf
+            best = max(best, k * (n - k) / cut)
+    return best * net.scale * (size_bytes / n) if math.isfinite(best) else math.inf
+
+
+def peer_count(peers: str, n: int) -> int:
+    """Distinct peers of a rank for neighbor_average (BAGUA): ring 2 (1 if N = 2), shift_one 1,
+    all N-1."""
+    if n < 2:
+        return 0
+    if peers == "ring":
+        return 1 if n == 2 else 2
+    if peers == "shift_one":
+        return 1
+    if peers == "all":
+        return n - 1
+    raise ValueError(f"unknown peers {peers!r}: expected ring, shift_one or all")
+
+
+def neighbor_average_time_bound(topo: Topology, ranks, size_bytes: float, peers: str = "ring") -> float:
+    """max over ranks v of p·M / min(B⁻({v}), B⁺({v})): each rank receives and sends M per peer."""
+    ranks = tuple(ranks)
+    p = peer_count(peers, len(ranks))
+    if p == 0:
+        return 0.0
+    net = _Net(topo, ranks)
+    worst = 0.0
+    for r in net.rank_idx:
+        cap = min(net.in_cap[r], net.out_cap[r]) / net.scale
+        if cap <= 0:
+            return math.inf
+        worst = max(worst, p * size_bytes / cap)
+    return worst
+
+
+def time_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, *, peers: str = "ring") -> float:
+    """Bandwidth lower bound in seconds for one collective of any kind of ir.plan.KINDS.
+
+    ``root`` is a vertex name (or a rank index, or None for unrooted kinds).
+    """
+    ranks = tuple(ranks)
+    if isinstance(root, int) and not isinstance(root, bool):
+        root = ranks[root] if root >= 0 else None
+    if kind in ("broadcast", "reduce", "gather", "scatter") and root is None:
+        root = ranks[0]
+    if len(ranks) < 2:
+        return 0.0
+    if kind == "broadcast":
+        return size_bytes / broadcast_rate_bound(topo, ranks, root)
+    if kind == "reduce":
+        return size_bytes / reduce_rate_bound(topo, ranks, root)
+    if kind == "allgather":
+        return allgather_time_bound(topo, ranks, size_bytes)
+    if kind == "reduce_scatter":
+        return reduce_scatter_time_bound(topo, ranks, size_bytes)
+    if kind == "allreduce":
+        return allreduce_time_bound(topo, ranks, size_bytes)
+    if kind == "gather":
+        return gather_time_bound(topo, ranks, root, size_bytes)
+    if kind == "scatter":
+        return scatter_time_bound(topo, ranks, root, size_bytes)
+    if kind == "alltoall":
+        return alltoall_time_bound(topo, ranks, size_bytes)
+    if kind == "neighbor_average":
+        return neighbor_average_time_bound(topo, ranks, size_bytes, peers)
+    raise ValueError(f"unknown collective kind {kind!r}")
