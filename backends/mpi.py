@@ -1,0 +1,471 @@
+"""hcc.backends.mpi — the ``mpi`` backend: a Transport over mpi4py, and a local launcher.
+
+Terms
+- *communicator*: an mpi4py ``Comm`` (usually ``MPI.COMM_WORLD``); hcc rank ``r`` is MPI rank
+  ``r`` of that communicator, so a plan of ``n`` ranks needs a communicator of size ``n``.
+- *job directory*: the temporary directory :func:`run_local` shares with the ranks it starts,
+  in backends/launch.py's format (``job.json``, plans, inputs; each rank writes back its
+  per-iteration times or its error, and its output), so the sockets and MPI launchers share
+  one worker loop (``launch.worker_run``).
+
+The Transport maps the plan IR's messages one to one onto MPI point-to-point messages
+(design.md "Runtime"): ``isend``/``irecv`` are ``Isend``/``Irecv`` on the caller's memory (a
+``memoryview`` of a numpy slice, cast to bytes — no copy), the MPI tag is the plan's tag (the IR
+keeps tags below 2**24; MPICH's ``MPI_TAG_UB`` here is 2**29 - 1, and the bound is checked at
+construction), and ``wait_any`` is ``MPI_Testsome`` in a bounded polling loop with a deadline.
+
+Failures: MPICH cannot survive a dead process (the job's communicators are unusable once a
+rank is gone). On a timeout or any error the embedding helpers and the launched workers write
+the error and call ``MPI.COMM_WORLD.Abort``, which ends every rank of the job; the launcher then
+raises :class:`~hcc.backends.base.RuntimeFault` with the messages the ranks left. See
+docs/backends.md.
+
+Embedding, one call per rank inside the user's own ``mpiexec`` job::
+
+    from mpi4py import MPI
+    import hcc.backends.mpi
+    comm = hcc.backends.mpi.MPIBackend(MPI.COMM_WORLD)
+    out = plan.run(comm, array)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..ir.errors import PlanError
+from ..ir.files import atomic_write_text
+from .base import CollectiveTimeout, Request, RuntimeFault, Transport, register
+
+__all__ = [
+    "MPIBackend", "MPIRequest", "available", "bench_hcc", "bench_native", "bench_pair",
+    "find_mpiexec", "loopback_env", "native_collective", "run_cases_local", "run_local",
+]
+
+# Poll schedule of wait_any: test this many times back to back, then sleep between tests,
+# doubling from _NAP_MIN to _NAP_MAX. Measured on this 2-core machine shared with other jobs
+# (load average ~12), 4 ranks, 16 MiB broadcast, hcc time / MPICH Bcast time in one job (below
+# 1: hcc faster), one figure per run: 64 tests, naps to 1 ms: 0.58 0.68 0.84 1.94; 64 tests,
+# naps to 0.5 ms: 0.73 0.72; 16 tests, naps to 2 ms: 1.46 2.17; 2000 tests, naps to 0.1 ms:
+# 1.93 2.22; never sleeping: 2.67 1.53 (4 spinning ranks starve each other of 2 cores).
+_SPIN = 64
+_NAP_MIN = 20e-6
+_NAP_MAX = 1e-3
+# Extra wall time granted to a whole launched job beyond the per-wait deadlines: a 4-rank job
+# of one small plan takes 1-2 s here, most of it interpreter, numpy and mpi4py start-up.
+_JOB_GRACE_S = 30.0
+
+def available() -> bool:
+    """True when mpi4py and its MPI extension are installed. Checked without importing
+    ``mpi4py.MPI``: that import initialises MPI, and a singleton MPICH opens UCX listeners on
+    every interface of the calling process (seen with ``ss -ltnp`` in the test runner)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mpi4py.MPI") is not None
+    except ImportError:  # mpi4py itself is absent
+        return False
+
+
+class MPIRequest(Request):
+    """One outstanding ``Isend``/``Irecv``; keeps the memory it reads or writes alive."""
+
+    __slots__ = ("req", "peer", "tag", "what", "nbytes", "buf", "done")
+
+    def __init__(self, req, peer: int, tag: int, what: str, buf: memoryview):
+        self.req, self.peer, self.tag, self.what, self.buf = req, peer, tag, what, buf
+        self.nbytes = buf.nbytes
+        self.done = False
+
+    def describe(self) -> str:
+        return f"{self.what} tag {self.tag}, {self.nbytes} B"
+
+
+def _as_bytes(view) -> memoryview:
+    """A byte-format memoryview of the same memory (zero-copy; C-contiguous required)."""
+    mv = view if isinstance(view, memoryview) else memoryview(view)
+    if not mv.c_contiguous:
+        raise ValueError("hcc mpi: buffers must be C-contiguous")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+@register
+class MPIBackend(Transport):
+    """The plan's Transport over an mpi4py communicator (rank = MPI rank, world = size)."""
+
+    name = "mpi"
+
+    def __init__(self, comm=None, *, abort_on_fault: bool = True):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.world = self.comm.Get_size()
+        self.abort_on_fault = abort_on_fault
+        ub = self.comm.Get_attr(MPI.TAG_UB)
+        # The IR promises tags < 2**24; the MPI standard only promises TAG_UB >= 32767.
+        self.tag_ub = int(ub) if ub is not None else 32767
+        self.kill_at_iteration: int | None = None  # fault tests: SIGKILL at the first send
+        self._die_armed = False  # of that iteration of the first case (see barrier)
+
+    @classmethod
+    def available(cls) -> bool:
+        return available()
+
+    def _check(self, peer: int, tag: int) -> None:
+        if not 0 <= peer < self.world or peer == self.rank:
+            raise PlanError(f"rank {self.rank}: peer {peer} is not another rank of {self.world}")
+        if not 0 <= tag <= self.tag_ub:
+            raise PlanError(f"rank {self.rank}: tag {tag} is outside 0..MPI_TAG_UB={self.tag_ub}")
+
+    def isend(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
+        self._check(peer, tag)
+        if self._die_armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        mv = _as_bytes(data)
+        req = self.comm.Isend([mv, self._MPI.BYTE], dest=peer, tag=tag)
+        return MPIRequest(req, peer, tag, "send", mv)
+
+    def irecv(self, peer: int, tag: int, buf: memoryview) -> MPIRequest:
+        self._check(peer, tag)
+        mv = _as_bytes(buf)
+        if mv.readonly:
+            raise ValueError("hcc mpi: receive buffer is read-only")
+        req = self.comm.Irecv([mv, self._MPI.BYTE], source=peer, tag=tag)
+        return MPIRequest(req, peer, tag, "recv", mv)
+
+    def wait_any(self, requests: Sequence[MPIRequest], timeout: float) -> list[int]:
+        ready = [i for i, r in enumerate(requests) if r.done]
+        if ready or not requests:
+            return ready
+        reqs = [r.req for r in requests]
+        deadline = time.monotonic() + timeout
+        tests, nap = 0, _NAP_MIN
+        while True:
+            idx = self._MPI.Request.Testsome(reqs)
+            if idx:
+                for i in idx:
+                    requests[i].done = True
+                return sorted(idx)
+            if idx is None:  # every request inactive: all completed earlier
+                for r in requests:
+                    r.done = True
+                return list(range(len(requests)))
+            if time.monotonic() >= deadline:
+                oldest = requests[0]
+                raise CollectiveTimeout(self.rank, oldest.peer, oldest.describe(), timeout)
+            tests += 1
+            if tests > _SPIN:
+                time.sleep(nap)
+                nap = min(nap * 2, _NAP_MAX)
+
+    def barrier(self, name: str = "", timeout: float = 60.0) -> None:
+        """All ranks meet (``MPI_Ibarrier`` polled with the same deadline as ``wait_any``);
+        ``name`` is only for messages (launch.worker_run names each iteration ``c<i>/i<k>``)."""
+        if self.kill_at_iteration is not None and name == f"c0/i{self.kill_at_iteration}":
+            self._die_armed = True
+        req = MPIRequest(self.comm.Ibarrier(), -1, -1, f"barrier {name}",
+                         memoryview(b""))
+        self.wait_any([req], timeout)
+
+    def abort(self, error: BaseException, code: int = 3) -> None:
+        """Write why, then end the whole MPI job: MPICH cannot continue after a failed rank,
+        so aborting is the only way survivors do not hang (docs/backends.md)."""
+        sys.stderr.write(
+            f"hcc mpi: {error}\n"
+            f"hcc mpi: rank {self.rank}: aborting the MPI job (MPI_Abort): MPICH cannot "
+            "continue a collective after a rank failed or timed out\n"
+        )
+        sys.stderr.flush()
+        self._MPI.COMM_WORLD.Abort(code)
+        os._exit(code)  # gforker's Abort can return to the caller before the job is torn down
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self.abort_on_fault and isinstance(exc, (RuntimeFault, OSError)):
+            self.abort(exc)
+        self.close()
+
+
+# --------------------------------------------------------------------------- native peer
+
+def _mpi_op(MPI, op: str | None):
+    return {None: MPI.SUM, "sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN,
+            "max": MPI.MAX}[op]
+
+
+def native_collective(kind: str, comm, inp: np.ndarray, out: np.ndarray, root: int = 0,
+                      op: str | None = "sum") -> np.ndarray:
+    """Run MPICH's own collective ``kind`` on ``inp``/``out`` (the plan's buffer layout,
+    ir.plan.buffer_layout) — the native peer of benchmarks. Returns ``out``."""
+    from mpi4py import MPI
+
+    n = comm.Get_size()
+    mop = _mpi_op(MPI, op)
+    if kind == "allreduce":
+        comm.Allreduce(inp, out, op=mop)
+    elif kind == "reduce":
+        comm.Reduce(inp, out, op=mop, root=root)
+    elif kind == "broadcast":
+        if comm.Get_rank() == root:
+            out[...] = inp
+        comm.Bcast(out, root=root)
+    elif kind in ("allgather", "gather", "reduce_scatter", "scatter"):
+        e = out.size if kind in ("allgather", "gather") else inp.size
+        counts = [((i + 1) * e // n) - (i * e // n) for i in range(n)]
+        displs = [i * e // n for i in range(n)]
+        if kind == "allgather":
+            comm.Allgatherv(inp, [out, counts, displs, None])
+        elif kind == "gather":
+            comm.Gatherv(inp, [out, counts, displs, None], root=root)
+        elif kind == "scatter":
+            comm.Scatterv([inp, counts, displs, None], out, root=root)
+        else:
+            comm.Reduce_scatter(inp, out, recvcounts=counts, op=mop)
+    elif kind == "alltoall":
+        comm.Alltoall(inp, out)
+    else:
+        raise ValueError(f"no native MPI peer for collective kind {kind!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- launching
+
+def find_mpiexec() -> list[str]:
+    """The launcher command: the ``mpich`` wheel's programs beside ``sys.executable``, else
+    PATH. ``mpiexec.gforker`` is preferred: it forks the ranks and talks to them over pipes, so
+    the job opens no TCP listener at all, where hydra's ``mpiexec`` listens on 0.0.0.0 for its
+    proxies (measured with ``ss -ltn``; ``-iface lo`` only moves the data network)."""
+    here = Path(sys.executable).parent
+    choices = (("mpiexec.gforker", []), ("mpiexec", ["-iface", "lo"]))
+    for name, extra in choices:
+        p = here / name
+        if p.exists():
+            return [str(p), *extra]
+    for name, extra in choices:
+        found = shutil.which(name)
+        if found:
+            return [found, *extra]
+    raise RuntimeFault("hcc mpi: no mpiexec found beside the Python interpreter or on PATH "
+                       "(pip install mpich)")
+
+
+def loopback_env() -> dict[str, str]:
+    """The environment of launched ranks: every MPI data path on the loopback interface.
+    MPICH's UCX netmod otherwise listens on every interface (seen on eth0 with ``ss -ltn``);
+    ranks on one machine move data through shared memory anyway."""
+    env = dict(os.environ)
+    env.setdefault("UCX_NET_DEVICES", "lo")
+    env.setdefault("HYDRA_IFACE", "lo")
+    env.setdefault("FI_TCP_IFACE", "lo")
+    return env
+
+
+def _launch(job: Path, world: int, extra: list[str], wall: float) -> tuple[int, str]:
+    cmd = [*find_mpiexec(), "-n", str(world), sys.executable, "-m", "hcc.backends.mpi",
+           "--job", str(job), *extra]
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, env=loopback_env(), timeout=wall)
+    except subprocess.TimeoutExpired as e:
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
+        return -9, out + f"\nhcc mpi: the mpiexec job did not end within {wall:g} s; killed"
+    return proc.returncode, proc.stdout.decode(errors="replace")
+
+
+def _collect(job: Path, world: int, n_cases: int, code: int, log: str):
+    from .launch import RunFailed, RunResult
+
+    errors: dict[int, str] = {}
+    per_rank = []
+    # gforker reports each rank as "[0]R:Return code = C[, signaled with NAME]"
+    signals = {int(m.group(1)): m.group(2) for m in
+               re.finditer(r"\[\d+\](\d+):Return code = -?\d+, signaled with (\w+)", log)}
+    ours = [l.strip() for l in log.splitlines() if l.startswith("hcc mpi:")]
+    for r in range(world):
+        path = job / f"result{r}.json"
+        res = json.loads(path.read_text()) if path.exists() else None
+        if res is None or not res.get("ok"):
+            if res is not None and res.get("error"):
+                errors[r] = res["error"]
+            elif signals.get(r) == "Killed":
+                errors[r] = "killed (SIGKILL)"
+            elif r in signals:
+                errors[r] = (f"stopped by mpiexec ({signals[r]}) after another rank failed: "
+                             "MPICH cannot continue a job with a dead rank")
+            else:
+                why = "; ".join(ours) or log.strip()[-400:]
+                errors[r] = (f"no result; the MPI job ended with status {code}"
+                             + (f": {why}" if why else ""))
+        per_rank.append(res)
+    if errors:
+        raise RunFailed("mpi", errors)
+    results = []
+    for i in range(n_cases):
+        rank_times = [per_rank[r]["cases"][i]["times"] for r in range(world)]
+        times = [max(ts) for ts in zip(*rank_times)]
+        outs = []
+        for r in range(world):
+            p = job / f"case{i}.out{r}.npy"
+            outs.append(np.load(p) if p.exists() else None)
+        results.append(RunResult(outs, times, "mpi", {"rank_times": rank_times,
+                                                      "launcher": find_mpiexec()[0]}))
+    return results
+
+
+def _wall(timeout: float, n_iters: int, world: int) -> float:
+    return _JOB_GRACE_S + timeout * (2 + n_iters) + 0.5 * world
+
+
+def run_cases_local(cases: Sequence[tuple], *, iters: int = 1, warmup: int = 0,
+                    timeout: float = 60.0, step: int = 0, kill: tuple[int, int] | None = None,
+                    wall: float | None = None) -> list:
+    """Run each ``(plan, inputs_or_seed)`` case in order in ONE mpiexec job (start-up of the
+    ranks costs ~1 s of this 2-core machine; a grid pays it once). Every plan must have the
+    same rank count. ``kill = (rank, iteration)``: that rank SIGKILLs itself before that
+    iteration of the first case (fault tests). Returns one RunResult per case."""
+    from .launch import prepare_job
+
+    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
+        job = Path(tmp)
+        world = prepare_job(job, cases, iters, warmup, timeout, step)
+        extra = ["--kill", f"{kill[0]}:{kill[1]}"] if kill else []
+        budget = wall or _wall(timeout, len(cases) * (iters + warmup), world)
+        code, log = _launch(job, world, extra, budget)
+        return _collect(job, world, len(cases), code, log)
+
+
+def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float = 60.0, **kw):
+    """``hcc run --backend mpi``: ``plan`` on ``plan.n`` local MPI ranks under the ``mpich``
+    wheel's launcher. ``times`` are per measured iteration, the slowest rank's, in seconds."""
+    return run_cases_local([(plan, inputs)], iters=iters, warmup=warmup, timeout=timeout,
+                           step=kw.get("step", 0), kill=kw.get("kill"), wall=kw.get("wall"))[0]
+
+
+def bench_pair(plan, inputs, iters: int, warmup: int = 1,
+               timeout: float = 60.0) -> tuple[list[float], list[float]]:
+    """hcc's plan, then MPICH's own collective of the same kind, size, dtype and op, on the
+    same input buffers, in the same mpiexec job: ``(hcc_times, native_times)`` in seconds,
+    per iteration, slowest rank."""
+    from .launch import prepare_job
+
+    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
+        job = Path(tmp)
+        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout, save_outputs=False)
+        code, log = _launch(job, world, ["--native", plan.kind],
+                            _wall(timeout, 2 * (iters + warmup), world))
+        hcc_times = _collect(job, world, 1, code, log)[0].times
+        return hcc_times, json.loads((job / "native.json").read_text())["times"]
+
+
+def bench_native(kind: str, size_bytes: int, n: int, iters: int, *, dtype: str = "float32",
+                 warmup: int = 1, op: str = "sum", root: int = 0) -> list[float]:
+    """Per-iteration times (s, slowest rank) of MPICH's own ``kind`` on ``n`` local ranks at
+    ``size_bytes`` per rank (nccl-tests sizes; the plan IR's buffer layout)."""
+    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
+        job = Path(tmp)
+        spec = {"kind": kind, "size_bytes": size_bytes, "dtype": dtype, "iters": iters,
+                "warmup": warmup, "op": op, "root": root}
+        atomic_write_text(job / "native_only.json", json.dumps(spec))
+        code, log = _launch(job, n, ["--native", kind], _wall(60.0, iters + warmup, n))
+        path = job / "native.json"
+        if code != 0 or not path.exists():
+            raise RuntimeFault(f"hcc mpi: native {kind} failed (mpiexec status {code}): "
+                               + log.strip()[-600:])
+        return json.loads(path.read_text())["times"]
+
+
+def bench_hcc(plan, iters: int, warmup: int = 1, seed: int = 0) -> list[float]:
+    """Per-iteration times (s, slowest rank) of ``plan`` on ``plan.n`` local MPI ranks, each
+    rank drawing the reference module's random input from ``seed``."""
+    return run_cases_local([(plan, seed)], iters=iters, warmup=warmup)[0].times
+
+
+# --------------------------------------------------------------------------- the rank side
+
+def _native_times(job: Path, kind: str, comm) -> list[float]:
+    """MPICH's collective in this job: on case 0's inputs when the job has cases, else on
+    random buffers of ``native_only.json``'s size. Times are the slowest rank's."""
+    from mpi4py import MPI
+
+    from ..ir.plan import DTYPE_SIZES, Plan, buffer_layout
+    from .kernels import np_dtype
+
+    me, n = comm.Get_rank(), comm.Get_size()
+    if (job / "job.json").exists():
+        case = json.loads((job / "job.json").read_text())["cases"][0]
+        plan = Plan.load(job / case["plan"])
+        spec = {"size_bytes": plan.size_bytes, "dtype": plan.dtype, "iters": case["iters"],
+                "warmup": case["warmup"], "op": plan.op or "sum", "root": max(plan.root, 0)}
+        inp = np.ascontiguousarray(np.load(job / case["inputs"].format(rank=me)))
+    else:
+        spec = json.loads((job / "native_only.json").read_text())
+        inp = None
+    dt = np_dtype(spec["dtype"])
+    elems = spec["size_bytes"] // DTYPE_SIZES[spec["dtype"]]
+    n_in, n_out = buffer_layout(kind, elems, n, me, spec["root"])
+    if inp is None:
+        inp = np.random.default_rng(me).integers(0, 100, n_in).astype(dt)
+    out = np.zeros(n_out, dtype=dt)
+    times = []
+    for it in range(spec["warmup"] + spec["iters"]):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        native_collective(kind, comm, inp, out, root=spec["root"], op=spec["op"])
+        dt_s = MPI.Wtime() - t0
+        if it >= spec["warmup"]:
+            times.append(comm.allreduce(dt_s, op=MPI.MAX))
+    if me == 0:
+        atomic_write_text(job / "native.json", json.dumps({"kind": kind, "times": times}))
+    return times
+
+
+def _worker(job: Path, kill: tuple[int, int] | None, native: str | None) -> int:
+    from mpi4py import MPI
+
+    from .launch import worker_run
+
+    world = MPI.COMM_WORLD
+    me = world.Get_rank()
+    comm = MPIBackend(world)
+    if kill is not None and kill[0] == me:
+        comm.kill_at_iteration = kill[1]
+    code = 0
+    if (job / "job.json").exists():
+        code = worker_run(str(job), me, lambda: comm)
+    if code != 0:  # the reason is in result<rank>.json; the others must not hang
+        comm.abort(RuntimeFault(f"rank {me}: failed; see the launcher's report"), code=code)
+    if native:
+        try:
+            _native_times(job, native, world)
+        except Exception as e:  # MPICH's own collective failed: end the job with the reason
+            comm.abort(RuntimeFault(f"rank {me}: native {native}: {type(e).__name__}: {e}"))
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mpiexec -n N python -m hcc.backends.mpi --job DIR [--kill R:I] [--native KIND]``:
+    one rank of a launched job (backends/launch.py's job format)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m hcc.backends.mpi")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--kill", default=None, help="RANK:ITERATION to SIGKILL (fault tests)")
+    ap.add_argument("--native", default=None, help="also run MPICH's own collective KIND")
+    a = ap.parse_args(argv)
+    kill = tuple(int(v) for v in a.kill.split(":")) if a.kill else None
+    return _worker(Path(a.job), kill, a.native)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,778 @@
+"""hcc.backends.ray — the ``ray`` backend: Ray actors for placement, rendezvous and failure
+detection; plan data over Ray's object store or over the sockets transport.
+
+Terms
+- *rank actor*: one Ray actor per rank (:class:`ActorGroup` makes them); it runs the executor
+  for its rank in a worker thread while its asyncio loop serves its *mailbox*.
+- *mailbox*: the async actor methods ``put``/``take``/``watch``/``close_session`` (the
+  :class:`_MailboxCore` mixin) through which the object-store transport delivers messages: the
+  sender ``ray.put``s the bytes and posts ``[ref]`` to the receiver's mailbox; the receiver's
+  pending ``take`` returns the boxed ref, whose object it copies into the destination slice.
+  Rank actors are their own mailboxes; a user's actors (:func:`init_group`) get a small
+  mailbox actor each.
+- *session*: one execution of one plan (one iteration). Tags repeat between iterations, so a
+  message is keyed ``(session, src, tag)``.
+- *data path*: ``"objects"`` (the object store, :class:`RayTransport`) or ``"sockets"``
+  (``hcc.backends.sockets.connect`` between the actors, authenticated by a per-run token and
+  watched by Ray for deaths). docs/backends.md gives the measurements that chose the default.
+
+Failure detection is Ray's: every transport holds, per peer, a pending ``watch`` call on the
+peer's mailbox. When a peer actor dies, Ray fails that call with ``ActorDiedError`` and the
+transport raises :class:`~hcc.backends.base.PeerFailed` from ``wait_any`` at once — survivors do
+not wait for their deadline. The driver (:meth:`ActorGroup.run`) sees the dead actor's own call
+fail the same way and raises :class:`~hcc.backends.base.RankFailed` naming it.
+
+Loopback only: Ray binds its servers to the node address, and resolves ``127.0.0.1`` to the
+machine's external address unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (ray_constants
+``ENABLE_RAY_CLUSTER``) — measured with ``ss -ltn``: without it the GCS, raylet and workers
+listened on ``*`` and the agents on eth0; with it, only on 127.0.0.1. :func:`local_cluster`
+sets it before Ray is imported.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import time
+import uuid
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import (
+    CollectiveTimeout,
+    PeerFailed,
+    RankFailed,
+    Request,
+    RootFailed,
+    RuntimeFault,
+    Transport,
+    register,
+)
+
+__all__ = [
+    "ActorGroup", "RayTransport", "available", "destroy_group", "init_group", "local_cluster",
+    "run", "run_local",
+]
+
+_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# ray.wait slices inside wait_any: deaths are noticed through the watch refs inside the same
+# ray.wait, so the slice only bounds how late a deadline is noticed (0.25 s on a 60 s deadline).
+_SLICE_S = 0.25
+# The driver grants every run this much beyond the per-wait deadline before it gives up on
+# actors that neither answer nor die (actor start-up on this 2-core machine: ~1 s each).
+_DRIVER_GRACE_S = 30.0
+# How long a transport error waits for Ray to confirm a peer's death before it is reported as
+# itself: in test_ray's fault tests the whole failed run ended 0.5-1.4 s after the SIGKILL.
+_DEATH_GRACE_S = 2.0
+DATA_PATHS = ("objects", "sockets")
+# Closed session ids a mailbox remembers (one per iteration; a few hundred bytes in all).
+_ENDED_KEPT = 4096
+
+
+def _ray():
+    for k, v in _LOOPBACK_ENV.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    return ray
+
+
+def available() -> bool:
+    """True when Ray imports."""
+    try:
+        _ray()
+    except Exception:  # an absent or broken Ray install: the backend is simply unavailable
+        return False
+    return True
+
+
+@contextmanager
+def local_cluster(num_cpus: int | None = None, **init_kw):
+    """A local Ray cluster on loopback for the body, unless Ray is already initialised (then the
+    existing one is used and left running). Shuts down only what it started."""
+    ray = _ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(
+            address="local",  # a new cluster even when another one runs on this machine
+            num_cpus=num_cpus or max(2, os.cpu_count() or 2),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=init_kw.pop("log_to_driver", False),
+            configure_logging=init_kw.pop("configure_logging", False),
+            **init_kw,
+        )
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------- the mailbox
+
+class _MailboxCore:
+    """Async mailbox methods shared by rank actors and stand-alone mailbox actors. Runs in the
+    actor's event loop only, so its dicts need no lock."""
+
+    def _mb_init(self) -> None:
+        self._slots: dict[tuple, list] = {}
+        self._waiting: dict[tuple, asyncio.Future] = {}
+        self._closed: dict[str, asyncio.Event] = {}
+        # Sessions already closed, so a peer's watch that arrives late (a broadcast leaf may
+        # finish before another leaf has started) returns at once instead of pending forever.
+        self._ended: OrderedDict[str, None] = OrderedDict()
+
+    def _event(self, session: str) -> asyncio.Event:
+        ev = self._closed.get(session)
+        if ev is None:
+            ev = self._closed[session] = asyncio.Event()
+        return ev
+
+    async def put(self, session: str, src: int, tag: int, seq: int, boxed: list) -> bool:
+        key = (session, src, tag, seq)
+        fut = self._waiting.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(boxed)
+        else:
+            self._slots[key] = boxed
+        return True
+
+    async def take(self, session: str, src: int, tag: int, seq: int) -> list:
+        key = (session, src, tag, seq)
+        if key in self._slots:
+            return self._slots.pop(key)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[key] = fut
+        return await fut
+
+    async def watch(self, session: str) -> bool:
+        """Returns when this rank closes ``session``; fails with ActorDiedError if it dies."""
+        if session not in self._ended:
+            await self._event(session).wait()
+        return True
+
+    async def close_session(self, session: str) -> int:
+        self._event(session).set()
+        stale = [k for k in self._slots if k[0] == session]
+        for k in stale:
+            del self._slots[k]
+        for k in [k for k in self._waiting if k[0] == session]:
+            fut = self._waiting.pop(k)
+            if not fut.done():
+                fut.cancel()
+        self._closed.pop(session, None)
+        self._ended[session] = None
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+        return len(stale)
+
+    async def ping(self) -> int:
+        return os.getpid()
+
+
+# --------------------------------------------------------------------------- the transport
+
+class RayRequest(Request):
+    __slots__ = ("ref", "peer", "tag", "what", "buf", "keep", "done", "nbytes")
+
+    def __init__(self, ref, peer: int, tag: int, what: str, buf: memoryview, keep=None):
+        self.ref, self.peer, self.tag, self.what, self.buf, self.keep = ref, peer, tag, what, buf, keep
+        self.nbytes = buf.nbytes
+        self.done = False
+
+    def describe(self) -> str:
+        return f"{self.what} tag {self.tag}, {self.nbytes} B"
+
+
+def _bytes_view(view) -> memoryview:
+    mv = view if isinstance(view, memoryview) else memoryview(view)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _is_actor_death(e: BaseException) -> bool:
+    ray = _ray()
+    return isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError))
+
+
+@register
+class RayTransport(Transport):
+    """Plan messages over Ray's object store, between the mailboxes of one session.
+
+    ``mailboxes[r]`` is rank r's mailbox handle (an actor with the :class:`_MailboxCore`
+    methods). A send completes when the receiver's mailbox holds the message (the bytes were
+    copied into the object store by ``ray.put``, so the source range is free at once); a
+    receive completes when the bytes are in the destination slice."""
+
+    name = "ray"
+
+    def __init__(self, rank: int, world: int, mailboxes: Sequence[Any], session: str, *,
+                 die_after_sends: int | None = None):
+        self._ray_mod = _ray()
+        if len(mailboxes) != world or not 0 <= rank < world:
+            raise ValueError(f"hcc ray: rank {rank} of {world} with {len(mailboxes)} mailboxes")
+        self.rank, self.world, self.session = rank, world, session
+        self._mb = list(mailboxes)
+        self._watch = {mailboxes[p].watch.remote(session): p for p in range(world) if p != rank}
+        self._dead: set[int] = set()
+        self._sends = 0
+        self._die_after = die_after_sends  # fault injection for tests: SIGKILL self
+        # The k-th send to (peer, tag) matches the peer's k-th receive from (rank, tag): MPI's
+        # non-overtaking order, whatever order Ray delivers the mailbox calls in.
+        self._send_seq: dict[tuple[int, int], int] = {}
+        self._recv_seq: dict[tuple[int, int], int] = {}
+
+    @staticmethod
+    def _next(counter: dict, key: tuple[int, int]) -> int:
+        seq = counter.get(key, 0)
+        counter[key] = seq + 1
+        return seq
+
+    @classmethod
+    def available(cls) -> bool:
+        return available()
+
+    def failed(self) -> frozenset[int]:
+        return frozenset(self._dead)
+
+    def isend(self, peer: int, tag: int, data: memoryview) -> RayRequest:
+        ray = self._ray_mod
+        self._sends += 1
+        if self._die_after is not None and self._sends > self._die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        mv = _bytes_view(data)
+        obj = ray.put(np.frombuffer(mv, dtype=np.uint8))  # the one copy, into the store
+        seq = self._next(self._send_seq, (peer, tag))
+        ack = self._mb[peer].put.remote(self.session, self.rank, tag, seq, [obj])
+        return RayRequest(ack, peer, tag, "send", mv, keep=obj)
+
+    def irecv(self, peer: int, tag: int, buf: memoryview) -> RayRequest:
+        mv = _bytes_view(buf)
+        seq = self._next(self._recv_seq, (peer, tag))
+        ref = self._mb[self.rank].take.remote(self.session, peer, tag, seq)
+        return RayRequest(ref, peer, tag, "recv", mv)
+
+    def _finish(self, r: RayRequest) -> None:
+        ray = self._ray_mod
+        try:
+            got = ray.get(r.ref)
+            if r.what == "recv":
+                arr = ray.get(got[0])
+                if arr.nbytes != r.nbytes:
+                    raise RuntimeFault(
+                        f"rank {self.rank}: message from rank {r.peer} tag {r.tag} has "
+                        f"{arr.nbytes} B, expected {r.nbytes} B")
+                r.buf[:] = memoryview(arr).cast("B")
+                r.keep = None
+        except Exception as e:
+            if _is_actor_death(e):
+                self._dead.add(r.peer)
+                raise PeerFailed(self.rank, r.peer, f"Ray: {type(e).__name__}") from None
+            raise
+        r.done = True
+
+    def _check_watch(self, ref) -> None:
+        ray = self._ray_mod
+        peer = self._watch.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception as e:
+            if _is_actor_death(e):
+                self._dead.add(peer)
+                raise PeerFailed(self.rank, peer, "Ray reports its actor died") from None
+            raise
+
+    def wait_any(self, requests: Sequence[RayRequest], timeout: float) -> list[int]:
+        ready = [i for i, r in enumerate(requests) if r.done]
+        if ready or not requests:
+            return ready
+        if self._dead:
+            peer = min(self._dead)
+            raise PeerFailed(self.rank, peer, "Ray reports its actor died")
+        ray = self._ray_mod
+        deadline = time.monotonic() + timeout
+        index = {r.ref: i for i, r in enumerate(requests)}
+        while True:
+            refs = list(index) + list(self._watch)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                oldest = requests[0]
+                raise CollectiveTimeout(self.rank, oldest.peer, oldest.describe(), timeout)
+            got, _ = ray.wait(refs, num_returns=1, timeout=min(left, _SLICE_S),
+                              fetch_local=False)
+            if not got:
+                continue
+            got, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            done = []
+            for ref in got:
+                if ref in self._watch:
+                    self._check_watch(ref)
+                else:
+                    i = index[ref]
+                    self._finish(requests[i])
+                    done.append(i)
+            if done:
+                return sorted(done)
+
+    def close(self) -> None:
+        """Ends this rank's part of the session: peers' watches on it return normally."""
+        try:
+            self._mb[self.rank].close_session.remote(self.session)
+        except Exception:  # the mailbox is gone with its actor: nothing left to close
+            pass
+
+
+class _WatchedTransport(Transport):
+    """Another transport (sockets) plus Ray's death notices: ``wait_any`` polls the inner
+    transport in short slices and raises PeerFailed as soon as Ray fails a peer's watch."""
+
+    def __init__(self, inner: Transport, mailboxes: Sequence[Any], session: str, *,
+                 die_after_sends: int | None = None):
+        self._ray_mod = _ray()
+        self._sends = 0
+        self._die_after = die_after_sends  # fault injection for tests: SIGKILL self
+        self.inner = inner
+        self.name = f"ray+{inner.name}"
+        self.rank, self.world, self.session = inner.rank, inner.world, session
+        self._mb = list(mailboxes)
+        self._watch = {mailboxes[p].watch.remote(session): p for p in range(self.world)
+                       if p != self.rank}
+        self._dead: set[int] = set()
+        limit = getattr(inner, "set_message_limit", None)
+        if limit is not None:
+            self.set_message_limit = limit
+
+    def isend(self, peer, tag, data):
+        self._sends += 1
+        if self._die_after is not None and self._sends > self._die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            return self.inner.isend(peer, tag, data)
+        except RuntimeFault as e:
+            raise self._explain(e) from None
+
+    def irecv(self, peer, tag, buf):
+        try:
+            return self.inner.irecv(peer, tag, buf)
+        except RuntimeFault as e:
+            raise self._explain(e) from None
+
+    def failed(self) -> frozenset[int]:
+        return frozenset(self._dead) | self.inner.failed()
+
+    def _deaths(self, wait: float = 0.0) -> None:
+        """Raise PeerFailed if Ray has failed a peer's watch (waiting up to ``wait`` s)."""
+        ray = self._ray_mod
+        deadline = time.monotonic() + wait
+        while self._watch:
+            got, _ = ray.wait(list(self._watch), num_returns=len(self._watch),
+                              timeout=max(0.0, min(deadline - time.monotonic(), _SLICE_S)),
+                              fetch_local=False)
+            for ref in got:
+                peer = self._watch.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as e:
+                    if _is_actor_death(e):
+                        self._dead.add(peer)
+                        raise PeerFailed(self.rank, peer, "Ray reports its actor died") from None
+                    raise
+            if time.monotonic() >= deadline:
+                return
+
+    def _explain(self, err: RuntimeFault) -> RuntimeFault:
+        """A transport error that a peer's death can cause (a reset connection, a handshake
+        cut short — the sockets transport reads the latter as a failed HMAC challenge) becomes
+        PeerFailed when Ray confirms a death within _DEATH_GRACE_S."""
+        if isinstance(err, (CollectiveTimeout, PeerFailed)):
+            return err
+        try:
+            self._deaths(_DEATH_GRACE_S)
+        except PeerFailed as dead:
+            return PeerFailed(self.rank, dead.peer,
+                              f"Ray reports its actor died; the transport said: {err}")
+        return err
+
+    def wait_any(self, requests, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            self._deaths()
+            left = deadline - time.monotonic()
+            try:
+                return self.inner.wait_any(requests, max(min(left, _SLICE_S), 1e-3))
+            except CollectiveTimeout:
+                if time.monotonic() >= deadline:
+                    peer = getattr(requests[0], "peer", -1) if requests else -1
+                    raise CollectiveTimeout(self.rank, peer, "no progress", timeout) from None
+            except RuntimeFault as e:
+                raise self._explain(e) from None
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            try:
+                self._mb[self.rank].close_session.remote(self.session)
+            except Exception:  # the mailbox is gone with its actor
+                pass
+
+
+def _sockets_transport(rank: int, world: int, rendezvous: str, token: str):
+    from . import sockets
+
+    return sockets.connect(rank, world, rendezvous=rendezvous, token=token)
+
+
+# --------------------------------------------------------------------------- rank actors
+
+class _RankActorImpl(_MailboxCore):
+    """One rank: a mailbox in the event loop, the executor in a worker thread. One call of
+    ``step`` is one iteration; the driver's round trip between iterations is the barrier."""
+
+    def __init__(self):
+        self._mb_init()
+        self._inner: dict[str, Transport] = {}  # session -> open sockets transport
+
+    async def step(self, plan, rank: int, handles: list, session: str, it: int, x, *,
+                   last: bool, timeout: float, step: int, data: str,
+                   rendezvous: str | None, token: str | None,
+                   die_after_sends: int | None) -> tuple[np.ndarray | None, float] | dict:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                None, self._step_sync, plan, rank, handles, session, it, x, last, timeout,
+                step, data, rendezvous, token, die_after_sends)
+        except Exception as e:  # hcc's errors do not pickle by their args; send a record
+            return _pack_error(e)
+
+    def _step_sync(self, plan, rank, handles, session, it, x, last, timeout, step, data,
+                   rendezvous, token, die_after_sends):
+        from .executor import run as execute
+
+        sid = f"{session}:{it}"
+        inner = None
+        if data == "sockets":
+            inner = self._inner.get(session)
+            if inner is None:
+                inner = self._inner[session] = _sockets_transport(rank, plan.n, rendezvous,
+                                                                  token)
+            comm: Transport = _WatchedTransport(inner, handles, sid,
+                                                die_after_sends=die_after_sends)
+        else:
+            comm = RayTransport(rank, plan.n, handles, sid, die_after_sends=die_after_sends)
+        ok = False
+        try:
+            t0 = time.perf_counter()
+            out = execute(plan, comm, x, timeout=timeout, step=step)
+            elapsed = time.perf_counter() - t0
+            ok = True
+        finally:
+            handles[rank].close_session.remote(sid)
+            if inner is not None and (last or not ok):
+                self._inner.pop(session, None)
+                inner.close()
+        return (out if last else None), elapsed
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+class _MailboxImpl(_MailboxCore):
+    """A stand-alone mailbox: the one a user's actor gets from :func:`init_group`."""
+
+    def __init__(self):
+        self._mb_init()
+
+
+class _GroupImpl:
+    """The named rendezvous actor of :func:`init_group`: collects every rank's mailbox handle
+    and hands the full list back once all ``world`` ranks joined."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.handles: list = [None] * world
+        self.joined = asyncio.Event()
+
+    async def join(self, rank: int, boxed_handle: list) -> list:
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} outside 0..{self.world - 1}")
+        self.handles[rank] = boxed_handle[0]
+        if all(h is not None for h in self.handles):
+            self.joined.set()
+        await self.joined.wait()
+        return list(self.handles)
+
+    async def size(self) -> int:
+        return self.world
+
+
+_actor_classes: dict[str, Any] = {}
+
+
+def _remote(name: str):
+    """The Ray actor classes, made on first use (Ray imported lazily)."""
+    if not _actor_classes:
+        ray = _ray()
+        _actor_classes["rank"] = ray.remote(_RankActorImpl)
+        _actor_classes["mailbox"] = ray.remote(_MailboxImpl)
+        _actor_classes["group"] = ray.remote(_GroupImpl)
+    return _actor_classes[name]
+
+
+def _pack_error(e: BaseException) -> dict:
+    """A picklable record of an exception raised in an actor (hcc's errors take several
+    constructor arguments, so Ray cannot rebuild them from ``args``)."""
+    fields = {k: v for k, v in vars(e).items() if isinstance(v, (int, float, str, type(None)))}
+    return {"hcc_error": True, "module": type(e).__module__, "cls": type(e).__qualname__,
+            "message": str(e), "fields": fields}
+
+
+def _unpack_error(rec: dict) -> BaseException:
+    import importlib
+
+    cls = None
+    if rec["module"].startswith(("hcc.", "ray.")):
+        try:
+            cls = getattr(importlib.import_module(rec["module"]), rec["cls"], None)
+        except ImportError:
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, RuntimeFault)):
+        return RuntimeFault(f"{rec['cls']}: {rec['message']}")
+    err = cls.__new__(cls)
+    Exception.__init__(err, rec["message"])
+    err.__dict__.update(rec["fields"])
+    return err
+
+
+def _cause(e: BaseException) -> BaseException:
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
+
+
+class ActorGroup:
+    """``world`` rank actors on the current Ray cluster, reusable across runs (actor start-up
+    dominates short runs: ~1 s per actor here). A plan of ``n <= world`` ranks runs on actors
+    ``0..n-1``."""
+
+    def __init__(self, world: int, *, num_cpus: float = 0):
+        ray = _ray()
+        if not ray.is_initialized():
+            raise RuntimeFault("hcc ray: no Ray cluster; call ray.init() or use local_cluster()")
+        cls = _remote("rank")
+        # num_cpus=0: ranks mostly wait on the network; a 4-rank group must fit a 2-core
+        # machine's cluster. max_concurrency: the mailbox serves one coroutine per pending
+        # receive (a plan posts every first-chunk receive at once).
+        self.actors = [cls.options(num_cpus=num_cpus, max_concurrency=10000).remote()
+                       for _ in range(world)]
+        self.world = world
+        self.pids = ray.get([a.pid.remote() for a in self.actors], timeout=120)
+
+    def kill(self) -> None:
+        ray = _ray()
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # already dead: nothing to end
+                pass
+        self.actors = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+
+    def run(self, plan, inputs: Sequence[np.ndarray] | None = None, *, iters: int = 1,
+            warmup: int = 0, timeout: float = 60.0, step: int = 0, data: str = "sockets",
+            die: tuple[int, int] | None = None) -> tuple[list[np.ndarray], list[float]]:
+        """Run ``plan`` once per iteration on the first ``plan.n`` actors. Returns every rank's
+        output and the per-iteration times (slowest rank, seconds). ``die = (rank, k)``: that
+        rank SIGKILLs itself at its (k+1)-th send of the first iteration (fault tests)."""
+        ray = _ray()
+        n = plan.n
+        if n > self.world:
+            raise ValueError(f"hcc ray: plan needs {n} ranks, the group has {self.world}")
+        if data not in DATA_PATHS:
+            raise ValueError(f"hcc ray: data path {data!r} is not one of {DATA_PATHS}")
+        if inputs is not None and len(inputs) != n:
+            raise ValueError(f"hcc ray: {len(inputs)} inputs for a plan of {n} ranks")
+        actors = self.actors[:n]
+        session = uuid.uuid4().hex
+        rendezvous = token = None
+        if data == "sockets":
+            rendezvous, token = f"127.0.0.1:{_free_port()}", secrets.token_hex(16)
+        plan_ref = ray.put(plan)
+        # Non-roots of broadcast and scatter own no input (the executor uses zeros): not
+        # shipping theirs saves (n-1) x size of object store, 3.3 GiB for dgx1's broadcast.
+        ignored = {r for r in range(n) if plan.kind in ("broadcast", "scatter") and r != plan.root}
+        xs = [None if inputs is None or r in ignored else ray.put(np.ascontiguousarray(inputs[r]))
+              for r in range(n)]
+        times: list[float] = []
+        outs: list = [None] * n
+        total = warmup + iters
+        for it in range(total):
+            refs = {}
+            for r, a in enumerate(actors):
+                refs[a.step.remote(
+                    plan_ref, r, actors, session, it, xs[r], last=it == total - 1,
+                    timeout=timeout, step=step, data=data, rendezvous=rendezvous, token=token,
+                    die_after_sends=die[1] if die and die[0] == r and it == 0 else None)] = r
+            res = self._collect(refs, timeout + _DRIVER_GRACE_S, plan)
+            if it >= warmup:
+                times.append(max(t for _, t in res))
+            if it == total - 1:
+                outs = [o for o, _ in res]
+        return outs, times
+
+    def _collect(self, refs: dict, budget: float, plan) -> list:
+        """Every rank's result of one round, in rank order; raises the round's failure."""
+        ray = _ray()
+        deadline = time.monotonic() + budget
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        dead: set[int] = set()
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = sorted(refs[p] for p in pending)
+                for p in pending:
+                    try:
+                        ray.cancel(p)  # actor tasks cannot be force-cancelled; the group's
+                    except Exception:  # kill() on exit ends the actors themselves
+                        pass
+                raise RuntimeFault(f"hcc ray: ranks {late} did not finish within {budget:g} s; "
+                                   "their actors are killed with the group")
+            got, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in got:
+                r = refs[ref]
+                try:
+                    res = ray.get(ref)
+                except Exception as e:
+                    if _is_actor_death(e):
+                        dead.add(r)
+                    errors[r] = _cause(e)
+                    continue
+                if isinstance(res, dict) and res.get("hcc_error"):
+                    errors[r] = _unpack_error(res)
+                else:
+                    results[r] = res
+        if dead or errors:
+            raise _failure(plan, dead, errors)
+        return [results[r] for r in sorted(results)]
+
+
+def _failure(plan, dead: set[int], errors: dict[int, BaseException]) -> RuntimeFault:
+    survivors = {r: e for r, e in errors.items() if r not in dead}
+    lines = "; ".join(str(e) if str(e).startswith("rank ") else f"rank {r}: {e}"
+                      for r, e in sorted(survivors.items()))
+    if dead:
+        who = min(dead)
+        cls = RootFailed if plan.root >= 0 and who == plan.root else RankFailed
+        err = cls(who, detail=f"Ray reports its actor died; survivors: {lines or 'none failed'}")
+    else:
+        first = survivors[min(survivors)]
+        if isinstance(first, RuntimeFault):
+            err = first
+        else:
+            err = RuntimeFault(f"hcc ray: {lines}")
+    err.errors = dict(sorted(errors.items()))  # every rank's own error, for callers and tests
+    err.dead = sorted(dead)
+    return err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(plan, inputs: Sequence[np.ndarray] | None = None, *, timeout: float = 60.0,
+        step: int = 0, data: str = "sockets") -> list[np.ndarray]:
+    """From a driver: run ``plan`` once over ``plan.n`` rank actors it creates (on the current
+    Ray cluster, or a local one it starts and shuts down), and return every rank's output."""
+    with local_cluster(num_cpus=max(2, plan.n)):
+        with ActorGroup(plan.n) as g:
+            outs, _ = g.run(plan, inputs, timeout=timeout, step=step, data=data)
+            return outs
+
+
+def run_local(plan, inputs: Sequence[np.ndarray], *, iters: int = 1, warmup: int = 0,
+              timeout: float = 60.0, **kw):
+    """The ``hcc run --backend ray`` entry: a local cluster, one actor per rank, ``warmup +
+    iters`` runs; shuts down what it started. Returns a RunResult."""
+    from .launch import RunResult
+
+    data = kw.get("data", "sockets")
+    with local_cluster(num_cpus=max(2, plan.n)) as ray:
+        with ActorGroup(plan.n) as g:
+            outs, times = g.run(plan, inputs, iters=iters, warmup=warmup, timeout=timeout,
+                                step=kw.get("step", 0), data=data)
+        node = ray.util.get_node_ip_address()
+    return RunResult(outputs=outs, times=times, backend="ray",
+                     detail={"data": data, "actors": plan.n, "node": node})
+
+
+# --------------------------------------------------------------------------- user actors
+
+_groups: dict[str, tuple[Any, Any]] = {}
+
+
+def init_group(world: int, rank: int, group_name: str = "default", *,
+               timeout: float = 120.0) -> "GroupComm":
+    """Inside one of the user's actors (Ray's collective convention: every member calls it
+    with the same ``world`` and ``group_name`` and its own integer ``rank``): returns a
+    :class:`RayTransport` for ``plan.run(comm, array)``. Blocks until all members joined.
+
+    Each member gets a small mailbox actor owned by it (it dies with the member, which is how
+    the others learn of the death); the named actor ``hcc-group:<group_name>`` is the
+    rendezvous."""
+    ray = _ray()
+    if not 0 <= rank < world:
+        raise ValueError(f"hcc ray: rank {rank} outside 0..{world - 1}")
+    mailbox = _remote("mailbox").options(num_cpus=0, max_concurrency=10000).remote()
+    group = _remote("group").options(name=f"hcc-group:{group_name}", get_if_exists=True,
+                                     num_cpus=0, max_concurrency=10000).remote(world)
+    size = ray.get(group.size.remote(), timeout=timeout)
+    if size != world:
+        raise ValueError(f"hcc ray: group {group_name!r} has world {size}, not {world}")
+    handles = ray.get(group.join.remote(rank, [mailbox]), timeout=timeout)
+    _groups[group_name] = (mailbox, group)
+    return GroupComm(rank, world, handles, group_name)
+
+
+class GroupComm(RayTransport):
+    """A :class:`RayTransport` bound to a named group for the group's lifetime: call
+    ``plan.run(comm, array)`` as often as needed (messages match in order, per peer and tag,
+    as in MPI). After a failed call the group is unusable: destroy it and create a new one."""
+
+    def __init__(self, rank: int, world: int, handles, group_name: str):
+        super().__init__(rank, world, handles, f"hcc-group:{group_name}")
+        self.group_name = group_name
+
+    def close(self) -> None:
+        """Nothing per call: the group's session ends in :func:`destroy_group`."""
+
+
+def destroy_group(group_name: str = "default") -> None:
+    """Free this member's mailbox and its handle on the group (Ray's ``destroy_collective_group``)."""
+    ray = _ray()
+    mb_group = _groups.pop(group_name, None)
+    if mb_group is not None:
+        mailbox = mb_group[0]
+        try:
+            ray.get(mailbox.close_session.remote(f"hcc-group:{group_name}"), timeout=10)
+        except Exception:  # already gone with its actor
+            pass
+        for actor in mb_group:  # the group actor too, so the name can be used again
+            try:
+                ray.kill(actor)
+            except Exception:  # already gone
+                pass
