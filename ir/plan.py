@@ -258,6 +258,7 @@ class Figures:
     wire_bytes: int = 0  # bytes put on links by this plan (after compression)
     algbw_Bps: float = 0.0  # size_bytes / predicted_s
     busbw_Bps: float = 0.0  # algbw x the nccl-tests factor of the kind
+    exact_predicted_s: float = 0.0  # compress != none: best uncompressed plan, same model (else 0)
 
 
 @dataclass(frozen=True)

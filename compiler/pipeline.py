@@ -1,0 +1,426 @@
+"""hcc.compiler.pipeline — one collective from a checked Program to a verified Plan.
+
+The compiler is a tuple of small frozen passes (style.md habit 3, xDSL's ``ModulePass``):
+each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` value, and
+:func:`run_passes` calls a hook after every pass (for dumps and timing).
+
+    bounds   the cut bound of the collective (compiler/bounds.py; for allreduce capped by
+             :func:`allreduce_floor`, see there), plus the least latency a byte must cross
+             (cost.least_latency) — still a lower bound of the cost model
+    pack     spanning-tree packings (compiler/treepack.py): broadcast and scatter pack out-
+             trees from the root; reduce and gather the same on the reversed graph; allgather
+             out-trees from every rank, reduce_scatter their reverse; allreduce both the
+             reduce+broadcast trees of rank 0 and the reduce-scatter+allgather trees
+    lower    every candidate algorithm the spec allows, each lowered (compiler/lower.py,
+             algorithms.py, lower_relax.py) at the chunk size that minimises the simulated
+             time (cost.choose_chunk); NCCL-style ring and double binary tree are always
+             priced too, as the baselines of the figures; ``direct`` is tried by auto up to
+             16 ranks
+    select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
+    figures  predicted time, bound, efficiency = bound_s / predicted_s, baselines, algbw,
+             busbw (nccl-tests factors), wire bytes
+    verify   ir/verify.py symbolically executes the plan
+
+Candidate names: ``treepack`` (trees of the packing), ``treepack-rsag`` (allreduce as
+reduce-scatter + allgather over the allgather packing; reported as algorithm
+``treepack-rsag``), ``ring``, ``tree`` (double binary tree), ``direct``, and ``relax`` (the
+compressed / decentralized lowering, only when ``compress != none`` or for
+``neighbor_average``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..grammar.diagnostics import HccError, Source, SourceError, Span
+from ..ir.plan import DTYPE_SIZES, Figures, Plan
+from ..ir.topology import Topology
+from .cost import DEFAULT_MODEL, ChunkChoice, CostModel, chunk_candidates, choose_chunk, least_latency
+from .program import CollectiveSpec, Program
+
+
+class CompileError(HccError):
+    """An internal inconsistency of the compiler (a plan faster than its lower bound, no
+    applicable algorithm): a bug, reported with exit status 1, never bad input."""
+
+
+# nccl-tests' bus-bandwidth factors (its doc/PERFORMANCE.md), as functions of n
+BUSBW_FACTOR: dict[str, Callable[[int], float]] = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "neighbor_average": lambda n: 1.0,
+}
+
+TREE_KINDS = frozenset({"broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "allreduce"})
+# the NCCL-style baselines: a ring (or chain) exists for every tree kind; the double binary
+# tree for the kinds NCCL runs on trees (algorithms.dbtree_plan falls back to the ring for others)
+RING_KINDS = TREE_KINDS
+DBTREE_KINDS = frozenset({"broadcast", "reduce", "allreduce"})
+DIRECT_KINDS = TREE_KINDS | {"alltoall"}
+ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
+# direct (every rank to every rank in one message each) puts n(n-1) messages per chunk on a
+# topology; past 16 ranks it never won on the samples (32-rank cluster: 30 ms against 9 ms for
+# the trees) and its chunk search alone took 10 s, so auto skips it there (forcing it works)
+DIRECT_AUTO_MAX_RANKS = 16
+EFFICIENCY_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    choice: ChunkChoice
+
+    @property
+    def predicted_s(self) -> float:
+        return self.choice.simulation.time
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The value the passes transform: one collective on its topology."""
+
+    program: Program
+    spec: CollectiveSpec
+    topology: Topology
+    model: CostModel = DEFAULT_MODEL
+    bound_s: float = 0.0
+    bound_rate_Bps: float = 0.0
+    bandwidth_bound_s: float = 0.0  # the cut bound alone, without the latency term
+    packings: tuple[tuple[str, object], ...] = ()  # (role, treepack.Packing)
+    candidates: tuple[Candidate, ...] = ()
+    chosen: Candidate | None = None
+    plan: Plan | None = None
+
+    def packing(self, role: str):
+        for r, p in self.packings:
+            if r == role:
+                return p
+        return None
+
+    def candidate(self, algorithm: str) -> Candidate | None:
+        for c in self.candidates:
+            if c.algorithm == algorithm:
+                return c
+        return None
+
+
+def _bound_size(spec: CollectiveSpec) -> int:
+    """Bytes a bound must carry: compression shrinks what crosses the wire (fp16 halves
+    4-byte elements, int8 is 1 byte per element; int8's per-chunk header only adds), so a
+    compressed plan is compared with the bound of its compressed size — otherwise it could
+    beat the "lower" bound."""
+    itemsize = DTYPE_SIZES[spec.dtype]
+    elems = spec.size_bytes // itemsize
+    if spec.compress == "fp16":
+        return elems * min(2, itemsize)
+    if spec.compress == "int8":
+        return elems
+    return spec.size_bytes
+
+
+def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> float:
+    """A lower bound on any allreduce that holds for every schedule, reduce-then-broadcast
+    trees included: every rank must receive and send ``M`` bytes of information (its result
+    depends on all inputs, its input on all results), and every element needs at least
+    ``2(n-1)`` one-way rank-to-rank messages (directed gossip needs ``2n - 2`` calls), each
+    leaving a rank over one of its links. So ``t >= max(max_v M / min(B-(v), B+(v)),
+    2(n-1) M / sum of the capacity leaving the ranks)``.
+
+    design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
+    schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
+    3 GB/s ranks: 2 x AG = 2.0 ms for 3 MB, trees take 1.76 ms in the cost model, this floor
+    is 1.5 ms), so the pipeline uses ``min(2 x AG, floor)``: a true lower bound that equals
+    2 x AG wherever 2 x AG is provably one.
+
+    >>> from hcc.ir.topology import Link
+    >>> tri = Topology("t", ("a", "b", "c"), links=tuple(Link(x, y, 1e9) for x in "abc" for y in "abc" if x != y))
+    >>> allreduce_floor(tri, ("a", "b", "c"), 3e6)   # 4 x 3 MB over 6 GB/s
+    0.002
+    """
+    sub = topo.restricted(ranks)
+    rs = set(ranks)
+    n = len(ranks)
+    cin = {v: 0.0 for v in ranks}
+    cout = {v: 0.0 for v in ranks}
+    for l in sub.links:
+        if l.src in rs:
+            cout[l.src] += l.capacity
+        if l.dst in rs:
+            cin[l.dst] += l.capacity
+    per_vertex = max(size / min(cin[v], cout[v]) for v in ranks)
+    total = 2 * (n - 1) * size / sum(cout.values())
+    return max(per_vertex, total)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    name: str = "bounds"
+
+    def apply(self, u: Unit) -> Unit:
+        from . import bounds
+
+        spec = u.spec
+        size = _bound_size(spec)
+        if len(spec.ranks) < 2:
+            return replace(u, bound_s=0.0, bound_rate_Bps=float("inf"), bandwidth_bound_s=0.0)
+        t = float(bounds.time_bound(spec.kind, u.topology, spec.ranks, spec.root, size,
+                                    peers=spec.peers or "ring"))
+        if spec.kind == "allreduce":
+            t = min(t, allreduce_floor(u.topology, spec.ranks, size))
+        # every byte crosses at least one link after its last reserved byte (cost.py): adding
+        # the smallest latency keeps t a lower bound of any simulated plan
+        total = t + least_latency(u.topology, spec.ranks)
+        rate = spec.size_bytes / t if t > 0 else float("inf")
+        return replace(u, bound_s=total, bound_rate_Bps=rate, bandwidth_bound_s=t)
+
+
+def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(eligible, lowered)``: the candidates ``select`` may choose from, and every candidate
+    to lower (the eligible ones plus the ring and double-binary-tree baselines the figures
+    report). alltoall has only its direct form and neighbor_average only the relaxation
+    lowering, whatever ``algorithm`` says (the plan's ``algorithm`` field tells what ran)."""
+    kind, alg = spec.kind, spec.algorithm
+    if kind == "neighbor_average":
+        return ("relax",), ("relax",)
+    if kind == "alltoall":
+        return ("direct",), ("direct",)
+    auto: list[str] = []
+    if kind in TREE_KINDS:
+        auto += ["treepack", "treepack-rsag"] if kind == "allreduce" else ["treepack"]
+    if kind in RING_KINDS:
+        auto.append("ring")
+    if kind in DBTREE_KINDS:
+        auto.append("tree")
+    if kind in DIRECT_KINDS and (len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS or kind == "alltoall"):
+        auto.append("direct")
+    if spec.compress != "none" and kind == "allreduce":
+        auto.insert(0, "relax")  # compression only when the user allowed it
+    if alg == "auto":
+        eligible = tuple(auto)
+    elif alg == "treepack":
+        eligible = tuple(a for a in auto if a.startswith("treepack"))
+    else:
+        eligible = (alg,)
+    baselines = tuple(b for b in ("ring", "tree") if b in auto and b not in eligible)
+    return eligible, eligible + baselines
+
+
+@dataclass(frozen=True)
+class Pack:
+    name: str = "pack"
+
+    def apply(self, u: Unit) -> Unit:
+        spec = u.spec
+        _, want = candidates_for(spec)
+        if not any(w.startswith("treepack") for w in want) or len(spec.ranks) < 2:
+            return u
+        from . import treepack
+
+        kind, topo, ranks = spec.kind, u.topology, spec.ranks
+        root = ranks[spec.root] if spec.root >= 0 else ranks[0]
+        out: list[tuple[str, object]] = []
+        if kind in ("broadcast", "scatter"):
+            out.append(("trees", treepack.pack_broadcast(topo, ranks, root)))
+        elif kind in ("reduce", "gather"):
+            out.append(("trees", treepack.pack_broadcast(topo, ranks, root, reverse=True)))
+        elif kind == "allgather":
+            out.append(("trees", treepack.pack_allgather(topo, ranks)))
+        elif kind == "reduce_scatter":
+            out.append(("trees", treepack.pack_allgather(topo, ranks, reverse=True)))
+        elif kind == "allreduce":
+            # Blink: reduce to rank 0 then broadcast over the same trees (they must exist in
+            # both directions; every link in the samples is full duplex)
+            out.append(("trees", treepack.pack_broadcast(topo, ranks, ranks[0])))
+            out.append(("rsag", treepack.pack_allgather(topo, ranks)))
+        return replace(u, packings=tuple(out))
+
+
+@dataclass(frozen=True)
+class Lower:
+    name: str = "lower"
+
+    def _builder(self, alg: str, u: Unit) -> Callable[[int], Plan] | None:
+        spec, topo = u.spec, u.topology
+        if alg != "relax" and spec.kind == "allreduce" and spec.compress != "none":
+            # the exact forms stay exact: compressing on every tree hop would quantize an
+            # element once per hop, where the relaxation lowering bounds it to twice
+            spec = replace(spec, compress="none")
+        if alg in ("treepack", "treepack-rsag"):
+            p = u.packing("trees" if alg == "treepack" else "rsag")
+            if p is None:
+                return None
+            from .lower import lower
+
+            return lambda c: lower(spec, topo, p.trees, c, algorithm=alg)
+        if alg == "relax":
+            from .lower_relax import relax_plan
+
+            return lambda c: relax_plan(spec, topo, c)
+        from . import algorithms
+
+        fn = {"ring": algorithms.ring_plan, "tree": algorithms.dbtree_plan,
+              "direct": algorithms.direct_plan}[alg]
+        return lambda c: fn(spec, topo, c)
+
+    def apply(self, u: Unit) -> Unit:
+        spec = u.spec
+        itemsize = DTYPE_SIZES[spec.dtype]
+        cands = (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, itemsize)
+        eligible, lowered = candidates_for(spec)
+        # baselines first (their searches always run to the end: the figures report them),
+        # then the others, each stopping once it cannot catch up with the best so far (auto
+        # only: a forced algorithm is returned whatever its time, so it is searched fully)
+        order = [a for a in lowered if a in ("ring", "tree")] + [a for a in lowered if a not in ("ring", "tree")]
+        out = []
+        best = float("inf")
+        for alg in order:
+            build = self._builder(alg, u)
+            if build is None:
+                continue
+            prune = spec.algorithm == "auto" and alg not in ("ring", "tree")
+            choice = choose_chunk(build, cands, model=u.model, incumbent=best if prune else float("inf"))
+            out.append(Candidate(alg, choice))
+            best = min(best, choice.simulation.time)
+        if not out:
+            raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
+        return replace(u, candidates=tuple(out))
+
+
+@dataclass(frozen=True)
+class Select:
+    name: str = "select"
+
+    def apply(self, u: Unit) -> Unit:
+        eligible, _ = candidates_for(u.spec)
+        pool = [c for c in u.candidates if c.algorithm in eligible]
+        if not pool:
+            raise CompileError(f"{u.spec.name}: algorithm {u.spec.algorithm} produced no plan")
+        best = min(pool, key=lambda c: (c.predicted_s, c.algorithm))
+        return replace(u, chosen=best, plan=best.choice.plan)
+
+
+@dataclass(frozen=True)
+class FiguresPass:
+    name: str = "figures"
+
+    def apply(self, u: Unit) -> Unit:
+        spec, c = u.spec, u.chosen
+        plan, sim = c.choice.plan, c.choice.simulation
+        n = len(spec.ranks)
+        predicted = sim.time
+        ring = u.candidate("ring")
+        tree = u.candidate("tree")
+        # efficiency = bound / predicted: a plan faster than its lower bound is a bug
+        eff = u.bound_s / predicted if predicted > 0 else 1.0
+        if eff > 1 + EFFICIENCY_SLACK:
+            raise CompileError(
+                f"{spec.name}: predicted {predicted:.6g} s beats the lower bound {u.bound_s:.6g} s "
+                f"({c.algorithm}); the bound or the cost model is wrong"
+            )
+        rate = self._rate(u, plan, predicted)
+        algbw = spec.size_bytes / predicted if predicted > 0 else float("inf")
+        figures = Figures(
+            rate_Bps=rate,
+            bound_rate_Bps=u.bound_rate_Bps,
+            predicted_s=predicted,
+            bound_s=u.bound_s,
+            efficiency=eff,
+            ring_predicted_s=ring.predicted_s if ring else 0.0,
+            tree_predicted_s=tree.predicted_s if tree else 0.0,
+            compile_s=0.0,
+            wire_bytes=sim.wire_bytes,
+            algbw_Bps=algbw,
+            busbw_Bps=algbw * BUSBW_FACTOR[spec.kind](n) if n > 1 else algbw,
+            exact_predicted_s=self._exact(u) if plan.compress != "none" else 0.0,
+        )
+        return replace(u, plan=replace(plan, figures=figures))
+
+    @staticmethod
+    def _exact(u: Unit) -> float:
+        """The best predicted time among the uncompressed candidates (0 if none was lowered)."""
+        times = [c.predicted_s for c in u.candidates if c.choice.plan.compress == "none"]
+        return min(times) if times else 0.0
+
+    @staticmethod
+    def _rate(u: Unit, plan: Plan, predicted: float) -> float:
+        """The schedule's steady-state rate in the bound's units (size / time): for packed
+        trees, the bound rate scaled by the packing's own rate/bound ratio; for other
+        algorithms, the algorithmic bandwidth of the simulated plan."""
+        role = {"treepack": "trees", "treepack-rsag": "rsag"}.get(u.chosen.algorithm)
+        p = u.packing(role) if role else None
+        if p is not None and getattr(p, "bound", 0) and u.bound_rate_Bps != float("inf"):
+            return u.bound_rate_Bps * min(1.0, p.rate / p.bound)
+        return u.spec.size_bytes / predicted if predicted > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Verify:
+    name: str = "verify"
+
+    def apply(self, u: Unit) -> Unit:
+        u.plan.verify()
+        return u
+
+
+PASSES: tuple = (Bounds(), Pack(), Lower(), Select(), FiguresPass(), Verify())
+
+Hook = Callable[[str, float, Unit], None]
+
+
+def run_passes(unit: Unit, passes: tuple = PASSES, hook: Hook | None = None) -> Unit:
+    """Apply each pass in order; ``hook(name, seconds, unit)`` runs after each one."""
+    for p in passes:
+        t0 = time.perf_counter()
+        unit = p.apply(unit)
+        if hook is not None:
+            hook(p.name, time.perf_counter() - t0, unit)
+    return unit
+
+
+def resolve(program: Program, name: str | None) -> CollectiveSpec:
+    """The collective to compile: ``name``, or the only one. Bad names are bad input."""
+    names = [c.name for c in program.collectives]
+    listing = ", ".join(names) if names else "none"
+    if name is None:
+        if len(names) == 1:
+            return program.collectives[0]
+        raise SourceError(
+            Span(Source("<command line>", program.path), 1, 1, 1, 1 + len(program.path)),
+            f"the program declares {len(names)} collectives ({listing}); name one with -c NAME",
+        )
+    for c in program.collectives:
+        if c.name == name:
+            return c
+    text = f"-c {name}"
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else ""
+    raise SourceError(
+        Span(Source("<command line>", text), 1, 4, 1, 4 + len(name)),
+        f"unknown collective {name!r} (collectives: {listing})",
+        hint,
+    )
+
+
+def compile_unit(program: Program, name: str | None = None, *, model: CostModel = DEFAULT_MODEL,
+                 hook: Hook | None = None) -> Unit:
+    """Run the whole pipeline and return its final :class:`Unit` (plan, candidates, bounds)."""
+    t0 = time.perf_counter()
+    spec = resolve(program, name)
+    unit = Unit(program=program, spec=spec, topology=program.topology_of(spec), model=model)
+    unit = run_passes(unit, PASSES, hook)
+    figures = replace(unit.plan.figures, compile_s=time.perf_counter() - t0)
+    return replace(unit, plan=replace(unit.plan, figures=figures))
+
+
+def compile_one(program: Program, name: str | None = None) -> Plan:
+    """Compile one collective of ``program`` to a verified :class:`Plan` with its figures."""
+    return compile_unit(program, name).plan

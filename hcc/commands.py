@@ -1,0 +1,242 @@
+"""hcc.commands — ``hcc check | compile | viz | simulate`` (flags are defined in hcc/cli.py).
+
+Each command returns an exit status and raises typed errors for the CLI to render:
+SourceError/PlanError (bad input, exit 2), HccError (a failed run, exit 1).
+
+``hcc compile -o PLAN.json`` writes exactly one plan (the format ``Plan.load`` reads): with a
+program of several collectives it needs ``-c NAME``. Every collective is compiled and
+verified before the file is written, atomically, so a failing compile leaves no file.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .grammar.diagnostics import Source, SourceError, Span
+from .ir.files import atomic_write_text
+from .ir.plan import Plan
+
+__all__ = ["cmd_check", "cmd_compile", "cmd_viz", "cmd_simulate", "human_bytes", "human_time",
+           "human_rate", "summary_row"]
+
+
+# ---------------------------------------------------------------- human units
+def human_bytes(b: float) -> str:
+    """Bytes in binary units.
+
+    >>> human_bytes(500e6), human_bytes(4096), human_bytes(100)
+    ('476.8 MiB', '4 KiB', '100 B')
+    """
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            v = b / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{int(b)} B"
+
+
+def human_time(s: float) -> str:
+    """Seconds in the unit that keeps 3-4 significant digits.
+
+    >>> human_time(0.0123), human_time(2.5e-5), human_time(3.0)
+    ('12.30 ms', '25.00 us', '3.000 s')
+    """
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    if s >= 1e-6:
+        return f"{s * 1e6:.2f} us"
+    return f"{s * 1e9:.1f} ns"
+
+
+def human_rate(bps: float) -> str:
+    """Bytes per second in decimal units, as link speeds are quoted.
+
+    >>> human_rate(150e9), human_rate(12.5e6)
+    ('150.0 GB/s', '12.5 MB/s')
+    """
+    if not math.isfinite(bps):
+        return "inf"
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+# ---------------------------------------------------------------- loading
+def _load_program(path: str):
+    from .compiler.frontend import load_program
+
+    return load_program(path)
+
+
+def _is_plan_file(path: str) -> bool:
+    return path.endswith(".json")
+
+
+def _cmdline_error(text: str, col: int, width: int, message: str) -> SourceError:
+    return SourceError(Span(Source("<command line>", text), 1, col, 1, col + width), message)
+
+
+def _plans_for(args) -> list[Plan]:
+    """The plans a viz/simulate command works on: a plan.json, or compiled from a .hcl."""
+    if _is_plan_file(args.file):
+        from .ir.serialize import load
+
+        plan = load(args.file)
+        name = getattr(args, "collective", None)
+        if name and name != plan.name:
+            raise _cmdline_error(f"-c {name}", 4, len(name),
+                                 f"{args.file} holds collective {plan.name!r}, not {name!r}")
+        return [plan]
+    from .compiler.pipeline import compile_one
+
+    program = _load_program(args.file)
+    return [compile_one(program, getattr(args, "collective", None))]
+
+
+# ---------------------------------------------------------------- check
+def cmd_check(args) -> int:
+    program = _load_program(args.file)
+    print(f"{args.file}: ok ({len(program.topologies)} topologies, {len(program.collectives)} collectives)")
+    return 0
+
+
+# ---------------------------------------------------------------- compile
+def summary_row(plan: Plan) -> dict:
+    """The JSON object ``hcc compile --json`` prints for one plan."""
+    f = plan.figures
+    return {
+        "name": plan.name,
+        "kind": plan.kind,
+        "topology": plan.topology.name,
+        "ranks": plan.n,
+        "root": plan.ranks[plan.root] if plan.root >= 0 else None,
+        "size_bytes": plan.size_bytes,
+        "dtype": plan.dtype,
+        "algorithm": plan.algorithm,
+        "trees": len(plan.trees),
+        "chunk_bytes": plan.chunk_bytes,
+        "compress": plan.compress,
+        "rate_Bps": f.rate_Bps,
+        "bound_rate_Bps": f.bound_rate_Bps,
+        "predicted_s": f.predicted_s,
+        "bound_s": f.bound_s,
+        "efficiency": f.efficiency,
+        "ring_predicted_s": f.ring_predicted_s,
+        "tree_predicted_s": f.tree_predicted_s,
+        "speedup_over_ring": f.ring_predicted_s / f.predicted_s if f.predicted_s > 0 and f.ring_predicted_s > 0 else None,
+        "algbw_Bps": f.algbw_Bps,
+        "busbw_Bps": f.busbw_Bps,
+        "wire_bytes": f.wire_bytes,
+        "exact_predicted_s": f.exact_predicted_s or None,
+        "speedup_over_exact": f.exact_predicted_s / f.predicted_s if f.exact_predicted_s and f.predicted_s > 0 else None,
+        "compile_s": f.compile_s,
+    }
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def cmd_compile(args) -> int:
+    from .compiler.pipeline import compile_one, resolve
+
+    program = _load_program(args.file)
+    if args.collective:
+        names = [resolve(program, args.collective).name]
+    else:
+        names = [c.name for c in program.collectives]
+    if args.output and len(names) != 1:
+        raise _cmdline_error(
+            f"-o {args.output}", 4, len(args.output),
+            f"-o writes one plan but {args.file} declares {len(names)} collectives "
+            f"({', '.join(names)}); choose one with -c NAME",
+        )
+    plans = [compile_one(program, n) for n in names]
+    if args.output:
+        atomic_write_text(args.output, plans[0].to_json())
+    if args.json:
+        rows = [{k: _json_safe(v) for k, v in summary_row(p).items()} for p in plans]
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",
+              "bound", "eff", "algbw", "busbw", "ring", "vs ring", "compile"]
+    # compressed plans: their wire bytes and the predicted speedup over the best exact plan
+    lossy = any(p.compress != "none" for p in plans)
+    if lossy:
+        header[5:5] = ["compress", "wire", "vs exact"]
+    rows = []
+    for p in plans:
+        f = p.figures
+        row = [
+            p.name, p.kind, str(p.n), human_bytes(p.size_bytes), p.algorithm, str(len(p.trees)),
+            human_bytes(p.chunk_bytes), human_time(f.predicted_s), human_time(f.bound_s),
+            f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
+            human_time(f.ring_predicted_s) if f.ring_predicted_s else "-",
+            f"{f.ring_predicted_s / f.predicted_s:.2f}x" if f.ring_predicted_s and f.predicted_s else "-",
+            human_time(f.compile_s),
+        ]
+        if lossy:
+            row[5:5] = [p.compress, human_bytes(f.wire_bytes),
+                        f"{f.exact_predicted_s / f.predicted_s:.2f}x" if f.exact_predicted_s else "-"]
+        rows.append(row)
+    print(_table(header, rows))
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------- viz
+def cmd_viz(args) -> int:
+    from .ir import viz
+
+    plan = _plans_for(args)[0]
+    out = Path(args.output)
+    if args.format == "dot":
+        atomic_write_text(out, viz.to_dot(plan))
+    elif args.format == "trace":
+        atomic_write_text(out, json.dumps(viz.to_trace(plan)))
+    else:
+        viz.draw(plan, out, fmt=args.format)
+    print(f"wrote {out} ({args.format})")
+    return 0
+
+
+# ---------------------------------------------------------------- simulate
+def cmd_simulate(args) -> int:
+    from .compiler.cost import simulate
+
+    plan = _plans_for(args)[0]
+    sim = simulate(plan)
+    if args.json:
+        print(json.dumps({
+            "name": plan.name,
+            "kind": plan.kind,
+            "predicted_s": sim.time,
+            "messages": sim.messages,
+            "wire_bytes": sim.wire_bytes,
+            "ranks": [{"rank": r, "vertex": plan.ranks[r], "finish_s": t} for r, t in enumerate(sim.rank_finish)],
+            "links": [{"src": l.src, "dst": l.dst, "capacity_Bps": l.capacity, "bytes": l.bytes,
+                       "busy_s": l.busy_s, "utilisation": l.utilisation} for l in sim.links],
+        }, indent=2))
+        return 0
+    print(f"{plan.name} ({plan.kind}, {plan.n} ranks, {human_bytes(plan.size_bytes)}, {plan.algorithm}): "
+          f"predicted {human_time(sim.time)}, {sim.messages} messages, {human_bytes(sim.wire_bytes)} on the wire")
+    print()
+    print(_table(["rank", "vertex", "finish"],
+                 [[str(r), plan.ranks[r], human_time(t)] for r, t in enumerate(sim.rank_finish)]))
+    print()
+    print(_table(["link", "capacity", "bytes", "busy", "utilisation"],
+                 [[f"{l.src}->{l.dst}", human_rate(l.capacity), human_bytes(l.bytes), human_time(l.busy_s),
+                   f"{100 * l.utilisation:.1f}%"] for l in sim.links]))
+    return 0
