@@ -1,0 +1,338 @@
+"""hcc.backends.executor — interpret a verified plan on one rank over any Transport.
+
+One executor serves every backend (design.md "Runtime"); a backend only moves bytes.
+
+Model (ir/plan.py): ``programs[rank]`` is a dataflow graph. An op is *posted* once every op in
+its ``deps`` has *completed*. The executor
+1. posts every op without deps at once (all Recvs and RecvReduces of the first chunks are
+   therefore outstanding before any byte arrives);
+2. loops on ``Transport.wait_any`` over the outstanding requests, with the per-wait deadline;
+3. when a request completes, completes its op (a RecvReduce reduces its staged chunk into
+   ``dst`` with numpy, in place) and immediately posts every op that became ready — so a chunk
+   received from a parent is forwarded to the children in the same turn of the loop: a tree
+   of depth d costs about one chunk time per level, not one buffer time (fine-grained
+   pipelining, design.md), and the ops of several trees interleave freely.
+Local ops (Copy, Reduce, Scale) run when posted and complete at once.
+
+Zero copy: Sends and Recvs hand the transport memoryviews of the rank's numpy buffers; the
+only copies are a RecvReduce's staging chunk (the bytes must land somewhere before they are
+combined) and, for compressed plans, the encoded wire chunk.
+
+Deadlines: every ``wait_any`` gets the per-wait ``timeout``; when it expires the executor
+raises :class:`CollectiveTimeout` naming this rank, the peer and the op/tree/chunk of the
+oldest outstanding receive (or send). A dead peer surfaces as :class:`RankFailed` (or
+:class:`RootFailed`) naming it. Never a hang.
+
+The per-rank state lives in :class:`RankExecution`, whose ``pending``/``ready`` sets are
+explicit, so a later repair step can replace the remaining ops of a rank (design.md
+"Adaptive hooks") without re-running completed ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir.plan import Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send
+from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
+from .kernels import np_dtype, reduce_into, scale_into
+
+__all__ = ["run", "RankExecution", "InputMismatch", "UnknownOption", "CodecUnavailable"]
+
+# Options the executor understands; unknown ones are rejected (a later issue adds quorum etc.).
+KNOWN_OPTIONS: frozenset[str] = frozenset()
+
+
+class InputMismatch(RuntimeFault, ValueError):
+    """The caller's array does not have the plan's dtype or element count."""
+
+
+class UnknownOption(RuntimeFault, TypeError):
+    """``run`` got an option it does not know."""
+
+
+class CodecUnavailable(RuntimeFault):
+    """A compressed plan, but hcc.backends.codecs is missing or has no codec for it."""
+
+
+def _as_flat(array: Any, want_dtype: np.dtype, count: int, what: str, writable: bool) -> np.ndarray:
+    """A 1-D numpy view of ``array`` (ndarray or buffer-protocol object) — checked, no copy."""
+    try:
+        arr = array if isinstance(array, np.ndarray) else np.asarray(array)
+    except Exception as e:  # an object numpy cannot view: say what was given
+        raise InputMismatch(f"{what}: cannot view a {type(array).__name__} as an array ({e})") from None
+    if arr.dtype != want_dtype:
+        raise InputMismatch(
+            f"{what}: dtype {arr.dtype} does not match the plan's {want_dtype}"
+            + (" (bfloat16 is passed as uint16 bits)" if want_dtype == np.uint16 else "")
+        )
+    if arr.size != count:
+        raise InputMismatch(f"{what}: {arr.size} elements (shape {arr.shape}), the plan needs {count}")
+    if not arr.flags.c_contiguous:
+        raise InputMismatch(f"{what}: the array must be C-contiguous (use np.ascontiguousarray)")
+    if writable and not arr.flags.writeable:
+        raise InputMismatch(f"{what}: the array is read-only")
+    return arr.reshape(-1)
+
+
+@dataclass
+class _Pending:
+    op: int
+    request: Any
+    staging: np.ndarray | None = None  # RecvReduce chunk, or encoded wire bytes
+
+
+class RankExecution:
+    """The state of one rank's program during a run (see the module docstring)."""
+
+    def __init__(self, plan: Plan, comm: Transport, program, bufs: dict[str, np.ndarray],
+                 timeout: float, codec=None):
+        self.plan, self.comm, self.program, self.bufs = plan, comm, program, bufs
+        self.timeout, self.codec = timeout, codec
+        self.rank = comm.rank
+        self.op_name = plan.op or "sum"
+        n_ops = len(program)
+        self.missing = [len(op.deps) for op in program]  # deps not yet completed
+        self.dependents: list[list[int]] = [[] for _ in range(n_ops)]
+        for i, op in enumerate(program):
+            for d in op.deps:
+                if not 0 <= d < i:
+                    raise RuntimeFault(f"rank {self.rank}: op {i} depends on op {d}, not an earlier op")
+                self.dependents[d].append(i)
+        self.completed = 0
+        self.pending: dict[int, _Pending] = {}  # id(request) -> the transfer it carries
+
+    # -- buffers -------------------------------------------------------------------------
+    def view(self, ref) -> np.ndarray:
+        buf = self.bufs[ref.buf]
+        if ref.offset < 0 or ref.end > buf.size:
+            raise RuntimeFault(
+                f"rank {self.rank}: range {ref.buf}[{ref.offset}:{ref.end}] outside the buffer of {buf.size}"
+            )
+        return buf[ref.offset:ref.end]
+
+    @staticmethod
+    def _bytes(arr: np.ndarray) -> memoryview:
+        return memoryview(arr).cast("B")
+
+    # -- posting and completing -------------------------------------------------------------
+    def post(self, i: int) -> None:
+        """Post op ``i``; local ops complete (and release their dependents) at once."""
+        stack = [i]
+        while stack:
+            k = stack.pop()
+            op = self.program[k]
+            if isinstance(op, Send):
+                src = self.view(op.src)
+                if self.codec is None:
+                    self._add(_Pending(k, self.comm.isend(op.peer, op.tag, self._bytes(src))))
+                else:
+                    wire = np.empty(self.codec.wire_nbytes(src.size), dtype=np.uint8)
+                    self.codec.encode(src, wire)
+                    self._add(_Pending(k, self.comm.isend(op.peer, op.tag, memoryview(wire)), wire))
+                continue
+            if isinstance(op, (Recv, RecvReduce)):
+                dst = self.view(op.dst)
+                if self.codec is not None:
+                    wire = np.empty(self.codec.wire_nbytes(dst.size), dtype=np.uint8)
+                    self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, memoryview(wire)), wire))
+                elif isinstance(op, Recv):
+                    self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(dst))))
+                else:
+                    staging = np.empty(dst.size, dtype=dst.dtype)
+                    self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(staging)), staging))
+                continue
+            if isinstance(op, Copy):
+                if getattr(op, "roundtrip", False) and self.codec is not None:
+                    # dst := decode(encode(src)): the value a receiver of src gets, so the
+                    # owner of a compressed block keeps exactly what it sent (ir/plan.py Copy)
+                    src = self.view(op.src)
+                    wire = np.empty(self.codec.wire_nbytes(src.size), dtype=np.uint8)
+                    self.codec.encode(src, wire)
+                    self.codec.decode(wire, self.view(op.dst))
+                else:
+                    self.view(op.dst)[...] = self.view(op.src)
+            elif isinstance(op, Reduce):
+                reduce_into(self.op_name, self.plan.dtype, self.view(op.dst), self.view(op.src))
+            elif isinstance(op, Scale):
+                scale_into(self.plan.dtype, self.view(op.dst), op.divisor)
+            else:
+                raise RuntimeFault(f"rank {self.rank}: op {k} has unknown type {type(op).__name__}")
+            stack.extend(self._complete(k))
+
+    def _add(self, p: _Pending) -> None:
+        self.pending[id(p.request)] = p
+
+    def _complete(self, k: int) -> list[int]:
+        self.completed += 1
+        ready = []
+        for j in self.dependents[k]:
+            self.missing[j] -= 1
+            if self.missing[j] == 0:
+                ready.append(j)
+        return ready
+
+    def _finish_transfer(self, p: _Pending) -> None:
+        op = self.program[p.op]
+        if isinstance(op, Recv) and self.codec is not None:
+            self.codec.decode(p.staging, self.view(op.dst))
+        elif isinstance(op, RecvReduce):
+            dst = self.view(op.dst)
+            if self.codec is not None:
+                tmp = np.empty(dst.size, dtype=dst.dtype)
+                self.codec.decode(p.staging, tmp)
+                reduce_into(self.op_name, self.plan.dtype, dst, tmp)
+            else:
+                reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
+        for j in self._complete(p.op):
+            self.post(j)
+
+    # -- the loop -----------------------------------------------------------------------
+    def describe(self, k: int) -> str:
+        op = self.program[k]
+        kind = type(op).__name__
+        if not isinstance(op, (Send, Recv, RecvReduce)):
+            return f"op {k} {kind}"
+        where = f"op {k} {kind} tag {op.tag}"
+        if op.tree >= 0:
+            where += f", tree {op.tree} chunk {op.chunk}"
+        return where
+
+    def _blame(self) -> _Pending:
+        """The outstanding transfer to name in a timeout: the oldest receive, else send."""
+        pend = list(self.pending.values())
+        recvs = [p for p in pend if not isinstance(self.program[p.op], Send)]
+        return min(recvs or pend, key=lambda p: p.op)
+
+    def execute(self) -> None:
+        fast = getattr(self.comm, "wait_completed", None)
+        if fast is not None:
+            self.comm.track_completions(True)
+        try:
+            self._execute(fast)
+        finally:
+            if fast is not None:
+                self.comm.track_completions(False)
+
+    def _execute(self, fast) -> None:
+        for i in [i for i, m in enumerate(self.missing) if m == 0]:  # snapshot: posting releases more
+            self.post(i)
+        n_ops = len(self.program)
+        while self.pending:
+            try:
+                if fast is not None:
+                    # transports that queue completions: O(completed) per wake-up
+                    batch = [self.pending.pop(id(r)) for r in fast(self.timeout) if id(r) in self.pending]
+                else:
+                    pend = list(self.pending.values())
+                    done = self.comm.wait_any([p.request for p in pend], self.timeout)
+                    if not done:
+                        raise RuntimeFault(f"rank {self.rank}: transport {self.comm.name!r} returned no completion")
+                    batch = [pend[i] for i in sorted(set(done))]
+                    for p in batch:
+                        del self.pending[id(p.request)]
+            except CollectiveTimeout:
+                p = self._blame()
+                op = self.program[p.op]
+                raise CollectiveTimeout(self.rank, op.peer, self.describe(p.op), self.timeout) from None
+            except PeerFailed as e:
+                waiting = [p for p in self.pending.values() if self.program[p.op].peer == e.peer]
+                detail = "while waiting on " + self.describe((waiting or [self._blame()])[0].op)
+                if e.detail:
+                    detail += f"; {e.detail}"
+                cls = RootFailed if (e.peer == self.plan.root and self.plan.root >= 0) else RankFailed
+                raise cls(e.peer, by=self.rank, detail=detail) from None
+            for p in batch:
+                self._finish_transfer(p)
+        if self.completed != n_ops:
+            stuck = [i for i, m in enumerate(self.missing) if m > 0][:1]
+            raise RuntimeFault(
+                f"rank {self.rank}: {n_ops - self.completed} ops never became ready "
+                f"(first: {self.describe(stuck[0]) if stuck else '?'}); is the plan verified?"
+            )
+
+
+def _programs(plan: Plan, step: int):
+    if plan.kind == "neighbor_average" and step != 0:
+        from ..compiler.lower_relax import programs_for_step
+
+        return programs_for_step(plan, step)
+    return plan.programs
+
+
+def _codec(plan: Plan):
+    if plan.compress in (None, "none"):
+        return None
+    try:
+        from . import codecs
+    except ImportError as e:
+        raise CodecUnavailable(
+            f"plan {plan.name!r} uses compress = {plan.compress}, but hcc.backends.codecs is not available ({e})"
+        ) from None
+    codec = codecs.get_codec(plan.compress, plan.dtype)
+    if codec is None:
+        raise CodecUnavailable(f"no codec {plan.compress!r} for dtype {plan.dtype}")
+    return codec
+
+
+def _adaptive_module():
+    """hcc.backends.adaptive when it is installed (it is another part's module)."""
+    try:
+        from . import adaptive
+    except ImportError:
+        return None
+    return adaptive
+
+
+def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
+        **options) -> np.ndarray:
+    """Run ``plan`` on rank ``comm.rank``; returns ``out`` (allocated when not given).
+
+    ``array``: this rank's input, ``plan.buffer_elems(rank)["in"]`` elements of the plan's dtype
+    (numpy storage dtype: bfloat16 as uint16), any shape, C-contiguous; ``None`` means zeros
+    (for ranks whose input the collective ignores, e.g. non-roots of a broadcast). ``out``:
+    optional preallocated output of ``buffer_elems(rank)["out"]`` elements. ``timeout``: the
+    deadline of every wait, in seconds. ``step``: the training step (``neighbor_average``
+    with ``peers = shift_one`` changes partners every step). Every check happens before any
+    byte moves.
+    """
+    adaptive = _adaptive_module()
+    if adaptive is not None and adaptive.wants(plan, comm, options):
+        # on_failure = continue, adaptive = on, or a quorum: the adaptive runtime (issue 4)
+        # runs the plan's trees itself and survives deaths; this executor aborts on them
+        return adaptive.run(plan, comm, array, out=out, timeout=timeout, step=step, **options)
+    unknown = sorted(set(options) - KNOWN_OPTIONS)
+    if unknown:
+        raise UnknownOption(
+            f"unknown run option(s) {', '.join(unknown)}"
+            + (f" (known: {', '.join(sorted(KNOWN_OPTIONS))})" if KNOWN_OPTIONS else " (none are defined)")
+        )
+    rank = comm.rank
+    if not 0 <= rank < plan.n:
+        raise InputMismatch(f"rank {rank} is outside the plan's {plan.n} ranks")
+    if getattr(comm, "world", plan.n) != plan.n:
+        raise InputMismatch(f"the communicator has {comm.world} ranks, the plan {plan.n}")
+    if not timeout > 0:
+        raise InputMismatch(f"timeout must be positive, not {timeout!r}")
+    dtype = np_dtype(plan.dtype)
+    sizes = plan.buffer_elems(rank)
+    if array is None:
+        inp = np.zeros(sizes["in"], dtype=dtype)
+        shape = None
+    else:
+        inp = _as_flat(array, dtype, sizes["in"], f"rank {rank} input", writable=False)
+        shape = np.shape(array)
+    if out is None:
+        result = np.empty(sizes["out"], dtype=dtype)
+        out_flat = result
+        if shape is not None and sizes["out"] == sizes["in"]:
+            result = result.reshape(shape)
+    else:
+        out_flat = _as_flat(out, dtype, sizes["out"], f"rank {rank} output", writable=True)
+        result = out
+    program = _programs(plan, step)[rank]
+    codec = _codec(plan)
+    bufs = {"in": inp, "out": out_flat, "tmp": np.empty(sizes["tmp"], dtype=dtype)}
+    RankExecution(plan, comm, program, bufs, float(timeout), codec).execute()
+    return result

@@ -1,0 +1,265 @@
+"""hcc.backends.launch — start local rank processes, run plans in them, collect the results.
+
+A *job* is a temporary directory holding ``job.json`` (the cases, in order), each case's plan
+(``case<i>.plan.json``, written with :meth:`Plan.save`) and inputs (``case<i>.in<r>.npy``, or a
+seed from which each rank draws its own input with :func:`reference.make_input`). One process
+per rank runs every case in sequence over one communicator — a test grid of hundreds of plans
+costs one process launch, not hundreds — and writes ``result<r>.json`` (per-iteration times or
+the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteration).
+
+Timing: before each iteration the ranks meet at a barrier; each rank times its own
+``plan.run``; an iteration's time is the maximum over ranks (the collective is done when the
+slowest rank is). :class:`RunResult` is what every backend's ``run_local`` returns.
+
+Failure: the launcher watches its children; when one exits abnormally the others must end on
+their own (they raise :class:`RankFailed` within the per-wait deadline); after that deadline
+plus a grace period the launcher kills whatever is left — only its own children, by handle.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..ir.files import atomic_write_text
+from .base import RuntimeFault
+
+__all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job"]
+
+
+@dataclass
+class RunResult:
+    outputs: list[np.ndarray]  # from the last iteration, per rank
+    times: list[float]  # per timed iteration: max over ranks of that iteration's time
+    backend: str
+    detail: dict = field(default_factory=dict)
+
+
+class RunFailed(RuntimeFault):
+    """One or more ranks of a local run failed; ``errors`` maps rank -> what it said."""
+
+    def __init__(self, backend: str, errors: dict[int, str], detail: dict | None = None):
+        lines = [f"rank {r}: {msg}" for r, msg in sorted(errors.items())]
+        super().__init__(f"{backend} run failed on {len(errors)} rank(s):\n  " + "\n  ".join(lines))
+        self.backend, self.errors, self.detail = backend, errors, detail or {}
+
+
+def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, timeout: float,
+                step: int = 0, save_outputs: bool = True) -> int:
+    """Write ``job.json``, plans and inputs into ``job``; returns the world size."""
+    world = None
+    entries = []
+    for i, case in enumerate(cases):
+        plan, inputs = case[0], case[1]
+        if world is None:
+            world = plan.n
+        elif plan.n != world:
+            raise RuntimeFault(f"case {i}: plan has {plan.n} ranks, the job {world}")
+        plan.save(job / f"case{i}.plan.json")
+        entry = {"plan": f"case{i}.plan.json", "iters": iters, "warmup": warmup, "step": step,
+                 "save_outputs": save_outputs}
+        if isinstance(inputs, (int, np.integer)):
+            entry["seed"] = int(inputs)
+        else:
+            if len(inputs) != plan.n:
+                raise RuntimeFault(f"case {i}: {len(inputs)} inputs for {plan.n} ranks")
+            for r, a in enumerate(inputs):
+                np.save(job / f"case{i}.in{r}.npy", np.ascontiguousarray(a))
+            entry["inputs"] = f"case{i}.in{{rank}}.npy"
+        entries.append(entry)
+    if world is None:
+        raise RuntimeFault("no cases to run")
+    atomic_write_text(job / "job.json", json.dumps({"world": world, "timeout": timeout, "cases": entries}))
+    return world
+
+
+def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
+    """Body of one rank process: run every case of the job; 0 on success, 1 on failure."""
+    from ..ir.plan import Plan
+    from .executor import run
+    from .reference import make_input
+
+    job = Path(job_dir)
+    spec = json.loads((job / "job.json").read_text())
+    timeout = float(spec["timeout"])
+    result: dict = {"ok": False, "cases": []}
+    comm = None
+    try:
+        comm = make_comm()
+        for i, case in enumerate(spec["cases"]):
+            plan = Plan.load(job / case["plan"])
+            if "seed" in case:
+                x = make_input(plan, case["seed"], rank)
+            else:
+                x = np.load(job / case["inputs"].format(rank=rank))
+            out = None
+            times = []
+            total = case["warmup"] + case["iters"]
+            for it in range(total):
+                comm.barrier(f"c{i}/i{it}", timeout)
+                t0 = time.perf_counter()
+                out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
+                dt = time.perf_counter() - t0
+                if it >= case["warmup"]:
+                    times.append(dt)
+            if case["save_outputs"] and out is not None:
+                np.save(job / f"case{i}.out{rank}.npy", out)
+            result["cases"].append({"times": times})
+        comm.barrier("end", timeout)
+        result["ok"] = True
+    except Exception as e:  # reported to the launcher, which raises a typed error
+        result["error"] = f"{type(e).__name__}: {e}"
+        if os.environ.get("HCC_TRACEBACK"):
+            result["traceback"] = traceback.format_exc()
+    finally:
+        if comm is not None:
+            try:
+                comm.close()
+            except Exception as e:
+                result.setdefault("error", f"close failed: {type(e).__name__}: {e}")
+    atomic_write_text(job / f"result{rank}.json", json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+def _wait_children(procs: list[subprocess.Popen], timeout: float, overall: float,
+                   report_dead: Callable[[list[int]], None] | None = None) -> dict[int, int]:
+    """Wait for every child; returns {rank: returncode}. Kills stragglers after the deadline.
+    ``report_dead(ranks)`` is told every rank whose process died abnormally."""
+    start = time.monotonic()
+    grace_until = None
+    codes: dict[int, int] = {}
+    dead: list[int] = []
+    while len(codes) < len(procs):
+        for r, p in enumerate(procs):
+            if r not in codes and p.poll() is not None:
+                codes[r] = p.returncode
+                if p.returncode < 0 and report_dead is not None:  # killed by a signal
+                    dead.append(r)
+                    report_dead(dead)
+                if p.returncode != 0 and grace_until is None:
+                    # the others must notice within one per-wait deadline; 5 s covers start-up
+                    grace_until = time.monotonic() + timeout + 5.0
+        now = time.monotonic()
+        if (grace_until is not None and now > grace_until) or now - start > overall:
+            break
+        time.sleep(0.01)
+    for r, p in enumerate(procs):
+        if r not in codes:
+            p.kill()
+            p.wait()
+            codes[r] = None  # killed by the launcher
+    return codes
+
+
+def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, warmup: int = 0,
+                    timeout: float = 60.0, step: int = 0, save_outputs: bool = True,
+                    wrap: Callable[[int, list[str]], list[str]] | None = None,
+                    hosts: Sequence[str] | None = None, store_host: str = "127.0.0.1",
+                    kill_rank: tuple[int, float] | None = None,
+                    max_message: int | None = None, pace_Bps: float = 0.0) -> list[RunResult]:
+    """Run each ``(plan, inputs_or_seed)`` case, in order, on ``world`` local processes.
+
+    ``wrap(rank, argv)`` may rewrite a rank's command line (e.g. ``hcc netem``'s namespace
+    wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``
+    SIGKILLs rank ``r`` that long after every rank finished iteration 0 (fault-injection tests).
+    ``pace_Bps`` paces every connection to that many bytes/s (emulated links, no root needed)."""
+    from .rendezvous import StoreServer
+
+    if backend != "sockets":
+        raise RuntimeFault(f"run_cases_local launches the sockets worker, not {backend!r}")
+    token = secrets.token_hex(32)
+    with tempfile.TemporaryDirectory(prefix="hcc-run-") as tmp:
+        job = Path(tmp)
+        world = prepare_job(job, cases, iters, warmup, timeout, step, save_outputs)
+        if max_message is None:
+            max_message = max(int(c[0].size_bytes) for c in cases) + (1 << 20)
+        env = dict(os.environ, HCC_TOKEN=token)
+        procs: list[subprocess.Popen] = []
+        logs = []
+        with StoreServer(token, store_host, 0) as store:
+            killed_at = None
+            try:
+                t0 = time.monotonic()
+                for r in range(world):
+                    argv = [sys.executable, "-m", "hcc.backends.sockets", "--job", str(job), "--rank", str(r),
+                            "--world", str(world), "--store", store.address, "--timeout", str(timeout),
+                            "--max-message", str(max_message)]
+                    if hosts is not None:
+                        argv += ["--host", hosts[r]]
+                    if pace_Bps:
+                        argv += ["--pace", repr(float(pace_Bps))]
+                    if wrap is not None:
+                        argv = wrap(r, argv)
+                    log = open(job / f"rank{r}.log", "wb")
+                    logs.append(log)
+                    procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL))
+                if kill_rank is not None:
+                    # count the delay from the moment every rank has finished iteration 0, so
+                    # the kill lands mid-run however slow the start-up was
+                    kr, delay = kill_rank
+                    key = "barrier/hcc/c0/i1"
+                    limit = time.monotonic() + timeout * 3
+                    while store.value(key, 0) < world and time.monotonic() < limit and all(
+                            p.poll() is None for p in procs):
+                        time.sleep(0.005)
+                    time.sleep(delay)
+                    procs[kr].kill()
+                    killed_at = time.monotonic()
+                n_iters = sum(1 for _ in cases) * (iters + warmup)
+                codes = _wait_children(procs, timeout, overall=timeout * (3 + n_iters) + 30.0,
+                                       report_dead=lambda ranks: store.put("hcc/dead", list(ranks)))
+                wall = time.monotonic() - t0
+                detail = {"wall_s": wall}
+                if killed_at is not None:
+                    detail["kill_to_end_s"] = time.monotonic() - killed_at
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                for log in logs:
+                    log.close()
+        return _collect(job, backend, world, len(cases), codes, detail)
+
+
+def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, detail: dict) -> list[RunResult]:
+    errors: dict[int, str] = {}
+    per_rank = []
+    for r in range(world):
+        path = job / f"result{r}.json"
+        res = json.loads(path.read_text()) if path.exists() else None
+        if res is None or not res.get("ok"):
+            code = codes.get(r)
+            if res is not None and res.get("error"):
+                errors[r] = res["error"]
+            elif code is None:
+                errors[r] = "killed by the launcher after the deadline"
+            elif code < 0:
+                errors[r] = f"killed by signal {-code}"
+            else:
+                tail = (job / f"rank{r}.log").read_bytes()[-2000:].decode(errors="replace").strip()
+                errors[r] = f"exited with status {code}" + (f": {tail}" if tail else "")
+        per_rank.append(res)
+    if errors:
+        raise RunFailed(backend, errors, detail)
+    results = []
+    for i in range(n_cases):
+        rank_times = [per_rank[r]["cases"][i]["times"] for r in range(world)]
+        times = [max(ts) for ts in zip(*rank_times)]
+        outs = []
+        for r in range(world):
+            p = job / f"case{i}.out{r}.npy"
+            outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
+        results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times)))
+    return results

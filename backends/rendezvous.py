@@ -1,0 +1,279 @@
+"""hcc.backends.rendezvous — a tiny authenticated key-value store for meeting peers.
+
+Rank 0 (or a launcher) starts a :class:`StoreServer` on ``127.0.0.1``; every rank connects a
+:class:`StoreClient`, publishes its listening address under ``addr/<rank>``, and reads the
+others'. Launchers also use it for barriers between iterations (:meth:`StoreClient.barrier`).
+
+Wire format
+- Authentication first, both ways (HMAC-SHA256 with the shared token, compared with
+  ``hmac.compare_digest``): the server sends a 32-byte nonce ``ns``; the client answers with
+  its nonce ``nc`` and ``HMAC(token, "hcc-store-client" ‖ ns ‖ nc)``; the server checks it and
+  answers ``HMAC(token, "hcc-store-server" ‖ nc ‖ ns)``, which the client checks. A peer that
+  does not know the token learns nothing and gets nothing.
+- Then requests and replies are JSON objects, each prefixed by a 4-byte big-endian length,
+  at most :data:`MAX_MESSAGE` bytes (a longer prefix closes the connection before any
+  allocation). Never pickle.
+- Requests: ``{"op": "set", "key", "value"}``, ``{"op": "get", "key", "timeout"}`` (waits until
+  the key exists), ``{"op": "add", "key", "amount"}`` (integer counter, returns the new value),
+  ``{"op": "wait", "key", "value", "timeout"}`` (waits until the counter is ≥ value),
+  ``{"op": "peek", "key"}`` (the value or null, at once).
+  Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+from .base import RuntimeFault
+
+__all__ = ["StoreServer", "StoreClient", "RendezvousError", "AuthenticationError", "parse_address"]
+
+MAX_MESSAGE = 64 * 1024  # an address record is ~40 bytes; 64 KiB bounds any request
+MAX_KEYS = 100_000
+NONCE = 32
+_LEN = struct.Struct("!I")
+
+
+class RendezvousError(RuntimeFault):
+    """The store could not be reached, refused a request, or timed out."""
+
+
+class AuthenticationError(RendezvousError):
+    """A peer failed the HMAC challenge: the tokens differ (or it is not an hcc peer)."""
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RendezvousError(f"rendezvous address {addr!r} is not HOST:PORT")
+    return host or "127.0.0.1", int(port)
+
+
+def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(token, label + b"".join(parts), hashlib.sha256).digest()
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+def _send_msg(sock: socket.socket, obj) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise RendezvousError(f"store message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_msg(sock: socket.socket):
+    (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
+    if n > MAX_MESSAGE:
+        raise RendezvousError(f"store message of {n} bytes exceeds the {MAX_MESSAGE}-byte bound")
+    obj = json.loads(recv_exact(sock, n))
+    if not isinstance(obj, dict):
+        raise RendezvousError("store message is not a JSON object")
+    return obj
+
+
+class StoreServer:
+    """The store, served by a daemon thread per client; ``close()`` stops accepting."""
+
+    def __init__(self, token: str | bytes, host: str = "127.0.0.1", port: int = 0):
+        self.token = token.encode() if isinstance(token, str) else token
+        self._data: dict[str, object] = {}
+        self._cond = threading.Condition()
+        self._sock = socket.create_server((host, port), backlog=256)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._closed = False
+        self._clients: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept_loop, name="hcc-store", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._clients.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="hcc-store-client", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(10.0)  # the handshake is 3 short messages; 10 s bounds a stalled client
+            ns = os.urandom(NONCE)
+            conn.sendall(ns)
+            reply = recv_exact(conn, NONCE + 32)
+            nc, mac = reply[:NONCE], reply[NONCE:]
+            if not hmac.compare_digest(mac, _mac(self.token, b"hcc-store-client", ns, nc)):
+                return
+            conn.sendall(_mac(self.token, b"hcc-store-server", nc, ns))
+            conn.settimeout(None)
+            while True:
+                req = _recv_msg(conn)
+                _send_msg(conn, self._handle(req))
+        except (OSError, ConnectionError, RendezvousError, ValueError):
+            return
+        finally:
+            conn.close()
+
+    def _handle(self, req: dict) -> dict:
+        op, key = req.get("op"), req.get("key")
+        if not isinstance(key, str):
+            return {"ok": False, "error": "key must be a string"}
+        timeout = min(float(req.get("timeout", 0) or 0), 3600.0)
+        with self._cond:
+            if op == "set":
+                if key not in self._data and len(self._data) >= MAX_KEYS:
+                    return {"ok": False, "error": "store full"}
+                self._data[key] = req.get("value")
+                self._cond.notify_all()
+                return {"ok": True}
+            if op == "add":
+                cur = self._data.get(key, 0)
+                if not isinstance(cur, int):
+                    return {"ok": False, "error": f"{key} is not a counter"}
+                self._data[key] = cur + int(req.get("amount", 1))
+                self._cond.notify_all()
+                return {"ok": True, "value": self._data[key]}
+            if op == "peek":  # the value, or null when absent; never waits
+                return {"ok": True, "value": self._data.get(key)}
+            if op in ("get", "wait"):
+                want = int(req.get("value", 0)) if op == "wait" else 0
+                deadline = time.monotonic() + timeout
+
+                def ready():
+                    if key not in self._data:
+                        return False
+                    return op == "get" or (isinstance(self._data[key], int) and self._data[key] >= want)
+
+                while not ready():
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        return {"ok": False, "error": "timeout"}
+                    self._cond.wait(left)
+                return {"ok": True, "value": self._data[key]}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def put(self, key: str, value) -> None:
+        """Set ``key`` from the serving process itself (a launcher reporting a dead rank)."""
+        with self._cond:
+            self._data[key] = value
+            self._cond.notify_all()
+
+    def value(self, key: str, default=None):
+        """The value of ``key`` as the serving process sees it."""
+        with self._cond:
+            return self._data.get(key, default)
+
+    def close(self) -> None:
+        self._closed = True
+        with self._cond:
+            self._cond.notify_all()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        for c in self._clients:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class StoreClient:
+    """A connection to a :class:`StoreServer`; every call is bounded by ``timeout``."""
+
+    def __init__(self, address: str, token: str | bytes, timeout: float = 30.0):
+        self.address, self.timeout = address, timeout
+        token = token.encode() if isinstance(token, str) else token
+        host, port = parse_address(address)
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while True:  # the store may not be listening yet: retry until the deadline
+            try:
+                self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
+                break
+            except OSError as e:
+                last = e
+                if time.monotonic() >= deadline:
+                    raise RendezvousError(f"cannot reach the rendezvous store at {address} within "
+                                          f"{timeout:g} s ({last})") from None
+                time.sleep(0.05)
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ns = recv_exact(self._sock, NONCE)
+            nc = os.urandom(NONCE)
+            self._sock.sendall(nc + _mac(token, b"hcc-store-client", ns, nc))
+            mac = recv_exact(self._sock, 32)
+        except (OSError, ConnectionError):
+            self._sock.close()
+            raise AuthenticationError(
+                f"the rendezvous store at {address} refused the connection: HMAC challenge failed "
+                "(wrong token?)") from None
+        if not hmac.compare_digest(mac, _mac(token, b"hcc-store-server", nc, ns)):
+            self._sock.close()
+            raise AuthenticationError(f"the rendezvous store at {address} failed the HMAC challenge (wrong token?)")
+        self._lock = threading.Lock()
+
+    def _call(self, req: dict, wait: float = 0.0):
+        with self._lock:
+            try:
+                self._sock.settimeout(wait + self.timeout)
+                _send_msg(self._sock, req)
+                rep = _recv_msg(self._sock)
+            except (OSError, ConnectionError) as e:
+                raise RendezvousError(f"rendezvous store {self.address}: {e}") from None
+        if not rep.get("ok"):
+            raise RendezvousError(f"rendezvous store {self.address}: {req.get('op')} {req.get('key')!r}: "
+                                  f"{rep.get('error')}")
+        return rep.get("value")
+
+    def set(self, key: str, value) -> None:
+        self._call({"op": "set", "key": key, "value": value})
+
+    def get(self, key: str, timeout: float | None = None):
+        t = self.timeout if timeout is None else timeout
+        return self._call({"op": "get", "key": key, "timeout": t}, wait=t)
+
+    def peek(self, key: str):
+        """The value of ``key``, or None when it is not set (never waits)."""
+        return self._call({"op": "peek", "key": key})
+
+    def add(self, key: str, amount: int = 1) -> int:
+        return self._call({"op": "add", "key": key, "amount": amount})
+
+    def wait(self, key: str, value: int, timeout: float | None = None) -> int:
+        t = self.timeout if timeout is None else timeout
+        return self._call({"op": "wait", "key": key, "value": value, "timeout": t}, wait=t)
+
+    def barrier(self, name: str, world: int, timeout: float | None = None) -> None:
+        """Return once ``world`` clients have entered barrier ``name``."""
+        self.add(f"barrier/{name}", 1)
+        self.wait(f"barrier/{name}", world, timeout)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,208 @@
+"""The sockets backend between real processes: run_local over many plans in one job, a rank
+SIGKILLed mid-run, authentication, frame validation, messages that arrive before their
+receive is posted."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_executor_plans import chain_broadcast, ring_allreduce  # noqa: E402
+
+from hcc.backends import sockets  # noqa: E402
+from hcc.backends.base import CollectiveTimeout, RuntimeFault  # noqa: E402
+from hcc.backends.launch import RunFailed, run_cases_local  # noqa: E402
+from hcc.backends.rendezvous import AuthenticationError, StoreClient, StoreServer  # noqa: E402
+from hcc.backends.reference import check, expected, make_inputs  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_local_many_plans_in_one_job():
+    plans = [chain_broadcast(4, 1001, 100), ring_allreduce(4, 4097, "float32", "sum"),
+             ring_allreduce(4, 5, "int32", "max"), ring_allreduce(4, 1 << 21, "bfloat16", "avg")]
+    cases = [(p, make_inputs(p, 3)) for p in plans]
+    results = run_cases_local("sockets", cases, iters=2, warmup=1, timeout=20)
+    for (p, ins), res in zip(cases, results):
+        assert res.backend == "sockets" and len(res.times) == 2 and all(t > 0 for t in res.times)
+        check(p, res.outputs, expected(p, ins))
+
+
+def test_run_local_single_plan_api():
+    plan = chain_broadcast(3, 10, 3)
+    ins = make_inputs(plan, 0)
+    res = sockets.run_local(plan, ins, iters=1, timeout=20)
+    check(plan, res.outputs, expected(plan, ins))
+
+
+def test_killed_rank_makes_every_other_rank_fail_naming_it():
+    # a 32 MiB chain broadcast, repeated: rank 2 is SIGKILLed while data flows
+    plan = chain_broadcast(4, 8 << 20, 1 << 18)
+    with pytest.raises(RunFailed) as ei:
+        run_cases_local("sockets", [(plan, 0)], iters=200, timeout=10, kill_rank=(2, 0.3), save_outputs=False)
+    errs = ei.value.errors
+    assert set(errs) == {0, 1, 2, 3}, errs
+    assert "signal 9" in errs[2]
+    for r in (0, 1, 3):
+        assert "rank 2 failed" in errs[r], errs[r]
+        assert "timed out" not in errs[r]  # told of the death, not waiting out a deadline
+    # every survivor ended within the per-wait deadline (10 s) of the kill; typically < 0.5 s
+    assert ei.value.detail["kill_to_end_s"] < 10, ei.value.detail
+
+
+def test_bad_token_is_refused_with_a_clear_error():
+    with StoreServer("right-token") as server:
+        with pytest.raises(AuthenticationError, match="HMAC challenge failed"):
+            StoreClient(server.address, "wrong-token", timeout=5)
+        # peer level: a listener refuses a dialer with another token before any data
+        client = StoreClient(server.address, "right-token", timeout=5)
+        client.set("hcc/addr/0", "127.0.0.1:1")
+        comm = sockets.connect(1, 2, server.address, "right-token", timeout=5, serve_store=False)
+        try:
+            host, port = client.get("hcc/addr/1").split(":")
+            with pytest.raises(AuthenticationError, match="wrong token"):
+                sockets.dial_handshake((host, int(port)), b"wrong-token", 0, 1, 2, 5)
+        finally:
+            comm.close()
+            client.close()
+
+
+def _fake_rank0(server):
+    """Rank 1 (a real transport) and an authenticated raw socket acting as rank 0."""
+    client = StoreClient(server.address, "tok", timeout=5)
+    client.set("hcc/addr/0", "127.0.0.1:1")
+    comm = sockets.connect(1, 2, server.address, "tok", timeout=5, serve_store=False, max_message=1 << 20)
+    host, port = client.get("hcc/addr/1").split(":")
+    sock, session = sockets.dial_handshake((host, int(port)), b"tok", 0, 1, 2, 5)
+    client.close()
+    return comm, sock, session
+
+
+def test_oversized_frame_is_a_protocol_error_without_allocation():
+    with StoreServer("tok") as server:
+        comm, sock, session = _fake_rank0(server)
+        try:
+            req = comm.irecv(0, 7, memoryview(bytearray(16)))
+            # 1 TiB claimed for an unposted tag: must be refused, not allocated
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 5, 1 << 40))
+            with pytest.raises(sockets.ProtocolError, match="exceeds the bound of 1048576 bytes"):
+                comm.wait_any([req], 5)
+        finally:
+            sock.close()
+            comm.close()
+
+
+def test_bad_header_and_wrong_length_are_protocol_errors():
+    with StoreServer("tok") as server:
+        comm, sock, session = _fake_rank0(server)
+        try:
+            req = comm.irecv(0, 3, memoryview(bytearray(16)))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 3, 17) + bytes(17))
+            with pytest.raises(sockets.ProtocolError, match="17 bytes, the posted receive expects 16"):
+                comm.wait_any([req], 5)
+        finally:
+            sock.close()
+            comm.close()
+    with StoreServer("tok") as server:
+        comm, sock, session = _fake_rank0(server)
+        try:
+            req = comm.irecv(0, 3, memoryview(bytearray(16)))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, b"whatever", 3, 16) + bytes(16))
+            with pytest.raises(sockets.ProtocolError, match="session id"):
+                comm.wait_any([req], 5)
+        finally:
+            sock.close()
+            comm.close()
+
+
+def _pair(fn0, fn1, timeout=10):
+    server = StoreServer("tok")
+    res, errs = [None, None], [None, None]
+
+    def body(r, fn):
+        try:
+            with sockets.connect(r, 2, server.address, "tok", timeout=timeout, serve_store=False) as c:
+                res[r] = fn(c)
+        except Exception as e:  # collected for the assertions
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate((fn0, fn1))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(3 * timeout)
+    server.close()
+    return res, errs
+
+
+def test_messages_that_arrive_before_their_receive_is_posted():
+    data = [np.arange(1000, dtype=np.float64) * k for k in range(3)]
+
+    def sender(c):
+        reqs = [c.isend(1, k, memoryview(data[k])) for k in (2, 0, 1)]  # out of tag order
+        left = set(range(3))
+        while left:
+            left -= set(i for i in c.wait_any(reqs, 5))
+        c.barrier("sent")
+        c.barrier("done")
+
+    def receiver(c):
+        c.barrier("sent")
+        time.sleep(0.2)  # all three frames are held by now
+        got = [np.zeros(1000) for _ in range(3)]
+        reqs = [c.irecv(0, k, memoryview(got[k])) for k in range(3)]
+        left = set(range(3))
+        while left:
+            left -= set(c.wait_any(reqs, 5))
+        c.barrier("done")
+        return got
+
+    res, errs = _pair(sender, receiver)
+    assert errs == [None, None]
+    assert all(np.array_equal(a, b) for a, b in zip(res[1], data))
+
+
+def test_wait_has_a_deadline():
+    def idle(c):
+        c.barrier("b", 10)
+        time.sleep(1.5)
+
+    def waiter(c):
+        c.barrier("b", 10)
+        req = c.irecv(0, 1, memoryview(bytearray(4)))
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match="rank 1: timed out after 0.5 s waiting on rank 0"):
+            c.wait_any([req], 0.5)
+        return time.monotonic() - t0
+
+    res, errs = _pair(idle, waiter)
+    assert errs == [None, None]
+    assert 0.45 < res[1] < 1.5
+
+
+def test_connect_rejects_bad_arguments():
+    with pytest.raises(AuthenticationError, match="token is required"):
+        sockets.connect(0, 2, "127.0.0.1:1", token="", timeout=1)
+    with pytest.raises(RuntimeFault, match="outside a world of 2"):
+        sockets.connect(2, 2, "127.0.0.1:1", token="x", timeout=1)
+
+
+def test_pipelining_costs_a_chunk_per_level_not_a_buffer():
+    """A depth-3 chain over links paced to 100 MB/s: 4 MiB whole-buffer store-and-forward
+    costs 3 buffer times (3 x 42 ms); 64 KiB chunks cost one buffer time plus ~2 chunk times
+    (42 + 2 x 0.7 ms) — the executor forwards each chunk as soon as it arrives."""
+    import statistics
+
+    elems = (4 << 20) // 4
+    fine, whole = chain_broadcast(4, elems, (64 << 10) // 4), chain_broadcast(4, elems, elems)
+    res = run_cases_local("sockets", [(fine, 1), (whole, 1)], iters=3, warmup=1, timeout=30,
+                          save_outputs=False, pace_Bps=100e6)
+    t_fine, t_whole = (statistics.median(r.times) for r in res)
+    buffer_time = (4 << 20) / 100e6
+    assert t_whole > 2.5 * buffer_time, (t_fine, t_whole)
+    assert t_fine < 0.6 * t_whole, (t_fine, t_whole)
