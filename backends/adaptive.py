@@ -1,0 +1,1042 @@
+"""hcc.backends.adaptive — the dynamic, tree-based executor: late ranks and dead ranks do not
+stall the others (Hoplite, SIGCOMM 2021; design.md "Adaptive hooks").
+
+Where backends/executor.py interprets a plan's flattened per-rank programs, this executor runs
+from the plan's *trees* and decides at run time who sends which chunk to whom, so it can
+re-attach the children of a dead rank to a live ancestor (backends/repair.py) and give the
+interior positions of a tree to the ranks that are ready first.
+
+Terms
+- flow: one tree's worth of work: a root rank, the ranks it spans, an element span of the
+  output split into chunks, and a direction: *down* (the root's data to every member:
+  broadcast, allgather's per-rank trees, gather's owner→root hops, allreduce's second half)
+  and/or *up* (a reduction of the members' inputs to the root: reduce, allreduce's first half).
+- shape: ``static`` (adaptive off) takes each flow's parent array from ``Plan.trees``;
+  ``arrival`` (adaptive on) lays the flow's members out as a binary heap in the order they
+  entered the run, the root first, so ready ranks are interior and late ranks are leaves
+  (repair.arrival_parents). Either shape is then repaired for the agreed dead set. Plans
+  without usable trees get heaps in rank order; an allreduce then runs one flow per block of
+  the buffer, flow ``i`` rooted at rank ``i`` (static) or at the ``i``-th arrival, so the
+  reductions spread over all ranks as in reduce-scatter + allgather.
+- log, generation: the agreed event log of backends/agreement.py (arrivals, deaths, done).
+  Generation ``g`` = the number of deaths in the log so far; every message's tag carries
+  ``g mod 16``, so a message of an older generation never matches a receive of this one.
+- valid chunk (down): a chunk of ``out`` that holds its final value. For broadcast, allgather
+  and gather every received chunk stays valid (the root's input never changes). For allreduce a
+  final chunk is valid only while the set of ranks it reduced equals the current contributors:
+  when a contributor dies, the chunks that already included its input become invalid and are
+  recomputed from the survivors' inputs (inputs are never written, so they are all still there).
+- partial (up): chunk ``c`` of this rank's input (op) its up-children's partials of chunk ``c``,
+  with the set of ranks it covers. After a death a partial is reused only if it covers exactly
+  the rank's new subtree (it is *clean*); otherwise it is recomputed. So only the chunks the
+  dead rank touched on the way up are redone; the others resume.
+
+Protocol per generation, per flow (messages over the data transport, tags below):
+- down: each member sends ``HAVE(bitmap of valid chunks)`` to its parent and posts receives for
+  the chunks it lacks; a parent sends a child every chunk the child lacks as soon as it holds
+  it (so a repaired child resumes from what it already has: no restart from byte 0).
+- up: the root computes which final chunks it lacks and sends ``NEED(bitmap)`` to its children;
+  every rank reuses its clean partials, resets the others to its input, and forwards
+  ``NEED`` to its own children; partials flow up as soon as they are complete.
+- a rank appends ``done(run, g)`` to the log once its own output is complete in generation g,
+  and keeps serving its children until the log shows every live rank done (agreement.py).
+
+Tags (32 bits; the sockets frame carries 32): ``run mod 64`` (6) | ``g mod 16`` (4) | phase (2:
+down, up, control) | flow (6) | chunk (14). Hence at most 64 flows and 16384 chunks per flow;
+the chunk size grows to respect that.
+
+``on_failure = abort``: the first death in the log makes every rank raise :class:`RankFailed`
+(:class:`RootFailed` when the collective's root died). ``continue``: survivors complete; a dead
+root of a rooted collective raises :class:`RootFailed` on every survivor.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
+from .agreement import EventLog, Tail
+from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
+from .kernels import np_dtype, reduce_into, scale_into
+from .repair import arrival_parents, bfs_order, repair_parents, subtree
+
+__all__ = ["AdaptiveResult", "run", "wants", "KINDS", "close_session", "AdaptiveUnsupported"]
+
+KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "gather"})
+PH_DOWN, PH_UP, PH_CTRL = 0, 1, 2
+CTRL_HAVE, CTRL_NEED = 0, 1
+HELLO_TAG = 0xFFFFFFFF
+MAX_FLOWS, MAX_CHUNKS = 64, 1 << 14
+# 256 KiB..1 MiB chunks: below 256 KiB the per-chunk Python cost (~30 us) shows on loopback;
+# above 1 MiB a tree of depth 3 waits several ms to fill (Hoplite used 4 MiB over 10 Gbit/s).
+MIN_CHUNK, MAX_CHUNK = 256 << 10, 1 << 20
+FANOUT = 2
+_WAIT_SLICE = 0.1
+
+
+class AdaptiveUnsupported(RuntimeFault):
+    """The adaptive executor cannot run this plan (kind or transport)."""
+
+
+class AdaptiveResult(np.ndarray):
+    """The output array, with what the run agreed on.
+
+    ``contributors``: ranks whose input is in the result (reducing kinds: exactly these inputs
+    were reduced; other kinds: the live ranks). ``missing``: ranks whose block of an allgather
+    or gather output is absent (their owner died first; the block is zero-filled). ``late``:
+    ranks whose input a ``quorum`` run ignored. ``dead``: the agreed dead set at the end.
+    ``generation``: how many deaths the run's log had seen when it ended. ``stats``: data
+    chunks this rank received and sent (in all, and in the run's first generation) and the
+    plan's chunk count — a repaired broadcast receives each chunk once: it resumes."""
+
+    contributors: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+    late: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+    generation: int = 0
+    stats: dict | None = None  # data chunks this rank received / sent, and the plan's chunk count
+
+    def __array_finalize__(self, obj):
+        for k in ("contributors", "missing", "late", "dead"):
+            setattr(self, k, getattr(obj, k, ()))
+        self.generation = getattr(obj, "generation", 0)
+        self.stats = getattr(obj, "stats", None)
+
+
+def wants(plan: Plan, comm: Transport, options: dict) -> bool:
+    """Whether ``plan.run(comm, ...)`` should use this executor — the one-line hook
+    backends/executor.py's ``run`` dispatches on: a kind this executor runs, a transport with
+    a rendezvous store (sockets; MPI cannot survive a death and keeps the static executor), and
+    ``on_failure = continue``, ``adaptive = on``, or a ``quorum``/``adaptive`` run option."""
+    if plan.kind not in KINDS or plan.compress not in (None, "none"):
+        return False
+    if getattr(comm, "store", None) is None or getattr(comm, "token", None) is None:
+        return False
+    return plan.on_failure == "continue" or bool(plan.adaptive) or options.get("quorum") is not None \
+        or bool(options.get("adaptive"))
+
+
+def tag(run: int, gen: int, phase: int, flow: int, chunk: int) -> int:
+    return ((run & 63) << 26) | ((gen & 15) << 22) | (phase << 20) | (flow << 14) | chunk
+
+
+# --------------------------------------------------------------------------- sessions
+
+class _Session:
+    """Per-communicator state that outlives one run: the log, its tail thread, the run count."""
+
+    def __init__(self, comm: Transport):
+        store = getattr(comm, "store", None)
+        token = getattr(comm, "token", None)
+        if store is None or token is None:
+            raise AdaptiveUnsupported(
+                f"the adaptive runtime needs a transport with a rendezvous store (sockets), "
+                f"not {getattr(comm, 'name', type(comm).__name__)!r}")
+        self.comm = comm
+        group = f"{getattr(comm, 'group', 'hcc')}/adaptive"
+        self.log = EventLog(store.address, token, group, timeout=min(getattr(comm, "timeout", 30.0), 30.0))
+        self.tail = Tail(self.log, token, wake=self.wake)
+        self.runs = 0
+        self.reported: set[int] = set()
+        # connect every pair now (the lower rank dials) so that any death is an EOF somewhere
+        self._hello = np.zeros(1, dtype=np.uint8)
+        for p in range(comm.rank + 1, comm.world):
+            comm.isend(p, HELLO_TAG, memoryview(self._hello))
+
+    def wake(self) -> None:
+        cond = getattr(self.comm, "_cond", None)
+        if cond is not None:
+            with cond:
+                cond.notify_all()
+
+    def close(self) -> None:
+        self.tail.close()
+        self.log.close()
+
+
+_SESSIONS: "weakref.WeakKeyDictionary[Any, _Session]" = weakref.WeakKeyDictionary()
+
+
+def _session(comm: Transport) -> _Session:
+    s = _SESSIONS.get(comm)
+    if s is None:
+        s = _SESSIONS[comm] = _Session(comm)
+    return s
+
+
+def close_session(comm: Transport) -> None:
+    s = _SESSIONS.pop(comm, None)
+    if s is not None:
+        s.close()
+
+
+def _transport_dead(comm: Transport) -> set[int]:
+    dead = getattr(comm, "_dead", None)
+    if dead is not None:
+        return set(dead)
+    return set(comm.failed())
+
+
+def _wait(comm: Transport, session: _Session, reqs: list, timeout: float, seen: int, known_dead: set) -> list[int]:
+    """Indices of completed requests; [] when woken by a log event, a new death or ``timeout``.
+
+    The sockets transport's own ``wait_any`` raises for every request whose peer *reported* a
+    death (it is built to abort), so on sockets this waits on its condition variable directly
+    (the hook this module asks the transport for: ``wait_any(..., ignore=dead)``)."""
+    cond = getattr(comm, "_cond", None)
+    end = time.monotonic() + timeout
+    if cond is None:
+        try:
+            return comm.wait_any(reqs, min(timeout, _WAIT_SLICE)) if reqs else []
+        except CollectiveTimeout:
+            return []
+        except PeerFailed as e:
+            known_dead.add(e.peer)
+            return []
+    with cond:
+        while True:
+            done = [i for i, r in enumerate(reqs) if r.done]
+            if done:
+                return done
+            if len(session.tail.events) != seen or session.tail.error is not None:
+                return []
+            if set(comm._dead) - known_dead:
+                return []
+            left = end - time.monotonic()
+            if left <= 0:
+                return []
+            cond.wait(min(left, _WAIT_SLICE))
+
+
+# --------------------------------------------------------------------------- flows
+
+@dataclass
+class _Flow:
+    fid: int
+    root: int
+    members: tuple[int, ...]
+    up: bool
+    down: bool
+    chunks: list[tuple[int, int]]
+    src_off: int  # down source reads in[a - src_off : b - src_off] on the root
+    static_parent: tuple[int, ...] | None
+    # state that survives generations
+    have: np.ndarray = None  # down: contributor key of the valid value, -1 = none
+    part: list = None  # up: int bitmask of ranks covered by the partial of chunk c, 0 = none
+    acc: list = None  # up: the partial of chunk c (None: it is this rank's input itself)
+
+    def __post_init__(self):
+        self.have = np.full(len(self.chunks), -1, dtype=np.int64)
+        self.part = [0] * len(self.chunks)
+        self.acc = [None] * len(self.chunks)
+
+
+def _split(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
+    out, s = [], lo
+    while s < hi:
+        out.append((s, min(hi, s + ce)))
+        s = min(hi, s + ce)
+    return out or [(lo, lo)]
+
+
+def _chunk_elems(plan: Plan, override: int | None) -> int:
+    b = override or min(max(plan.chunk_bytes or MAX_CHUNK, MIN_CHUNK), MAX_CHUNK)
+    return max(1, b // plan.itemsize)
+
+
+def _partition(spans: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
+    pos = lo
+    for a, b in sorted(spans):
+        if a != pos or b < a:
+            return False
+        pos = b
+    return pos == hi
+
+
+def _flows(plan: Plan, static: bool, ce: int) -> list[_Flow]:
+    n, E, kind = plan.n, plan.elems, plan.kind
+    every = tuple(range(n))
+    flows: list[_Flow] = []
+
+    def add(root, members, up, down, lo, hi, src_off, parent):
+        c = max(ce, -(-(hi - lo) // MAX_CHUNKS))
+        flows.append(_Flow(len(flows), root, members, up, down, _split(lo, hi, c), src_off, parent))
+
+    trees = [t for t in plan.trees if len(t.parent) == n]
+    if kind in ("broadcast", "reduce", "allreduce"):
+        usable = static and trees and _partition([t.span for t in trees], 0, E) and all(
+            len(bfs_order(t.parent, t.root)) == n for t in trees) and (
+            kind == "allreduce" or all(t.root == plan.root for t in trees))
+        up, down = kind != "broadcast", kind != "reduce"
+        if usable:
+            for t in trees:
+                if t.span[1] > t.span[0]:
+                    add(t.root, every, up, down, t.span[0], t.span[1], 0, t.parent)
+        elif kind == "allreduce":
+            # one tree per block, each rooted at another rank (rotated heaps), so the
+            # reductions spread over every rank as in a reduce-scatter + allgather; under
+            # arrival order flow i is rooted at the i-th rank to arrive
+            for i in every:
+                lo, hi = block_range(E, n, i)
+                if hi > lo:
+                    order = [(i + k) % n for k in range(n)]
+                    add(i, every, up, down, lo, hi, 0, arrival_parents(order, n, FANOUT) if static else None)
+        else:
+            root = plan.root
+            parent = arrival_parents([root] + [r for r in every if r != root], n, FANOUT) if static else None
+            add(root, every, up, down, 0, E, 0, parent)
+    elif kind == "allgather":
+        blocks = [block_range(E, n, r) for r in range(n)]
+        usable = static and trees and all(
+            blocks[t.root][0] <= t.span[0] <= t.span[1] <= blocks[t.root][1] for t in trees) and all(
+            _partition([t.span for t in trees if t.root == r], *blocks[r]) for r in every if blocks[r][1] > blocks[r][0])
+        for r in every:
+            lo, hi = blocks[r]
+            if hi <= lo:
+                continue
+            if usable:
+                for t in trees:
+                    if t.root == r and t.span[1] > t.span[0]:
+                        add(r, every, False, True, t.span[0], t.span[1], lo, t.parent)
+            else:
+                parent = arrival_parents([r] + [x for x in every if x != r], n, FANOUT) if static else None
+                add(r, every, False, True, lo, hi, lo, parent)
+    elif kind == "gather":
+        for r in every:
+            lo, hi = block_range(E, n, r)
+            if hi <= lo:
+                continue
+            parent = tuple(r if x == plan.root and x != r else -1 for x in every)
+            add(r, (r, plan.root) if r != plan.root else (r,), False, True, lo, hi, lo, parent)
+    else:
+        raise AdaptiveUnsupported(f"the adaptive runtime does not run {kind!r} collectives "
+                                  f"(it runs {', '.join(sorted(KINDS))})")
+    if len(flows) > MAX_FLOWS:
+        raise AdaptiveUnsupported(f"{len(flows)} trees exceed the adaptive runtime's {MAX_FLOWS}")
+    return flows
+
+
+# --------------------------------------------------------------------------- one run
+
+@dataclass
+class _Pending:
+    req: Any
+    what: str  # "down" | "up" | "have" | "need" | "send"
+    flow: int
+    chunk: int
+    peer: int
+    staging: np.ndarray | None = None
+
+
+@dataclass
+class _View:
+    """What the log prefix says: arrivals, dead, generation, finish."""
+
+    arrivals: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    dead_before_arrival: set[int] = field(default_factory=set)
+    done: dict[int, set] = field(default_factory=dict)  # generation -> ranks done in it
+    finished: bool = False
+    pos: int = 0  # events folded
+
+
+class _Run:
+    def __init__(self, plan: Plan, comm: Transport, session: _Session, inp: np.ndarray, out: np.ndarray,
+                 timeout: float, static: bool, quorum: int | None, ce: int, progress: Callable | None):
+        self.plan, self.comm, self.s = plan, comm, session
+        self.rank, self.n = comm.rank, plan.n
+        self.inp, self.out = inp, out
+        self.timeout, self.static, self.quorum = timeout, static, quorum
+        self.progress = progress
+        self.run_id = session.runs
+        session.runs += 1
+        self.op = plan.op or "sum"
+        self.kind = plan.kind
+        self.rooted = plan.kind in ROOTED_KINDS
+        self.flows = _flows(plan, static, ce)
+        self.view = _View()
+        self.gen = -1
+        self.first_gen = None
+        self.pending: list[_Pending] = []
+        self.done_posted: set[int] = set()
+        self.events = 0
+        self.known_dead: set[int] = set()
+        self.contrib: list[int] = []
+        self.contrib_mask = 0
+        self.stats = {"chunks_received": 0, "chunks_sent": 0, "received_before_repair": 0, "chunks": sum(len(f.chunks) for f in self.flows)}
+
+    # ---- the log -------------------------------------------------------------------------
+    def fold(self) -> None:
+        evs = self.s.tail.snapshot(self.view.pos)
+        v = self.view
+        for ev in evs:
+            v.pos += 1
+            if v.finished:
+                continue
+            t = ev.get("t")
+            if t == "dead":
+                d = int(ev["rank"])
+                if d not in v.dead:
+                    v.dead.append(d)
+                    if d not in v.arrivals:
+                        v.dead_before_arrival.add(d)
+            elif ev.get("run") != self.run_id:
+                continue
+            elif t == "arr":
+                if ev["rank"] not in v.arrivals and ev["rank"] not in v.dead:
+                    v.arrivals.append(int(ev["rank"]))
+            elif t == "done":
+                v.done.setdefault(int(ev["gen"]), set()).add(int(ev["rank"]))
+            g = len(v.dead)
+            live = set(range(self.n)) - set(v.dead)
+            if v.done.get(g, set()) >= live:
+                v.finished = True
+        if self.s.tail.error is not None and not v.finished:
+            raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({self.s.tail.error})")
+
+    # ---- shapes --------------------------------------------------------------------------
+    def contributors(self) -> list[int]:
+        dead = set(self.view.dead)
+        if self.kind not in ("reduce", "allreduce"):
+            return [r for r in range(self.n) if r not in dead]
+        if self.quorum is None:
+            return [r for r in range(self.n) if r not in dead]
+        return [r for r in self.first_arrivals() if r not in dead]
+
+    def first_arrivals(self) -> list[int]:
+        """The ranks whose inputs are wanted, in arrival order, dead ones included."""
+        if self.quorum is None:
+            return list(self.view.arrivals)
+        first = [self.plan.root] if self.kind == "reduce" else []
+        for r in self.view.arrivals:
+            if len(first) >= self.quorum:
+                break
+            if r not in first:
+                first.append(r)
+        return first
+
+    def base_root(self, f: _Flow) -> int:
+        """The root of flow ``f`` before repair; -1 while it is not known yet."""
+        if self.kind != "allreduce" or f.static_parent is not None:
+            return f.root
+        cand = self.first_arrivals()
+        i = f.root  # the block index
+        if i < len(cand):
+            return cand[i]
+        if cand and self.up_complete():  # fewer ranks than blocks will ever arrive
+            return cand[i % len(cand)]
+        return -1
+
+    def up_complete(self) -> bool:
+        """Every rank that will contribute has arrived (or died)."""
+        if self.static and self.quorum is None:
+            return True
+        arrived = set(self.view.arrivals) | set(self.view.dead)
+        if self.quorum is None:
+            return len(arrived) == self.n
+        want = min(self.quorum, self.n - len(self.view.dead_before_arrival))
+        got = len([r for r in self.view.arrivals if r not in self.view.dead_before_arrival])
+        return got >= want or len(arrived) == self.n
+
+    def shape(self, f: _Flow, members: Sequence[int], root: int) -> tuple[tuple[int, ...], int]:
+        """``(parent array, root)`` of flow ``f`` over ``members``, rooted at ``root`` before
+        repair, for the current log prefix."""
+        dead = set(self.view.dead)
+        if root < 0:
+            return tuple([-1] * self.n), -1
+        if f.static_parent is not None:
+            base = tuple(p if (c in members and p in members) else -1 for c, p in enumerate(f.static_parent))
+            # members the restricted static tree no longer reaches hang off the root
+            reach = set(bfs_order(base, root))
+            base = tuple(root if (c in members and c not in reach) else p for c, p in enumerate(base))
+        else:
+            order = [root] + [r for r in self.view.arrivals if r in members and r != root]
+            # broadcast: a chain in arrival order (every rank forwards the buffer once, the
+            # last to arrive is the tail); elsewhere a binary heap (each flow carries 1/n)
+            base = arrival_parents(order, self.n, 1 if self.kind == "broadcast" else FANOUT)
+        if root in dead:
+            if self.kind != "allreduce":
+                return tuple([-1] * self.n), -1
+            live = [r for r in bfs_order(base, root) if r not in dead]
+            if not live:
+                return tuple([-1] * self.n), -1
+            return repair_parents(base, root, dead, promote=True), live[0]
+        return repair_parents(base, root, dead), root
+
+    def new_generation(self) -> None:
+        v = self.view
+        self.gen = len(v.dead)
+        if self.first_gen is None:
+            self.first_gen = self.gen
+        dead = set(v.dead)
+        if dead and self.plan.on_failure != "continue":
+            d = v.dead[0]
+            cls = RootFailed if (self.rooted and d == self.plan.root) else RankFailed
+            raise cls(d, by=self.rank, detail="on_failure = abort")
+        if self.rooted and self.plan.root in dead:
+            raise RootFailed(self.plan.root, by=self.rank, detail="the root died; on_failure = continue "
+                             "cannot deliver a rooted collective without it")
+        self.pending = [p for p in self.pending if p.what == "send" and p.peer not in dead]
+        self.g = {}  # per-flow state of this generation
+        for f in self.flows:
+            self.g[f.fid] = {"root_dead": f.root in dead, "have_sent": False, "need_got": None,
+                             "kids_have": {}, "kid_need_sent": set(), "kid_have_posted": set(),
+                             "up_from": {}, "my_need": None, "up_sent": set(), "up_posted": set(),
+                             "dirty": set()}
+        self.refresh_shapes()
+
+    def refresh_shapes(self) -> None:
+        """Recompute the trees from the log (arrivals add leaves; the generation fixes deaths)."""
+        contrib = set(self.contributors())
+        self.contrib_mask = sum(1 << r for r in contrib)
+        self.contrib = sorted(contrib)
+        me = self.rank
+        for f in self.flows:
+            st = self.g[f.fid]
+            if f.up:
+                # dead ranks keep their positions in the base tree (repair then removes them),
+                # so the up tree and the down tree are repaired the same way
+                up_members = [r for r in f.members if r in contrib or r in self.view.dead]
+                par, root = self.shape(f, up_members, self.base_root(f))
+                st["up_parent"], st["up_root"] = par, root
+                st["up_kids"] = [c for c, p in enumerate(par) if p == me]
+                st["my_sub"] = sum(1 << r for r in subtree(par, me)) if me in contrib else 0
+                st["kid_sub"] = {k: sum(1 << r for r in subtree(par, k)) for k in st["up_kids"]}
+            if f.down:
+                par, root = self.shape(f, f.members, self.base_root(f))
+                st["down_parent"], st["down_root"] = par, root
+                st["down_kids"] = [c for c, p in enumerate(par) if p == me]
+
+    # ---- helpers -------------------------------------------------------------------------
+    def valid_mask(self, f: _Flow) -> np.ndarray:
+        return f.have == self.contrib_mask if f.up else f.have >= 0
+
+    def valid(self, f: _Flow, c: int) -> bool:
+        key = f.have[c]
+        return key >= 0 and (key == self.contrib_mask if f.up else True)
+
+    def down_key(self, f: _Flow) -> int:
+        return self.contrib_mask if f.up else 0
+
+    def post_recv(self, what, f, c, peer, ph, ctrl_bytes=0):
+        if what in ("have", "need"):
+            staging = np.empty(ctrl_bytes, dtype=np.uint8)
+            t = tag(self.run_id, self.gen, PH_CTRL, f.fid, CTRL_HAVE if what == "have" else CTRL_NEED)
+        else:
+            a, b = f.chunks[c]
+            staging = np.empty(b - a, dtype=self.inp.dtype)
+            t = tag(self.run_id, self.gen, ph, f.fid, c)
+        req = self.comm.irecv(peer, t, memoryview(staging).cast("B"))
+        self.pending.append(_Pending(req, what, f.fid, c, peer, staging))
+
+    def send(self, f, c, peer, ph, arr):
+        t = tag(self.run_id, self.gen, ph, f.fid, c if ph != PH_CTRL else c)
+        req = self.comm.isend(peer, t, memoryview(arr).cast("B"))
+        self.pending.append(_Pending(req, "send", f.fid, c, peer, arr if ph == PH_CTRL else None))
+
+    def bits(self, f, pred) -> np.ndarray:
+        return np.packbits(np.array([bool(pred(c)) for c in range(len(f.chunks))], dtype=bool))
+
+    def unbits(self, f, packed: np.ndarray) -> np.ndarray:
+        return np.unpackbits(packed)[: len(f.chunks)].astype(bool)
+
+    def down_src(self, f, c) -> np.ndarray:
+        a, b = f.chunks[c]
+        if self.rank == f.root and not f.up:
+            return self.inp[a - f.src_off: b - f.src_off]
+        return self.out[a:b]
+
+    # ---- progress: post whatever the state allows ------------------------------------------
+    def step(self) -> None:
+        for f in self.flows:
+            st = self.g[f.fid]
+            if st["root_dead"] and not f.up:
+                continue  # allgather/gather: the owner of this block is dead (missing)
+            if f.up and self.rank in self.contrib:
+                self.step_up(f, st)
+            if f.down and self.rank in f.members:
+                self.step_down(f, st)
+
+    def step_down(self, f, st) -> None:
+        par = st["down_parent"]
+        me = self.rank
+        if me != st["down_root"] and par[me] >= 0 and not st["have_sent"]:
+            missing = [c for c in range(len(f.chunks)) if not self.valid(f, c)]
+            st["have_sent"] = True
+            if missing:
+                self.send(f, CTRL_HAVE, par[me], PH_CTRL, self.bits(f, lambda c: self.valid(f, c)))
+                # always into a staging chunk, copied into out on completion: the transport
+                # cannot cancel a posted receive, so a receive dropped by a repair must never
+                # point into the caller's buffer (a late frame would land there after return)
+                for c in missing:
+                    self.post_recv("down", f, c, par[me], PH_DOWN)
+        nbytes = (len(f.chunks) + 7) // 8
+        for k in st["down_kids"]:
+            if k not in st["kid_have_posted"] and k not in self.view.dead:
+                st["kid_have_posted"].add(k)
+                self.post_recv("have", f, -1, k, PH_CTRL, ctrl_bytes=nbytes)
+        if st["kids_have"]:
+            valid = self.valid_mask(f)
+            for k, need in st["kids_have"].items():
+                todo = np.flatnonzero(need & valid)
+                if todo.size:
+                    need[todo] = False  # sent: the child needs it no more from us
+                    for c in todo:
+                        self.send(f, int(c), k, PH_DOWN, self.down_src(f, int(c)))
+
+    def deliver_up(self, f, st, c: int) -> None:
+        """Partial ``c`` covers this rank's whole subtree: finalize it (root) or send it up."""
+        st["up_sent"].add(c)
+        a, b = f.chunks[c]
+        partial = f.acc[c] if f.acc[c] is not None else self.inp[a:b]
+        if self.rank == st["up_root"]:
+            self.out[a:b] = partial
+            if self.op == "avg":
+                scale_into(self.plan.dtype, self.out[a:b], bin(f.part[c]).count("1"))
+            f.have[c] = f.part[c]
+        else:
+            self.send(f, c, st["up_parent"][self.rank], PH_UP, partial)
+
+    def step_up(self, f, st) -> None:
+        me = self.rank
+        par = st["up_parent"]
+        complete = self.up_complete()
+        if st["my_need"] is None:
+            if me == st["up_root"]:
+                asked = np.array([not self.valid(f, c) for c in range(len(f.chunks))], dtype=bool)
+            elif st["need_got"] is not None:
+                asked = st["need_got"]
+            else:
+                if par[me] >= 0 and "need_posted" not in st:
+                    st["need_posted"] = True
+                    self.post_recv("need", f, -1, par[me], PH_CTRL, ctrl_bytes=(len(f.chunks) + 7) // 8)
+                return
+            need = np.zeros(len(f.chunks), dtype=bool)
+            for c in np.flatnonzero(asked):
+                c = int(c)
+                if complete and st["my_sub"] and f.part[c] == st["my_sub"]:
+                    self.deliver_up(f, st, c)  # clean: resume, nothing below is redone
+                else:
+                    need[c] = True
+                    f.acc[c] = None  # the partial restarts from this rank's input (never written)
+                    f.part[c] = 1 << me
+            st["my_need"] = need
+            st["up_from"] = {int(c): set() for c in np.flatnonzero(need)}
+            st["dirty"] = set(st["up_from"])
+        need = st["my_need"]
+        for k in st["up_kids"]:
+            if k not in st["kid_need_sent"] and k not in self.view.dead:
+                st["kid_need_sent"].add(k)
+                self.send(f, CTRL_NEED, k, PH_CTRL, np.packbits(need))
+        if not complete:
+            return
+        # partials are taken in only once every contributor has arrived, so the subtree a
+        # child's partial covers (kid_sub) is final for this generation and f.part[c] says
+        # exactly which inputs the partial holds (a clean partial can then be reused)
+        for k in st["up_kids"]:
+            if k not in st["up_posted"] and k not in self.view.dead:
+                st["up_posted"].add(k)
+                for c in np.flatnonzero(need):
+                    self.post_recv("up", f, int(c), k, PH_UP)
+        kids = set(st["up_kids"])
+        if st.get("kids_seen") != kids:  # the children changed (arrivals): look at every chunk
+            st["kids_seen"] = kids
+            st["dirty"] = set(st["up_from"])
+        dirty, st["dirty"] = st["dirty"], set()
+        for c in dirty:
+            if c not in st["up_sent"] and st["up_from"][c] >= kids:
+                self.deliver_up(f, st, c)
+
+    # ---- completions -----------------------------------------------------------------------
+    def complete(self, p: _Pending) -> None:
+        if p.what == "send":
+            if p.staging is None:  # a data chunk, not a HAVE/NEED bitmap
+                self.stats["chunks_sent"] += 1
+                if self.progress is not None:
+                    self.progress()
+            return
+        f = self.flows[p.flow]
+        st = self.g[f.fid]
+        if p.what == "have":
+            st["kids_have"][p.peer] = ~self.unbits(f, p.staging)
+            return
+        if p.what == "need":
+            st["need_got"] = self.unbits(f, p.staging)
+            return
+        a, b = f.chunks[p.chunk]
+        if p.what == "down":
+            self.out[a:b] = p.staging
+            f.have[p.chunk] = self.down_key(f)
+        else:  # "up": a child's partial
+            if f.acc[p.chunk] is None:
+                # the first child's chunk becomes the partial: staging (op)= input, no copy
+                reduce_into(self.op, self.plan.dtype, p.staging, self.inp[a:b])
+                f.acc[p.chunk] = p.staging
+            else:
+                reduce_into(self.op, self.plan.dtype, f.acc[p.chunk], p.staging)
+            f.part[p.chunk] |= st["kid_sub"][p.peer]
+            st["up_from"].setdefault(p.chunk, set()).add(p.peer)
+            st.setdefault("dirty", set()).add(p.chunk)
+        self.stats["chunks_received"] += 1
+        if self.gen == self.first_gen:
+            self.stats["received_before_repair"] += 1
+        if self.progress is not None:
+            self.progress()
+
+    def own_output_complete(self) -> bool:
+        me, kind = self.rank, self.kind
+        for f in self.flows:
+            if self.g[f.fid]["root_dead"] and kind in ("allgather", "gather"):
+                continue  # the owner died: its block is missing, nothing to wait for
+            if kind in ("reduce", "gather") and me != self.plan.root:
+                continue  # out is scratch on non-roots
+            if not self.valid_mask(f).all():
+                return False
+        return True
+
+    # ---- the loop --------------------------------------------------------------------------
+    def execute(self) -> None:
+        self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank})
+        last = time.monotonic()
+        while True:
+            seen = len(self.s.tail.events)
+            before = (len(self.view.arrivals), len(self.view.dead))
+            self.fold()
+            if self.view.finished:
+                return
+            if len(self.view.dead) != self.gen:
+                if self.gen >= 0:
+                    # transfers that completed before the switch count in the old generation
+                    # (a chunk that arrived whole from a rank that then died is kept)
+                    for p in [p for p in self.pending if p.req.done]:
+                        self.pending.remove(p)
+                        self.complete(p)
+                self.new_generation()
+            elif (len(self.view.arrivals), len(self.view.dead)) != before:
+                self.refresh_shapes()
+            for d in _transport_dead(self.comm) - self.s.reported - set(self.view.dead):
+                self.s.reported.add(d)
+                self.s.log.report_dead(d)
+            self.known_dead |= _transport_dead(self.comm)
+            self.step()
+            if self.gen not in self.done_posted and self.own_output_complete():
+                self.done_posted.add(self.gen)
+                self.s.log.append({"t": "done", "run": self.run_id, "rank": self.rank, "gen": self.gen})
+            live = [p for p in self.pending if p.peer not in self.view.dead]
+            reqs = [p.req for p in live]
+            done = _wait(self.comm, self.s, reqs, _WAIT_SLICE * 5, seen, self.known_dead)
+            now = time.monotonic()
+            if done:
+                last = now
+                finished = set(done)
+                batch = [live[i] for i in sorted(finished)]
+                ids = {id(p) for p in batch}
+                self.pending = [p for p in self.pending if id(p) not in ids]
+                for p in batch:
+                    self.complete(p)
+            elif len(self.s.tail.events) != seen:
+                last = now
+            elif now - last > self.timeout:
+                waiting = [p for p in live if p.what != "send"] or live
+                peer = waiting[0].peer if waiting else -1
+                detail = f"adaptive run {self.run_id}, generation {self.gen}"
+                if waiting:
+                    detail += f", {waiting[0].what} flow {waiting[0].flow} chunk {waiting[0].chunk}"
+                raise CollectiveTimeout(self.rank, peer, detail, self.timeout)
+
+    def result(self, result_arr: np.ndarray) -> "AdaptiveResult":
+        res = result_arr.view(AdaptiveResult)
+        dead = set(self.view.dead)
+        missing = []
+        if self.kind in ("allgather", "gather") and (self.kind == "allgather" or self.rank == self.plan.root):
+            for f in self.flows:
+                if not all(self.valid(f, c) for c in range(len(f.chunks))):
+                    if f.root not in missing:
+                        missing.append(f.root)
+                    for c in range(len(f.chunks)):
+                        if not self.valid(f, c):
+                            a, b = f.chunks[c]
+                            self.out[a:b] = 0
+        res.contributors = tuple(sorted(set(self.contrib) - set(missing)))
+        res.missing = tuple(sorted(missing))
+        res.late = tuple(r for r in range(self.n) if r not in self.contrib and r not in dead) \
+            if self.quorum is not None else ()
+        res.dead = tuple(sorted(dead))
+        res.generation = self.gen
+        res.stats = dict(self.stats)
+        return res
+
+
+def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
+        adaptive: bool | None = None, quorum: int | None = None, chunk_bytes: int | None = None,
+        progress: Callable[[], None] | None = None) -> AdaptiveResult:
+    """Run ``plan`` on rank ``comm.rank`` with the adaptive executor; returns the output as an
+    :class:`AdaptiveResult` (an ndarray with ``contributors``/``missing``/``late``/``dead``).
+
+    ``adaptive``: arrival-order trees (default: ``plan.adaptive``, else on — design.md: on for
+    sockets and ray); off uses ``Plan.trees`` as compiled. ``quorum=K`` (reduce, allreduce):
+    reduce the first K inputs that arrive (reduce: the root's and the first K-1 others'); the
+    others are reported in ``late``. ``timeout``: the longest the run may make no progress.
+    ``progress``: called after every data chunk this rank sends or receives (fault injection)."""
+    from .executor import InputMismatch, _as_flat
+
+    if plan.kind not in KINDS:
+        raise AdaptiveUnsupported(f"the adaptive runtime does not run {plan.kind!r} collectives")
+    if plan.compress not in (None, "none"):
+        raise AdaptiveUnsupported("the adaptive runtime does not run compressed plans")
+    if quorum is not None:
+        if plan.kind not in ("reduce", "allreduce"):
+            raise InputMismatch(f"quorum applies to reduce and allreduce, not {plan.kind}")
+        if not 1 <= int(quorum) <= plan.n:
+            raise InputMismatch(f"quorum must be in 1..{plan.n}, not {quorum}")
+        if plan.op == "avg" and plan.dtype not in FLOAT_DTYPES:
+            raise InputMismatch("quorum with op = avg needs a float dtype")
+    rank = comm.rank
+    if getattr(comm, "world", plan.n) != plan.n or not 0 <= rank < plan.n:
+        raise InputMismatch(f"the communicator has {comm.world} ranks, the plan {plan.n}")
+    if not timeout > 0:
+        raise InputMismatch(f"timeout must be positive, not {timeout!r}")
+    dtype = np_dtype(plan.dtype)
+    sizes = plan.buffer_elems(rank)
+    if array is None:
+        inp, shape = np.zeros(sizes["in"], dtype=dtype), None
+    else:
+        inp, shape = _as_flat(array, dtype, sizes["in"], f"rank {rank} input", writable=False), np.shape(array)
+    if out is None:
+        result = np.zeros(sizes["out"], dtype=dtype)
+        out_flat = result
+        if shape is not None and sizes["out"] == sizes["in"]:
+            result = result.reshape(shape)
+    else:
+        out_flat = _as_flat(out, dtype, sizes["out"], f"rank {rank} output", writable=True)
+        result = out
+    static = adaptive is False
+    ce = _chunk_elems(plan, chunk_bytes)
+    session = _session(comm)
+    r = _Run(plan, comm, session, inp, out_flat, float(timeout), static,
+             None if quorum is None else int(quorum), ce, progress)
+    if plan.kind in ("allgather", "gather"):
+        if plan.kind == "allgather" or rank == plan.root:
+            lo, hi = block_range(plan.elems, plan.n, rank)
+            out_flat[lo:hi] = inp
+        for f in r.flows:
+            if f.root == rank:
+                f.have[:] = 0  # this rank owns the block its flow carries
+    if plan.kind in ("broadcast",) and rank == plan.root:
+        out_flat[...] = inp
+        for f in r.flows:
+            f.have[:] = 0
+    r.execute()
+    return r.result(result if isinstance(result, np.ndarray) else out_flat)
+
+
+# --------------------------------------------------------------------------- local jobs
+# A fault-injection and late-arrival harness: one process per rank runs a list of cases over
+# one communicator (processes are reused across cases, and a rank killed in one case stays
+# dead, known to the log, in the next). Used by tests/runtime/test_faults*.py and
+# benchmarks/fault_bench.py. Outputs travel back through .npy files in the job directory.
+
+@dataclass
+class Case:
+    """One run of a local job. ``kill=(rank, k)``: that rank SIGKILLs itself after its k-th
+    data chunk; ``delays[r]``: seconds rank r waits after the start barrier (late arrivals);
+    ``engine``: "adaptive" or "static" (backends/executor.py on the flattened programs)."""
+
+    plan: Plan
+    seed: int = 0
+    kill: tuple[int, int] | None = None
+    delays: tuple[float, ...] = ()
+    quorum: int | None = None
+    adaptive: bool | None = None
+    engine: str = "adaptive"
+    chunk_bytes: int | None = None
+    save: bool = True  # write the outputs back (64 MiB x ranks per case: benchmarks save few)
+
+
+@dataclass
+class Outcome:
+    """What each rank of one case did: ``outputs[r]`` (None if it raised or died), ``errors[r]``,
+    ``info[r]`` (contributors, missing, late, dead, seconds from the start barrier)."""
+
+    outputs: list
+    errors: dict
+    info: dict
+
+
+def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 300.0) -> list[Outcome]:
+    """Run ``cases`` in order on ``plan.n`` local processes over sockets; SIGKILLed ranks are
+    expected (the outcomes say who died), not errors."""
+    import json
+    import os
+    import secrets
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from ..ir.files import atomic_write_text
+    from .rendezvous import StoreServer
+
+    world = cases[0].plan.n
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="hcc-adaptive-") as tmp:
+        job = Path(tmp)
+        spec = []
+        for i, c in enumerate(cases):
+            if c.plan.n != world:
+                raise RuntimeFault(f"case {i}: {c.plan.n} ranks, the job has {world}")
+            c.plan.save(job / f"case{i}.plan.json")
+            spec.append({"plan": f"case{i}.plan.json", "seed": c.seed, "kill": c.kill, "delays": list(c.delays),
+                         "quorum": c.quorum, "adaptive": c.adaptive, "engine": c.engine,
+                         "chunk_bytes": c.chunk_bytes, "save": c.save})
+        atomic_write_text(job / "job.json", json.dumps({"timeout": timeout, "cases": spec}))
+        env = dict(os.environ, HCC_TOKEN=token)
+        procs = []
+        with StoreServer(token, "127.0.0.1", 0) as store:
+            try:
+                for r in range(world):
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "hcc.backends.adaptive", str(job), str(r), str(world), store.address],
+                        env=env, stdout=open(job / f"rank{r}.log", "wb"), stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL))
+                end = time.monotonic() + overall
+                while any(p.poll() is None for p in procs) and time.monotonic() < end:
+                    time.sleep(0.02)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                    p.wait()
+        results = []
+        for r in range(world):
+            path = job / f"result{r}.json"
+            results.append(json.loads(path.read_text()) if path.exists() else {"cases": {}})
+        outs = []
+        for i, c in enumerate(cases):
+            outputs, errors, info = [], {}, {}
+            for r in range(world):
+                rec = results[r]["cases"].get(str(i))
+                if rec is None:
+                    outputs.append(None)
+                    errors[r] = "died" if procs[r].returncode == -9 else (
+                        f"exited {procs[r].returncode}: " + (job / f"rank{r}.log").read_text(errors="replace")[-800:])
+                    continue
+                if "error" in rec:
+                    outputs.append(None)
+                    errors[r] = rec["error"]
+                else:
+                    path = job / f"case{i}.out{r}.npy"
+                    outputs.append(np.load(path) if path.exists() else None)
+                info[r] = rec
+            outs.append(Outcome(outputs, errors, info))
+        return outs
+
+
+def _barrier(comm: Transport, name: str, timeout: float) -> None:
+    """Every live rank meets here (the log's dead set tells who is live); deaths this rank's
+    transport saw are reported first so that nobody waits for a dead rank."""
+    from .rendezvous import RendezvousError
+
+    sess = _session(comm)
+    key = f"{sess.log.prefix}/barrier/{name}"
+    sess.log.client.add(key, 1)
+    end = time.monotonic() + timeout
+    while True:
+        for d in _transport_dead(comm) - sess.reported:
+            sess.reported.add(d)
+            sess.log.report_dead(d)
+        dead = {e["rank"] for e in sess.tail.snapshot() if e.get("t") == "dead"}
+        try:
+            sess.log.client.wait(key, comm.world - len(dead), 0.1)
+            return
+        except RendezvousError as e:
+            if "timeout" not in str(e) or time.monotonic() > end:
+                raise
+
+
+def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
+    from ..ir.files import atomic_write_text
+    from .executor import run as static_run
+    from .reference import make_input
+    from .sockets import connect
+
+    job = Path(job_dir)
+    spec = json.loads((job / "job.json").read_text())
+    timeout = float(spec["timeout"])
+    result: dict = {"cases": {}, "t_start": time.time()}
+    comm = connect(rank, world, store, os.environ["HCC_TOKEN"], timeout, serve_store=False)
+
+    result["t_connected"] = time.time()
+
+    def save() -> None:
+        atomic_write_text(job / f"result{rank}.json", json.dumps(result))
+
+    try:
+        for i, case in enumerate(spec["cases"]):
+            plan = Plan.load(job / case["plan"])
+            x = make_input(plan, case["seed"], rank)
+            rec: dict = {}
+            count = [0]
+            kill = case["kill"]
+
+            def progress() -> None:
+                count[0] += 1
+                if kill is not None and kill[0] == rank and count[0] >= kill[1]:
+                    save()
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            t0 = time.perf_counter()
+            try:
+                result[f"t_in{i}"] = time.time()
+                _barrier(comm, f"start/{i}", timeout)
+                result[f"t_bar{i}"] = time.time()
+                t0 = time.perf_counter()
+                delays = case["delays"]
+                if delays and delays[rank] > 0:
+                    time.sleep(delays[rank])
+                if kill is not None and kill[0] == rank and kill[1] <= 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if case["engine"] == "static":
+                    # the flattened programs (executor.run would hand a plan with on_failure =
+                    # continue back to this module: the comparison needs the static one)
+                    out = static_run(replace(plan, on_failure="abort", adaptive=False), comm, x, timeout=timeout)
+                    rec.update(contributors=list(range(world)), missing=[], late=[], dead=[])
+                else:
+                    out = run(plan, comm, x, timeout=timeout, quorum=case["quorum"], adaptive=case["adaptive"],
+                              chunk_bytes=case["chunk_bytes"], progress=progress)
+                    rec.update(contributors=list(out.contributors), missing=list(out.missing),
+                               late=list(out.late), dead=list(out.dead), stats=out.stats,
+                               generation=out.generation)
+                rec["seconds"] = time.perf_counter() - t0
+                if case["save"]:
+                    np.save(job / f"case{i}.out{rank}.npy", np.asarray(out))
+            except RuntimeFault as e:
+                rec["seconds"] = time.perf_counter() - t0
+                rec["error"] = f"{type(e).__name__}: {e}"
+                rec["error_type"] = type(e).__name__
+                rec["failed_rank"] = getattr(e, "rank", None)
+            result["cases"][str(i)] = rec
+            save()
+    finally:
+        result["t_cases_done"] = time.time()
+        save()
+        close_session(comm)
+        comm.close()
+        result["t_closed"] = time.time()
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))

@@ -1,0 +1,205 @@
+"""hcc.backends.repair — pure functions that repair a plan's trees around dead and late ranks.
+
+Nothing here does I/O: the adaptive executor (backends/adaptive.py) calls these functions with
+the dead set and arrival order every survivor agreed on (backends/agreement.py), so every
+survivor computes the same repaired trees without another message.
+
+Terms
+- parent array: ``parent[r]`` is the parent rank of ``r`` in a tree over ``n`` ranks, ``-1``
+  for the root and for ranks the tree does not span (ir/plan.py :class:`~hcc.ir.plan.Tree`).
+- repair (Hoplite, SIGCOMM 2021, sec. 4.3 "fault tolerance"): the children of a dead rank
+  re-attach to their nearest *live ancestor*; every other edge is kept, so a survivor whose
+  parent lives keeps its parent and the chunks it already holds. When the root itself is dead
+  and the collective has no fixed root (allreduce), the orphan that comes first in the tree's
+  breadth-first order is *promoted* to root and the other orphans of the root attach to it;
+  a rooted collective (broadcast, reduce, gather) cannot be repaired then (:class:`RootLost`).
+- arrival tree (Hoplite sec. 4.2, late arrivals): the ranks in the order they became ready,
+  the root first, laid out as a ``k``-ary heap: position ``i``'s parent is position
+  ``(i-1)//k``. Ranks that arrive first take the interior positions; late ranks are leaves.
+- residual plan: the collective over the survivors only, lowered from the repaired trees by the
+  compiler's own lowering (compiler/lower.py) — an ir Plan that ir/verify.py can check, which
+  is how the tests show that a repair is still a correct schedule.
+
+>>> repair_parents((-1, 0, 1, 1, 0), 0, {1})
+(-1, -1, 0, 0, 0)
+>>> arrival_parents((3, 0, 2, 1), 4, fanout=2)
+(3, 0, 3, -1)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+from ..ir.errors import PlanError
+from ..ir.plan import Plan, Tree
+
+__all__ = [
+    "RootLost", "repair_parents", "repair_tree", "arrival_parents", "subtree", "bfs_order",
+    "ancestors", "residual_plan",
+]
+
+
+class RootLost(PlanError):
+    """The root of a rooted collective is dead: no repair can deliver its data."""
+
+
+def bfs_order(parent: Sequence[int], root: int) -> list[int]:
+    """Ranks reachable from ``root`` through ``parent``, parents before children (ties by rank)."""
+    kids: dict[int, list[int]] = {}
+    for c, p in enumerate(parent):
+        if p >= 0:
+            kids.setdefault(p, []).append(c)
+    order, i = [root], 0
+    seen = {root}
+    while i < len(order):
+        for c in kids.get(order[i], ()):
+            if c not in seen:
+                seen.add(c)
+                order.append(c)
+        i += 1
+    return order
+
+
+def ancestors(parent: Sequence[int], r: int) -> list[int]:
+    """``r``'s ancestors, nearest first (bounded by n steps, so a cycle cannot hang)."""
+    out, v = [], parent[r]
+    while v >= 0 and len(out) <= len(parent):
+        out.append(v)
+        v = parent[v]
+    return out
+
+
+def repair_parents(parent: Sequence[int], root: int, dead: Iterable[int], *,
+                   promote: bool = False) -> tuple[int, ...]:
+    """The parent array with every dead rank removed and its orphans re-attached to their
+    nearest live ancestor. The result's root is ``parent.index(-1)`` among spanned ranks;
+    use :func:`bfs_order` to read it. ``promote``: when ``root`` is dead, promote its first
+    orphan (breadth-first) instead of raising :class:`RootLost`."""
+    dead = set(dead)
+    n = len(parent)
+    spanned = set(bfs_order(parent, root))
+    new = [-1] * n
+    new_root = root
+    if root in dead:
+        if not promote:
+            raise RootLost(f"the root, rank {root}, is dead")
+        live = [r for r in bfs_order(parent, root) if r not in dead]
+        if not live:
+            return tuple(new)
+        new_root = live[0]
+    for r in range(n):
+        if r in dead or r not in spanned or r == new_root:
+            continue
+        up = next((a for a in ancestors(parent, r) if a not in dead), None)
+        new[r] = new_root if up is None or up == r else up
+    return tuple(new)
+
+
+def repair_tree(tree: Tree, dead: Iterable[int], *, promote: bool = False) -> Tree:
+    """:func:`repair_parents` applied to an ir :class:`Tree` (its paths become direct hops)."""
+    dead = set(dead)
+    parent = repair_parents(tree.parent, tree.root, dead, promote=promote)
+    root = tree.root
+    if root in dead:
+        spanned = [r for r in bfs_order(tree.parent, tree.root) if r not in dead]
+        root = spanned[0] if spanned else -1
+    paths = tuple(() if p < 0 else (tree.paths[c] if c < len(tree.paths) and tree.parent[c] == p else ())
+                  for c, p in enumerate(parent)) if tree.paths else ()
+    return replace(tree, root=root, parent=parent, paths=paths)
+
+
+def arrival_parents(order: Sequence[int], n: int, fanout: int = 2) -> tuple[int, ...]:
+    """Heap layout of ``order`` (root first, then ranks in arrival order) over ``n`` ranks;
+    ranks not in ``order`` get ``-1``."""
+    if fanout < 1:
+        raise ValueError(f"fanout must be at least 1, not {fanout}")
+    parent = [-1] * n
+    for i, r in enumerate(order):
+        if i:
+            parent[r] = order[(i - 1) // fanout]
+    return tuple(parent)
+
+
+def subtree(parent: Sequence[int], r: int) -> frozenset[int]:
+    """``r`` and every rank below it."""
+    kids: dict[int, list[int]] = {}
+    for c, p in enumerate(parent):
+        if p >= 0:
+            kids.setdefault(p, []).append(c)
+    out, stack = set(), [r]
+    while stack:
+        v = stack.pop()
+        if v not in out:
+            out.add(v)
+            stack.extend(kids.get(v, ()))
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """The PackedTree-like value compiler/lower.py lowers: root, (parent, child, path) edges."""
+
+    root: int
+    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
+    rate: float
+
+
+def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = None) -> Plan:
+    """The collective over the survivors of ``plan``, lowered from its repaired trees.
+
+    Survivors are renumbered in rank order; the size per rank is unchanged for kinds whose
+    buffers do not depend on the rank count (broadcast, reduce, allreduce) and rescaled by
+    the block size for allgather and gather (each survivor keeps its own block). Raises
+    :class:`RootLost` when a rooted collective's root is dead."""
+    from ..compiler.lower import lower
+    from ..ir.plan import DTYPE_SIZES, ROOTED_KINDS, block_range
+
+    dead = set(dead)
+    survivors = [r for r in range(plan.n) if r not in dead]
+    if not survivors:
+        raise PlanError("no rank survives")
+    new_index = {r: i for i, r in enumerate(survivors)}
+    rooted = plan.kind in ROOTED_KINDS
+    if rooted and plan.root in dead:
+        raise RootLost(f"the root, rank {plan.root}, is dead")
+    packed = []
+    for t in plan.trees:
+        if t.root in dead and (rooted or plan.kind in ("allgather",)):
+            continue  # allgather: the dead rank's block is missing, its tree goes
+        rt = repair_tree(t, dead, promote=not rooted)
+        if rt.root < 0:
+            continue
+        edges = tuple((new_index[p], new_index[c], (plan.ranks[p], plan.ranks[c]))
+                      for c, p in enumerate(rt.parent) if p >= 0)
+        packed.append(_Packed(new_index[rt.root], edges, t.rate))
+    size = plan.size_bytes
+    if plan.kind in ("allgather", "gather"):
+        item = DTYPE_SIZES[plan.dtype]
+        size = sum(block_range(plan.elems, plan.n, r)[1] - block_range(plan.elems, plan.n, r)[0]
+                   for r in survivors) * item
+        # lower() splits the survivors' buffer into equal blocks again; keep it exact only when
+        # the blocks were equal (E divisible by n), which the callers check
+    spec = _Spec(
+        name=f"{plan.name}~residual", kind=plan.kind, ranks=tuple(plan.ranks[r] for r in survivors),
+        root=new_index[plan.root] if rooted else -1, size_bytes=size, dtype=plan.dtype, op=plan.op,
+        compress=plan.compress, on_failure=plan.on_failure, adaptive=plan.adaptive, peers=plan.peers)
+    topo = plan.topology.restricted(spec.ranks)
+    chunk = chunk_bytes if chunk_bytes is not None else max(plan.chunk_bytes, plan.itemsize)
+    if not packed:
+        raise PlanError(f"plan {plan.name!r} keeps no tree to repair (algorithm {plan.algorithm})")
+    return lower(spec, topo, packed, chunk, algorithm=f"{plan.algorithm}+repair")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    kind: str
+    ranks: tuple[str, ...]
+    root: int
+    size_bytes: int
+    dtype: str
+    op: str | None
+    compress: str = "none"
+    on_failure: str = "abort"
+    adaptive: bool | None = None
+    peers: str | None = None

@@ -1,0 +1,167 @@
+"""Fault injection on the sockets backend: a rank SIGKILLs itself at a seeded random chunk of a
+broadcast, reduce, allreduce, allgather or gather; every survivor must complete with the exact
+result over the survivors (``on_failure = continue``), or raise RankFailed / RootFailed.
+
+Processes are reused: one job of 5 ranks runs 3 cases in a row, killing a different rank in
+each, so the later cases also run with ranks that died before they started."""
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+import hcc
+from hcc.backends.adaptive import Case, run_local
+from hcc.backends.reference import _reduce, check, make_inputs
+
+pytestmark = pytest.mark.slow
+
+N = 5
+SRC = f"""
+topology t {{ node g[0..{N - 1}]
+  g[0..{N - 1}] <-> g[0..{N - 1}] : 1 GB/s, 10 us }}
+collective broadcast = broadcast on t {{ size = 4 MB  on_failure = continue }}
+collective reduce = reduce on t {{ size = 4 MB  op = max  on_failure = continue }}
+collective allreduce = allreduce on t {{ size = 4 MB  on_failure = continue }}
+collective allreduce_i = allreduce on t {{ size = 4 MB  dtype = int32  on_failure = continue }}
+collective allgather = allgather on t {{ size = 4 MB  on_failure = continue }}
+collective gather = gather on t {{ size = 4 MB  on_failure = continue }}
+collective big_broadcast = broadcast on t {{ size = 32 MB  root = g2  chunk = 4 MiB  on_failure = continue }}
+collective big_broadcast0 = broadcast on t {{ size = 32 MB  chunk = 4 MiB  on_failure = continue }}
+collective abort = allreduce on t {{ size = 4 MB }}
+"""
+# 4 MB in 256 KiB chunks: 16 chunks per tree (allgather/gather: 4 per block); a victim dies
+# after 1..KMAX of its own chunk transfers, i.e. anywhere from the first chunk to near the end
+CHUNK = 256 << 10
+KMAX = {"broadcast": 16, "reduce": 14, "allreduce": 24, "allreduce_i": 24, "allgather": 14, "gather": 3}
+# A survivor's run must end within this bound (no-failure runs take ~0.05 s; detection is an
+# EOF plus two store round trips). Generous for a 2-core machine shared by several engineers.
+BOUND_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def plans():
+    prog = hcc.load(SRC)
+    return {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
+
+
+def _validate(case: Case, out, dead_before: set[int]) -> set[int]:
+    """Check one case's outcome against numpy; returns the ranks dead after it."""
+    plan = case.plan
+    ins = make_inputs(plan, case.seed)
+    for r, err in out.errors.items():
+        assert err == "died", f"rank {r}: {err}"
+    died = set(out.errors)
+    surv = [r for r in range(plan.n) if r not in died]
+    assert surv, "nobody survived"
+    first = out.info[surv[0]]
+    for r in surv:
+        info = out.info[r]
+        assert info["contributors"] == first["contributors"], "survivors disagree on the contributors"
+        assert info["seconds"] < BOUND_S, f"rank {r} took {info['seconds']:.2f} s"
+        assert set(info["dead"]) <= died
+    contrib = set(first["contributors"])
+    if plan.kind in ("reduce", "allreduce"):
+        # exactly the survivors, or the victim too when it died after the run had ended
+        assert set(surv) <= contrib <= set(surv) | (died - dead_before)
+        want = _reduce(plan, [ins[r] for r in sorted(contrib)])
+        exp = [want if plan.kind == "allreduce" or r == plan.root else None for r in range(plan.n)]
+    elif plan.kind == "broadcast":
+        exp = [ins[plan.root] for _ in range(plan.n)]
+    else:
+        exp = []
+        for r in range(plan.n):
+            if r in died or (plan.kind == "gather" and r != plan.root):
+                exp.append(None)
+                continue
+            miss = set(out.info[r]["missing"])
+            assert miss <= died, f"rank {r} reports live ranks {miss - died} missing"
+            assert dead_before <= miss, "a rank dead before the run cannot have delivered its block"
+            exp.append(np.concatenate([np.zeros_like(ins[j]) if j in miss else ins[j] for j in range(plan.n)]))
+    for r in died:
+        exp[r] = None
+    check(plan, out.outputs, exp)
+    return died
+
+
+@pytest.mark.parametrize("job", range(7))
+def test_seeded_kills_every_survivor_completes_exactly(plans, job):
+    rng = random.Random(1000 + job)
+    names = ["broadcast", "reduce", "allreduce", "allreduce_i", "allgather", "gather"]
+    alive = set(range(N))
+    cases = []
+    chosen = rng.sample(names, 3)
+    roots = {plans[name].root for name in chosen} - {-1}  # a later case's root must live
+    for name in chosen:
+        plan = plans[name]
+        victims = sorted(alive - roots)
+        victim = rng.choice(victims)
+        alive.discard(victim)
+        cases.append(Case(plan, seed=rng.randrange(1 << 16), kill=(victim, rng.randint(1, KMAX[name])),
+                          adaptive=rng.choice([True, False]), chunk_bytes=CHUNK))
+    outcomes = run_local(cases, timeout=10)
+    dead: set[int] = set()
+    kills = 0
+    for case, out in zip(cases, outcomes):
+        died = _validate(case, out, dead)
+        kills += case.kill[0] in died
+        dead |= died
+    assert kills == len(cases), "a victim outlived its run: the seeded chunk counts miss it"
+
+
+def test_root_of_a_rooted_collective_dies_every_survivor_gets_root_failed(plans):
+    # 32 MB: more than the socket buffers hold, so the root dies with most chunks unsent
+    plan = plans["big_broadcast"]
+    t0 = time.monotonic()
+    (out,) = run_local([Case(plan, seed=3, kill=(plan.root, 3), adaptive=True)], timeout=10)
+    assert out.errors[plan.root] == "died"
+    for r in range(N):
+        if r != plan.root:
+            assert out.errors[r].startswith("RootFailed"), out.errors[r]
+            assert f"rank {plan.root} failed" in out.errors[r]
+    assert time.monotonic() - t0 < 30
+
+
+def test_abort_every_survivor_raises_rank_failed_naming_the_dead_rank(plans):
+    plan = plans["abort"]
+    assert plan.on_failure == "abort"
+    (out,) = run_local([Case(plan, seed=4, kill=(3, 5), adaptive=True)], timeout=10)
+    assert out.errors[3] == "died"
+    for r in (0, 1, 2, 4):
+        assert out.errors[r].startswith("RankFailed"), out.errors[r]
+        assert out.info[r]["failed_rank"] == 3
+
+
+def test_allreduce_survives_the_death_of_its_adaptive_root(plans):
+    # rank 2 arrives first, so it is the root of the arrival-order tree; it dies mid-run and
+    # its first child is promoted; the other ranks' chunks resume (backends/repair.py)
+    plan = plans["allreduce"]
+    delays = tuple(0.0 if r == 2 else 0.15 for r in range(N))
+    case = Case(plan, seed=21, kill=(2, 6), delays=delays, adaptive=True)
+    (out,) = run_local([case], timeout=10)
+    assert out.errors == {2: "died"}
+    died = _validate(case, out, set())
+    assert died == {2}
+    assert out.info[0]["contributors"] == [0, 1, 3, 4]
+
+
+def test_orphans_resume_from_the_chunks_they_hold_not_from_byte_zero(plans):
+    # arrival order 0 (root), 1, 2, 3, 4: a broadcast runs down the chain 0-1-2-3-4. Rank 1
+    # dies after it has received all 123 chunks (32 MB, more than the socket buffers hold in
+    # flight) and forwarded 8 to rank 2, which then re-attaches to the root for the rest only
+    plan = plans["big_broadcast0"]
+    assert plan.root == 0
+    chunks = -(-plan.size_bytes // CHUNK)
+    delays = (0.0, 0.05, 0.3, 0.35, 0.4)
+    case = Case(plan, seed=8, kill=(1, chunks + 8), delays=delays, adaptive=True, chunk_bytes=CHUNK)
+    (out,) = run_local([case], timeout=10)
+    _validate(case, out, set())
+    assert out.errors == {1: "died"}
+    stats = out.info[2]["stats"]
+    assert out.info[2]["generation"] == 1
+    assert stats["chunks_received"] == stats["chunks"] == chunks, f"a chunk was received twice: {stats}"
+    assert 0 < stats["received_before_repair"] < chunks, stats
+    for r in (3, 4):  # downstream of the orphan: each chunk exactly once as well
+        assert out.info[r]["stats"]["chunks_received"] == chunks

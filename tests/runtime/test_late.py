@@ -1,0 +1,120 @@
+"""Late arrivals on the sockets backend: ranks enter a collective at different times; the
+adaptive executor gives ready ranks the interior tree positions, and ``quorum=K`` reduces the
+first K inputs that arrive (Hoplite's subset reduction), reporting the others as late."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hcc
+from hcc.backends.adaptive import Case, run_local
+from hcc.backends.reference import _reduce, check, expected, make_inputs
+
+pytestmark = pytest.mark.slow
+
+N = 5
+SRC = f"""
+topology t {{ node g[0..{N - 1}]
+  g[0..{N - 1}] <-> g[0..{N - 1}] : 1 GB/s, 10 us }}
+collective broadcast = broadcast on t {{ size = 4 MB  root = g3  adaptive = on }}
+collective allreduce = allreduce on t {{ size = 4 MB  adaptive = on }}
+collective reduce = reduce on t {{ size = 4 MB  dtype = int32  op = sum  adaptive = on }}
+collective allgather = allgather on t {{ size = 4 MB  adaptive = on }}
+"""
+LATE_S = 0.6  # far beyond the scheduling jitter of 5 processes on 2 cores (~50 ms)
+
+
+@pytest.fixture(scope="module")
+def plans():
+    prog = hcc.load(SRC)
+    return {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
+
+
+def test_staggered_arrivals_adaptive_and_static_are_exact_and_wait_only_for_the_last(plans):
+    rng = np.random.default_rng(7)
+    cases = []
+    for name in ("broadcast", "allreduce", "reduce", "allgather"):
+        for adaptive in (True, False):
+            delays = tuple(float(d) for d in rng.uniform(0, 0.3, N))
+            cases.append(Case(plans[name], seed=int(rng.integers(1 << 16)), delays=delays, adaptive=adaptive))
+    for case, out in zip(cases, run_local(cases, timeout=10)):
+        assert not out.errors, out.errors
+        plan = case.plan
+        check(plan, out.outputs, expected(plan, make_inputs(plan, case.seed)))
+        last = max(case.delays)
+        for r in range(N):
+            # no rank finishes before the last one arrived (reduce non-roots excepted: they
+            # may return as soon as everybody is done), and none long after
+            assert out.info[r]["seconds"] < last + 3.0, (plan.kind, r, out.info[r]["seconds"], last)
+            assert out.info[r]["contributors"] == list(range(N))
+
+
+def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plans):
+    plan = plans["allreduce"]
+    early, late = (0, 2, 4), (1, 3)
+    delays = tuple(LATE_S if r in late else 0.0 for r in range(N))
+    case = Case(plan, seed=11, delays=delays, quorum=3)
+    (out,) = run_local([case], timeout=10)
+    assert not out.errors, out.errors
+    ins = make_inputs(plan, case.seed)
+    want = _reduce(plan, [ins[r] for r in early])
+    check(plan, out.outputs, [want] * N)  # late ranks get the result too
+    for r in range(N):
+        assert out.info[r]["contributors"] == list(early)
+        assert out.info[r]["late"] == list(late)
+    # the early ranks need not wait for the late ones' inputs; the late ones only receive
+    for r in early:
+        assert out.info[r]["seconds"] < LATE_S + 2.0
+
+
+def test_quorum_reduce_keeps_the_root_and_the_first_arrivals(plans):
+    plan = plans["reduce"]
+    assert plan.root == 0
+    delays = tuple(0.0 if r in (0, 3) else LATE_S for r in range(N))
+    case = Case(plan, seed=5, delays=delays, quorum=2)
+    (out,) = run_local([case], timeout=10)
+    assert not out.errors, out.errors
+    ins = make_inputs(plan, case.seed)
+    got = out.outputs[plan.root]
+    assert np.array_equal(got, ins[0] + ins[3])  # int32 sum: exact
+    assert out.info[plan.root]["contributors"] == [0, 3]
+    assert out.info[plan.root]["late"] == [1, 2, 4]
+
+
+def test_plan_run_dispatches_to_the_adaptive_runtime_and_returns_an_ndarray(plans):
+    # three ranks as threads of this process over real sockets: Plan.run -> executor.run ->
+    # adaptive.run for a plan with on_failure = continue
+    import secrets
+    import threading
+
+    from hcc.backends import sockets
+    from hcc.backends.adaptive import AdaptiveResult, close_session
+    from hcc.backends.rendezvous import StoreServer
+
+    prog = hcc.load("""topology t { node g[0..2]
+      g[0..2] <-> g[0..2] : 1 GB/s }
+    collective a = allreduce on t { size = 4000 B  dtype = int32  on_failure = continue }""")
+    plan = hcc.compile(prog, "a")
+    ins = make_inputs(plan, 2)
+    outs, errs = [None] * 3, []
+    token = secrets.token_hex(8)
+    with StoreServer(token) as store:
+        def rank(r):
+            try:
+                with sockets.connect(r, 3, store.address, token, timeout=10, serve_store=False) as comm:
+                    outs[r] = plan.run(comm, ins[r], timeout=10)
+                    close_session(comm)
+            except Exception as e:  # reported below with the rank
+                errs.append((r, e))
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errs, errs
+    for o in outs:
+        assert isinstance(o, AdaptiveResult) and isinstance(o, np.ndarray)
+        assert o.contributors == (0, 1, 2) and o.missing == ()
+    assert np.array_equal(outs[0], ins[0] + ins[1] + ins[2])
+    check(plan, [np.asarray(o) for o in outs], expected(plan, ins))

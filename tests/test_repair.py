@@ -1,0 +1,136 @@
+"""Pure repair functions (backends/repair.py): re-attachment to the nearest live ancestor,
+arrival-order heaps, and residual plans over the survivors that ir/verify.py accepts."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hcc
+from hcc.backends.repair import (
+    RootLost,
+    ancestors,
+    arrival_parents,
+    bfs_order,
+    repair_parents,
+    repair_tree,
+    residual_plan,
+    subtree,
+)
+from hcc.ir.plan import Tree
+from hcc.ir.verify import verify
+
+
+def test_children_of_a_dead_rank_attach_to_its_parent_and_other_edges_stay():
+    #        0
+    #      1   4
+    #     2 3    5
+    parent = (-1, 0, 1, 1, 0, 4)
+    rep = repair_parents(parent, 0, {1})
+    assert rep == (-1, -1, 0, 0, 0, 4)  # the dead rank leaves the tree
+    # every surviving edge whose parent lives is kept
+    for c, p in enumerate(parent):
+        if c != 1 and p not in (-1, 1):
+            assert rep[c] == p
+
+
+def test_a_dead_chain_is_skipped_to_the_nearest_live_ancestor():
+    parent = (-1, 0, 1, 2, 3)  # a chain 0-1-2-3-4
+    assert repair_parents(parent, 0, {2, 3}) == (-1, 0, -1, -1, 1)
+    assert ancestors(parent, 4) == [3, 2, 1, 0]
+
+
+def test_dead_root_raises_unless_promotion_is_allowed():
+    parent = (-1, 0, 0, 1)
+    with pytest.raises(RootLost):
+        repair_parents(parent, 0, {0})
+    rep = repair_parents(parent, 0, {0}, promote=True)
+    # first orphan in breadth-first order (rank 1) is the new root; rank 2 attaches to it
+    assert rep == (-1, -1, 1, 1)
+    assert bfs_order(rep, 1) == [1, 2, 3]
+
+
+def test_repair_tree_keeps_span_rate_and_the_paths_of_kept_edges():
+    t = Tree(0, 0, (-1, 0, 1, 1), 2e9, (0, 100), ((), ("a", "b"), ("b", "c"), ("b", "d")))
+    r = repair_tree(t, {1})
+    assert r.parent == (-1, -1, 0, 0) and r.span == (0, 100) and r.rate == 2e9
+    assert r.paths[2] == () and r.paths[0] == ()
+
+
+def test_arrival_heap_puts_early_ranks_inside_and_late_ranks_at_the_leaves():
+    order = (5, 2, 7, 0, 1, 3, 4, 6)  # root 5, then arrival order
+    parent = arrival_parents(order, 8, fanout=2)
+    assert parent[5] == -1
+    assert parent[2] == 5 and parent[7] == 5
+    assert parent[0] == 2 and parent[1] == 2 and parent[3] == 7 and parent[4] == 7
+    assert parent[6] == 0
+    interior = {p for p in parent if p >= 0}
+    # the last half of the arrivals are leaves
+    assert not interior & {1, 3, 4, 6}
+    assert subtree(parent, 2) == frozenset({2, 0, 1, 6})
+
+
+@st.composite
+def trees_and_dead(draw):
+    n = draw(st.integers(2, 12))
+    parent = [-1] * n
+    for c in range(1, n):
+        parent[c] = draw(st.integers(0, c - 1))
+    dead = draw(st.sets(st.integers(1, n - 1), max_size=n - 1))
+    return tuple(parent), dead
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees_and_dead())
+def test_repair_spans_every_survivor_and_keeps_live_ancestry(td):
+    parent, dead = td
+    rep = repair_parents(parent, 0, dead)
+    live = [r for r in range(len(parent)) if r not in dead]
+    assert sorted(bfs_order(rep, 0)) == live
+    for r in live:
+        if r == 0:
+            continue
+        # the new parent is the nearest live ancestor in the old tree
+        assert rep[r] == next(a for a in ancestors(parent, r) if a not in dead)
+
+
+SRC = """
+topology t { node g[0..5]
+  g[0..5] <-> g[0..5] : 1 GB/s, 10 us }
+collective b = broadcast on t { size = 6000 B  root = g2 on_failure = continue }
+collective r = reduce on t { size = 6000 B  op = max on_failure = continue }
+collective a = allreduce on t { size = 6000 B algorithm = tree on_failure = continue }
+collective g = allgather on t { size = 6000 B on_failure = continue }
+"""
+
+
+@pytest.fixture(scope="module")
+def plans():
+    prog = hcc.load(SRC)
+    return {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
+
+
+@pytest.mark.parametrize("name", ["b", "r", "a", "g"])
+@pytest.mark.parametrize("dead", [{3}, {1, 4}, {0, 5}])
+def test_residual_plans_over_the_survivors_verify(plans, name, dead):
+    plan = plans[name]
+    if plan.root in dead and plan.kind in ("broadcast", "reduce"):
+        with pytest.raises(RootLost):
+            residual_plan(plan, dead, chunk_bytes=400)
+        return
+    res = residual_plan(plan, dead, chunk_bytes=400)
+    assert res.n == plan.n - len(dead)
+    assert res.ranks == tuple(v for i, v in enumerate(plan.ranks) if i not in dead)
+    verify(res)  # raises VerifyError if the repaired trees do not deliver the collective
+    if plan.kind == "allgather":
+        # the dead ranks' trees go: one tree per surviving owner
+        assert {t.root for t in res.trees} == set(range(res.n))
+
+
+def test_residual_plan_of_an_allreduce_whose_tree_root_died_promotes_a_child(plans):
+    plan = plans["a"]
+    roots = {t.root for t in plan.trees}
+    dead = {min(roots)}
+    res = residual_plan(plan, dead, chunk_bytes=400)
+    verify(res)
+    assert len(res.trees) == len(plan.trees)
