@@ -160,14 +160,21 @@ class ProgramBuilder:
     ) -> tuple[int, int]:
         """Add a matched Send (on ``src``) and Recv/RecvReduce (on ``dst``); return their
         indices in the two programs."""
-        tag = self._tags.get((src, dst), 0)
+        key = (src, dst)
+        tag = self._tags.get(key, 0)
         if tag >= MAX_TAG:
             raise PlanError(f"more than {MAX_TAG} messages from rank {src} to rank {dst}; use larger chunks")
-        self._tags[(src, dst)] = tag + 1
-        s = self.add(src, Send(dst, tag, src_ref, send_deps, tree, chunk))
-        cls = RecvReduce if reduce else Recv
-        r = self.add(dst, cls(src, tag, dst_ref, recv_deps, tree, chunk))
-        return s, r
+        self._tags[key] = tag + 1
+        # the hot path of lowering (34 000 messages for a DGX-1 broadcast candidate): append
+        # directly, since the one ref of each op is known here (add() would look it up)
+        tmp_end = self.tmp_end
+        for rank, ref in ((src, src_ref), (dst, dst_ref)):
+            if ref.buf == "tmp" and ref.end > tmp_end[rank]:
+                tmp_end[rank] = ref.end
+        ps, pr = self.programs[src], self.programs[dst]
+        ps.append(Send(dst, tag, src_ref, send_deps, tree, chunk))
+        pr.append((RecvReduce if reduce else Recv)(src, tag, dst_ref, recv_deps, tree, chunk))
+        return len(ps) - 1, len(pr) - 1
 
     def finish(self) -> tuple[tuple[tuple[Op, ...], ...], tuple[int, ...]]:
         return tuple(tuple(p) for p in self.programs), tuple(self.tmp_end)

@@ -35,14 +35,18 @@ Method
    program compiles to the same trees on an idle laptop and on a loaded CI machine. If
    CP-SAT is out of budget or finds no fewer trees, the LP's trees are kept and
    ``Packing.method`` says so.
-3. Large instances: every pack starts from *ring chains* (per root, the path along a
-   depth-first order of the ranks in both directions, each hop routed through switches), and
+3. Large instances: every pack starts from seed columns: *ring chains* (per root, the path
+   along a depth-first order of the ranks in both directions, each hop routed through
+   switches), or from 17 to 64 ranks greedy *shallow trees* (:func:`_shallow_columns`), and
    column generation stops as soon as the LP meets the cut bound, which proves optimality
    without a pricing round: on a full-bisection fat tree the chains are already optimal, so
-   256 ranks pack in about 1-2 s. Otherwise generation runs until ``time_limit`` and the
-   LP's (feasible) rate is returned with ``method`` "colgen(time limit)" and its gap to the
-   cut bound in ``Packing.gap``. CP-SAT few-trees runs up to 16 ranks (broadcast) and 8
-   ranks (allgather: one joint model over every root's tree slots).
+   256 ranks pack in about 1-2 s. Otherwise generation stops after a fixed number of
+   pricing rounds (a count, never a clock: results are a function of the input) and the
+   LP's (feasible) rate is returned with ``method`` "colgen(round limit)" and its gap to the
+   cut bound in ``Packing.gap``. ``time_limit`` is only a wall-clock safety net far above
+   normal times; "safety net" in ``method`` says when it fired. CP-SAT few-trees runs up to
+   16 ranks (broadcast) and 8 ranks (allgather: one joint model over every root's tree
+   slots, skipped above 48 candidate edges).
 
 >>> from hcc.ir.topology import Topology, Link
 >>> tri = Topology("tri", ("a", "b", "c"),
@@ -81,13 +85,32 @@ _FEW_MAX_SLOTS = 8
 _FEW_MAX_ALLGATHER_RANKS = 8
 # CP-SAT budgets in *deterministic* seconds (OR-Tools' work measure, about a second of an
 # idle core; at load average 10 on this 2-core machine one took 5.5 s of wall time).
-# Allgather: the joint DGX-1 model finds 13 trees (LP: 31) within 0.25.
-_FEW_ALLGATHER_BUDGET_S = 0.25
+# Allgather: the joint model on DGX-1's NVLinks finds 14 trees (LP: 31) within 0.1 (13 within
+# 0.25); with the PCIe switches it finds none even in 3 (nor with a 1 GB/s quantum and the
+# rate rounded down), so a larger budget only costs time: 0.1
+_FEW_ALLGATHER_BUDGET_S = 0.1
+# ... and the joint model is skipped above this many candidate rank edges: DGX-1's NVLinks
+# give 32 (solved), with its PCIe switches 67 (never solved), the 5-rank samples fewer
+_FEW_MAX_ALLGATHER_EDGES = 48
 # Broadcast/reduce: DGX-1 proves 4 trees optimal in 0.016, with its PCIe switches (quantum
 # 1 GB/s) 5 trees in 0.10-0.14; 0.5 keeps every sample's search finishing, so deterministic
 _FEW_BROADCAST_BUDGET_S = 0.5
-# the wall-clock safety net on a search is this many times its budget (plus 0.5 s)
-_FEW_WALL_FACTOR = 10.0
+# column generation stops after this many pricing rounds (a count, not a clock, so results
+# depend on the input only); the samples converge within 30 (32-rank cluster broadcast)
+_MAX_ROUNDS = 500
+# wall-clock seconds after which a pack gives up whatever it has: a safety net only, far above
+# normal times (the slowest sample packs in 1.3 s of CPU); when it fires ``method`` says so
+_WALL_SAFETY_S = 120.0
+# packs of more than _SHALLOW_MIN_RANKS and at most _SHALLOW_MAX_RANKS ranks seed their LP
+# with greedy shallow trees (an O(n^3) construction), the others with ring chains. Measured
+# (efficiency with chains -> with shallow seeds): 32-rank cluster allgather 0.488 -> 0.541,
+# broadcast 0.283 -> 0.318; but on DGX-1 (8 ranks, where the LP and CP-SAT reshape the trees
+# anyway) reduce_scatter 0.439 -> 0.373, so small packs keep the chains
+_SHALLOW_MIN_RANKS = 16
+_SHALLOW_MAX_RANKS = 64
+# the greedy charges a parent's depth like this many uses of the widest link (16: the
+# 32-rank cluster's seeds are 3-5 deep and give 0.541; 4 gave 0.535 and 1 gave 0.527)
+_DEPTH_COST = 16.0
 # extra improving columns per single-root pricing round (see _more_columns)
 _EXTRA_COLUMNS = 3
 
@@ -396,12 +419,16 @@ def _more_columns(pricer: _Pricer, master: _Master, y: np.ndarray, col: _Col, th
 
 
 def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bound: float,
-            seeds: list[_Col] = ()):
+            seeds: list[_Col] = (), max_rounds: int = 0):
     """Exact column generation. Returns (weights per column in scaled units, columns,
-    objective in scaled units, scale in bytes/s, converged).
+    objective in scaled units, scale in bytes/s, stop) where ``stop`` is "" when converged,
+    "round limit" or "wall-clock safety net".
 
     Stops when no tree prices below its threshold (LP duality: optimal) or as soon as the
     objective meets the cut ``bound`` (bytes/s) to 1e-9 relative, which proves it optimal too.
+    Otherwise after ``max_rounds`` pricing rounds (default :data:`_MAX_ROUNDS`): a count, so
+    the columns, and everything built on them, depend on the input only. The wall-clock
+    ``deadline`` is a safety net far above normal times; when it fires, ``stop`` says so.
     """
     scale = float(pricer.cap.max())
     capn = pricer.cap / scale
@@ -415,11 +442,11 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
         if col is None:
             raise _unreachable(ix, pricer, r)
         master.add(col)
-    converged = False
-    for _ in range(100000):  # bounded by the deadline below; each round adds >= 1 column
+    stop = "round limit"
+    for _ in range(max_rounds or _MAX_ROUNDS):  # each round adds >= 1 column
         master.solve()
         if master.objective() * scale >= bound * (1.0 - 1e-9):
-            converged = True
+            stop = ""
             break
         y, z = master.duals()
         w, paths = pricer.matrix(y)
@@ -434,14 +461,19 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
                 if len(roots) == 1:
                     _more_columns(pricer, master, y, col, z[r])
             if added and time.perf_counter() > deadline:
-                break  # a large allgather round can outlast the budget: stop mid-round
+                break  # safety net only: a round that outlasts it stops mid-round
         if not added:
-            converged = True
+            stop = ""
             break
         if time.perf_counter() > deadline:
-            master.solve()
+            stop = "wall-clock safety net"
             break
-    return master.weights(), master.cols, master.objective(), scale, converged
+    else:
+        master.solve()  # the last round's columns enter the LP
+        return master.weights(), master.cols, master.objective(), scale, stop
+    if stop:
+        master.solve()
+    return master.weights(), master.cols, master.objective(), scale, stop
 
 
 # ----------------------------------------------------------------------------------------
@@ -492,24 +524,25 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
     quanta = _quanta(pricer.cap, exact_rate)
     if not quanta:
         return None, "lp(cpsat skipped: capacities not whole bytes/s)"
-    # candidate rank edges: every routed edge of an LP tree plus each pair's fewest-hop route
+    # candidate rank edges: every routed edge of a column the LP generated (weighted or not).
+    # Adding each pair's fewest-hop route as well doubled the search: DGX-1 broadcast proved
+    # 5 trees optimal in 0.119 deterministic s with them, 0.055 without, and the 16-rank
+    # two-host broadcast needed 0.67 with them, 0.19 without, for the same 8 trees
     cand: dict[tuple[int, int, tuple[int, ...]], None] = {}
     for c, w in zip(cols, weights):
         for v, p in enumerate(c.parent):
             if p != -1:
                 cand[(p, v, c.paths[v])] = None
-    _, hop_route = pricer.matrix(np.ones(len(ix.links)))
-    for u in range(n):
-        for v in range(n):
-            path = hop_route(u, v) if u != v else None
-            if path is not None:
-                cand[(u, v, tuple(path))] = None
+    if len(roots) > 1 and len(cand) > _FEW_MAX_ALLGATHER_EDGES:
+        return None, f"lp(cpsat skipped: {len(cand)} candidate edges)"
     reason = "lp(cpsat found no fewer trees)"
     spent = 0.0  # deterministic seconds used by earlier quanta
     for q in quanta:
         remaining = deadline - time.perf_counter()
-        if remaining <= 0.005 or budget - spent <= 1e-3:
-            return None, "lp(cpsat out of time)"
+        if remaining <= 0.005:
+            return None, "lp(cpsat stopped by the wall-clock safety net)"
+        if budget - spent <= 1e-3:
+            return None, "lp(cpsat out of budget)"
         units = [int(Fraction(int(c)) / q) for c in pricer.cap]
         if isinstance(target_rate, Fraction):
             target = math.ceil(target_rate / q)
@@ -574,18 +607,27 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
             m.Add(sum(ys) <= units[li])
         m.Minimize(sum(s[1] for s in slots))
         solver = cp_model.CpSolver()
-        # a *deterministic* work budget and one worker: the same program gets the same trees
-        # whatever the machine's load (golden tests compare tree counts); the wall-clock
-        # deadline of the whole pack stays as a safety net
+        # a *deterministic* work budget, one worker and a fixed seed: the same program gets
+        # the same trees whatever the machine's load (golden tests compare tree counts). The
+        # wall-clock limit is only a safety net (the whole pack's time_limit, 120 s by
+        # default, against 0.5 s budgets that take 0.4-5.5 s of wall time even at load 10);
+        # when it fires the method says so, since the result then depends on the machine
         solver.parameters.num_workers = 1
+        solver.parameters.random_seed = 1
         solver.parameters.max_deterministic_time = budget - spent
-        solver.parameters.max_time_in_seconds = max(0.005, min(remaining, _FEW_WALL_FACTOR * budget + 0.5))
+        solver.parameters.max_time_in_seconds = max(0.005, remaining)
         st = solver.Solve(m)
         spent += solver.deterministic_time
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if st == cp_model.UNKNOWN:
-                reason = "lp(cpsat out of time)"
+                if time.perf_counter() >= deadline - 0.005:
+                    return None, "lp(cpsat stopped by the wall-clock safety net)"
+                reason = "lp(cpsat out of budget)"
             continue
+        count = sum(solver.Value(s[1]) for s in slots)
+        if count >= used_lp:
+            return None, reason
+        status = "optimal" if st == cp_model.OPTIMAL else "best within budget"
         out = []
         for r, used, wt, edges, xs in slots:
             if not solver.Value(used):
@@ -599,9 +641,6 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
                         use[li] = use.get(li, 0) + 1
             col = _Col(r, tuple(par), tuple(paths), tuple(sorted(use.items())))
             out.append((col, solver.Value(wt) * float(q)))
-        if len(out) >= used_lp:
-            return None, reason
-        status = "optimal" if st == cp_model.OPTIMAL else "best within budget"
         return out, f"colgen+cpsat({status}, quantum {float(q):.6g} B/s)"
     return None, reason
 
@@ -660,13 +699,13 @@ def clear_cache() -> None:
 
 
 def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, few_trees: bool = True,
-                   tolerance: float = 0.0, time_limit: float = 10.0,
+                   tolerance: float = 0.0, time_limit: float = _WALL_SAFETY_S,
                    few_trees_time: float = _FEW_BROADCAST_BUDGET_S) -> Packing:
     """Pack out-trees rooted at ``root`` (in-trees for reduce with ``reverse=True``) spanning
     ``ranks``, maximising the total rate; then, with ``few_trees``, CP-SAT searches (for at
     most ``few_trees_time`` deterministic seconds, so results do not depend on machine load)
     for the fewest trees keeping rate >= (1 - tolerance) x the LP optimum. ``time_limit``
-    (wall-clock seconds) bounds the whole call.
+    (wall-clock seconds) is only a safety net over the whole call.
 
     Results are memoised per arguments (Topology and Packing are frozen values): broadcast,
     scatter, reduce and gather of one program often ask for the same packing, and the same
@@ -691,11 +730,11 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
         raise PackError(f"no links among the ranks {list(ranks)}")
     pricer = _Pricer(ix)
     deadline = t0 + time_limit
-    seeds = _ring_columns(ix, pricer, [r])
-    weights, cols, obj, scale, converged = _colgen(ix, pricer, [r], deadline, bound, seeds)
+    seeds = _seed_columns(ix, pricer, [r])
+    weights, cols, obj, scale, stop = _colgen(ix, pricer, [r], deadline, bound, seeds)
     lp_rate = obj * scale
     pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_rate * 1e-12]
-    method = "colgen" if converged else "colgen(time limit)"
+    method = f"colgen({stop})" if stop else "colgen"
     lp_trees = len(pairs)
     if few_trees and lp_trees > 1:
         got, note = _few_trees(ix, pricer, [r], cols, weights, (1.0 - tolerance) * lp_rate, None,
@@ -708,6 +747,78 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
     trees = tuple(_to_tree(ix, c, w) for c, w in pairs)
     gap = 1.0 - rate / bound if bound > 0 and math.isfinite(bound) else 0.0
     return Packing((root,), trees, rate, bound, lp_rate, gap, time.perf_counter() - t0, method, lp_trees)
+
+
+def _seed_columns(ix: Indexed, pricer: _Pricer, roots: list[int]) -> list[_Col]:
+    """The first columns of a pack: greedy shallow trees (:func:`_shallow_columns`) for
+    ``_SHALLOW_MIN_RANKS < n <= _SHALLOW_MAX_RANKS`` ranks, ring chains otherwise."""
+    if _SHALLOW_MIN_RANKS < pricer.n <= _SHALLOW_MAX_RANKS:
+        return _shallow_columns(ix, pricer, roots)
+    return _ring_columns(ix, pricer, roots)
+
+
+def _shallow_columns(ix: Indexed, pricer: _Pricer, roots: list[int]) -> list[_Col]:
+    """Per root, a greedy shallow tree (Prim-like): repeatedly attach the rank whose route
+    from a rank already in the tree is cheapest, pricing a route at ``sum (uses + 1) / c(e)``
+    over its links (uses by this tree and by the seeds of earlier roots, so later roots
+    avoid loaded links: every root of an allgather carries the same rate) plus
+    ``_DEPTH_COST / max c`` per level of its parent. On the 32-rank cluster a root reaches its
+    host's ranks through the NVSwitch and other hosts through several NICs, 3-5 levels deep
+    (its ring chains were 31). Routes are the fewest-hop widest ones; prices only grow, so a
+    stale heap entry is re-priced when popped."""
+    import heapq
+
+    n = pricer.n
+    cap = pricer.cap
+    _, route = pricer.matrix(1.0 / (cap / cap.max()) + 1e-3)
+    link_of = pricer.link_of
+    hop: list[list[tuple[tuple[int, ...], tuple[int, ...]] | None]] = [[None] * n for _ in range(n)]
+    for u in range(n):
+        for v in range(n):
+            if u != v:
+                path = route(u, v)
+                if path is not None:
+                    hop[u][v] = (tuple(path), tuple(link_of[(a, b)] for a, b in zip(path, path[1:])))
+    load = np.zeros(len(cap))
+    depth_cost = _DEPTH_COST / float(cap.max())
+    cols = []
+    for r in roots:
+        depth = {r: 0}
+        par, tp = [-1] * n, [()] * n
+        use: dict[int, int] = {}
+        heap: list[tuple[float, int, float, int, int, int]] = []
+        seq = 0
+
+        def price(u: int, v: int) -> tuple[float, int, float]:
+            k = sum((load[e] + 1.0) / cap[e] for e in hop[u][v][1])
+            return (k + depth_cost * depth[u], depth[u], k)
+
+        def offer(u: int) -> None:
+            nonlocal seq
+            for v in range(n):
+                if v not in depth and hop[u][v] is not None:
+                    heapq.heappush(heap, (*price(u, v), seq, v, u))
+                    seq += 1
+
+        offer(r)
+        while heap and len(depth) < n:
+            *k, _, v, u = heapq.heappop(heap)
+            if v in depth:
+                continue
+            k2 = price(u, v)
+            if k2 > tuple(k):  # its links were loaded since this offer
+                heapq.heappush(heap, (*k2, seq, v, u))
+                seq += 1
+                continue
+            path, links = hop[u][v]
+            depth[v], par[v], tp[v] = depth[u] + 1, u, path
+            for e in links:
+                load[e] += 1.0
+                use[e] = use.get(e, 0) + 1
+            offer(v)
+        if len(depth) == n:
+            cols.append(_Col(r, tuple(par), tuple(tp), tuple(sorted(use.items()))))
+    return cols
 
 
 def _ring_order(ix: Indexed) -> list[int]:
@@ -786,7 +897,7 @@ def _equalise(pairs, roots, x: float):
 
 
 def pack_allgather(topo: Topology, ranks, *, reverse: bool = False, few_trees: bool = True,
-                   tolerance: float = 0.0, time_limit: float = 10.0,
+                   tolerance: float = 0.0, time_limit: float = _WALL_SAFETY_S,
                    few_trees_time: float = _FEW_ALLGATHER_BUDGET_S) -> Packing:
     """Out-trees rooted at every rank, every root the same rate x, sharing link capacity
     (ForestColl); ``reverse=True`` packs in-trees for reduce-scatter. ``Packing.rate`` is x.
@@ -813,10 +924,10 @@ def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_t
         raise PackError(f"no links among the ranks {list(ranks)}")
     pricer = _Pricer(ix)
     roots = list(range(n))
-    seeds = _ring_columns(ix, pricer)
+    seeds = _seed_columns(ix, pricer, roots)
     deadline = t0 + time_limit
-    weights, cols, obj, scale, converged = _colgen(ix, pricer, roots, deadline, bound, seeds)
-    method = "colgen" if converged else "colgen(time limit)"
+    weights, cols, obj, scale, stop = _colgen(ix, pricer, roots, deadline, bound, seeds)
+    method = f"colgen({stop})" if stop else "colgen"
     lp_x = obj * scale
     pairs = _equalise([(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_x * 1e-12], roots, lp_x)
     lp_trees = len(pairs)

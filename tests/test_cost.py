@@ -220,3 +220,19 @@ def test_doctests_of_the_compiler_modules():
     for mod in (hcc.compiler.cost, hcc.compiler.pipeline, hcc.commands):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
+
+
+def test_extrapolate_fits_the_pipeline_curve_exactly():
+    from hcc.compiler.cost import _extrapolate
+
+    def t(c):
+        return 1e-3 + 2e-12 * c + 3e-3 / c
+
+    tried = [(c, t(c)) for c in (1 << 22, 1 << 21, 1 << 20)]
+    got = _extrapolate(tried, 1 << 19, ceiling=1 << 26)
+    assert got == pytest.approx(t(1 << 19), rel=1e-9)
+    # not where the curve is rough (fewer than SMOOTH_CHUNKS chunks per share) ...
+    assert _extrapolate(tried, 1 << 19, ceiling=1 << 22) is None
+    # ... nor from a concave fit
+    flat = [(c, 1.0 - 1e-12 * c) for c in (1 << 22, 1 << 21, 1 << 20)]
+    assert _extrapolate(flat, 1 << 19, ceiling=1 << 26) is None
