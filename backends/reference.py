@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.plan import FLOAT_DTYPES, Plan, block_range
+from ..ir.plan import FLOAT_DTYPES, Plan, block_range, neighbor_peers
 from .base import RuntimeFault
 from .kernels import from_float32, np_dtype, scale_into, to_float32
 
-__all__ = ["make_inputs", "make_input", "expected", "check", "neighbor_peers", "ResultMismatch"]
+__all__ = ["make_inputs", "make_input", "expected", "check", "ResultMismatch"]
 
 
 class ResultMismatch(RuntimeFault):
@@ -86,31 +86,6 @@ def make_inputs(plan: Plan, seed: int) -> list[np.ndarray]:
     return [make_input(plan, seed, r) for r in range(plan.n)]
 
 
-def neighbor_peers(n: int, rank: int, peers: str | None, step: int = 0) -> tuple[int, ...]:
-    """The ranks whose inputs ``rank`` averages with in ``neighbor_average`` (language.md).
-
-    ``ring``: left and right neighbours (one peer when n = 2); ``all``: every other rank;
-    ``shift_one`` (BAGUA): for r < n/2 the peer is ((step + r) mod ⌈n/2⌉) + n/2, otherwise
-    (r − n/2 − step) mod (n/2).
-
-    >>> [neighbor_peers(4, r, "shift_one", 1) for r in range(4)]
-    [(3,), (2,), (1,), (0,)]
-    """
-    if peers == "all":
-        return tuple(p for p in range(n) if p != rank)
-    if peers == "shift_one":
-        if n % 2:
-            raise ValueError(f"neighbor_average peers = shift_one needs an even rank count, not {n}")
-        h = n // 2
-        if rank < h:
-            return (((step + rank) % ((n + 1) // 2)) + h,)
-        return ((rank - h - step) % h,)
-    # ring (the default)
-    if n == 1:
-        return ()
-    return tuple(sorted({(rank - 1) % n, (rank + 1) % n}))
-
-
 def _reduce(plan: Plan, arrays: list[np.ndarray]) -> np.ndarray:
     """op over ``arrays`` (same length) in the plan's storage dtype; floats via float64."""
     op, dt = plan.op or "sum", plan.dtype
@@ -157,7 +132,7 @@ def expected(plan: Plan, inputs: list[np.ndarray], step: int = 0) -> list[np.nda
     if kind == "neighbor_average":
         out = []
         for r in range(n):
-            group = [ins[r]] + [ins[p] for p in neighbor_peers(n, r, plan.peers, step)]
+            group = [ins[r]] + [ins[p] for p in neighbor_peers(plan.peers, n, r, step)]
             avg_plan = plan if plan.op == "avg" else _with_op(plan, "avg")
             out.append(_reduce(avg_plan, group))
         return out

@@ -38,7 +38,7 @@ from pathlib import Path
 from ..grammar import ast
 from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.parser import parse
-from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, REDUCING_KINDS, ROOTED_KINDS
+from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, PEERS, REDUCING_KINDS, ROOTED_KINDS
 from ..ir.topology import Link, Topology
 from .program import CollectiveSpec, Program
 from .units import convert
@@ -47,7 +47,6 @@ ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
 COMPRESSIONS = ("none", "fp16", "int8")
 ON_FAILURE = ("abort", "continue")
 ADAPTIVE = ("on", "off")
-PEERS = ("ring", "all", "shift_one")
 KEYS = ("ranks", "root", "size", "dtype", "op", "algorithm", "chunk", "compress",
         "on_failure", "adaptive", "peers")
 

@@ -29,7 +29,7 @@ most 2⁻¹¹ of the quantized value.
 
 **neighbor_average** (``peers = ring | all | shift_one``): every rank sends its ``in`` to its
 peers of the step and computes ``out = (in + Σ peers' in) / (1 + #peers)`` by RecvReduce
-(sum) and Scale. Peers of rank r at step k (:func:`peers_of`):
+(sum) and Scale. Peers of rank r at step k (:func:`hcc.ir.plan.neighbor_peers`):
 
 - ``ring``: r − 1 and r + 1 mod n (one peer when n = 2, none when n = 1);
 - ``all``: every other rank;
@@ -49,6 +49,8 @@ from dataclasses import replace
 from ..grammar.diagnostics import SourceError
 from ..ir.errors import PlanError
 from ..ir.plan import (
+    PEERS,
+    neighbor_peers,
     DTYPE_SIZES,
     ChunkRef,
     Copy,
@@ -65,11 +67,10 @@ from ..ir.topology import Topology
 from .program import CollectiveSpec
 
 __all__ = [
-    "AUTO_CHUNK_BYTES", "PEERS", "message_nbytes", "peers_of", "programs_for_step",
+    "AUTO_CHUNK_BYTES", "PEERS", "message_nbytes", "programs_for_step",
     "relax_plan", "wire_bytes",
 ]
 
-PEERS = ("ring", "all", "shift_one")
 
 # 1 MiB: the int8 header (8 bytes) is then 0.003% of a float32 chunk, and one chunk takes
 # ~1 ms on a 1 GB/s loopback socket, 20x the ~50 µs per-message overhead of a Python executor.
@@ -77,32 +78,6 @@ AUTO_CHUNK_BYTES = 1 << 20
 
 # Tags of the allgather phase start here; reduce-scatter tags are the chunk index below it.
 _PHASE_TAG = 1 << 20
-
-
-def peers_of(peers: str, n: int, rank: int, step: int = 0) -> tuple[int, ...]:
-    """The ranks whose ``in`` rank ``rank`` averages with at ``step``, sorted.
-
-    >>> [peers_of("shift_one", 4, r, 0) for r in range(4)]
-    [(2,), (3,), (0,), (1,)]
-    >>> [peers_of("shift_one", 4, r, 1) for r in range(4)]
-    [(3,), (2,), (1,), (0,)]
-    >>> peers_of("ring", 2, 0), peers_of("ring", 5, 0), peers_of("all", 3, 1)
-    ((1,), (1, 4), (0, 2))
-    """
-    if not 0 <= rank < n:
-        raise PlanError(f"rank {rank} outside 0..{n - 1}")
-    if peers == "ring":
-        return tuple(sorted({(rank - 1) % n, (rank + 1) % n} - {rank}))
-    if peers == "all":
-        return tuple(p for p in range(n) if p != rank)
-    if peers == "shift_one":
-        if n % 2:
-            raise PlanError(f"peers = shift_one pairs ranks, so it needs an even rank count, not {n}")
-        h = n // 2
-        if rank < h:
-            return (((step + rank) % math.ceil(n / 2)) + h,)
-        return ((rank - h - step) % h,)
-    raise PlanError(f"unknown peers {peers!r}; expected one of {', '.join(PEERS)}")
 
 
 def _chunks(lo: int, hi: int, chunk_elems: int) -> list[tuple[int, int]]:
@@ -166,7 +141,7 @@ def _neighbor_program(
     rank: int, n: int, elems: int, chunk_elems: int, peers: str, step: int
 ) -> tuple[Op, ...]:
     ops: list[Op] = []
-    group = peers_of(peers, n, rank, step)
+    group = neighbor_peers(peers, n, rank, step)
     chunks = _chunks(0, elems, chunk_elems)
     copies = []
     for off, cnt in chunks:

@@ -66,6 +66,7 @@ KINDS = (
     "neighbor_average",
 )
 OPS = ("sum", "prod", "min", "max", "avg")
+PEERS = ("ring", "all", "shift_one")  # neighbor_average peer selections (BAGUA)
 BUFFERS = ("in", "out", "tmp")
 
 
@@ -80,6 +81,37 @@ def block_start(elems: int, n: int, i: int) -> int:
 
 def block_range(elems: int, n: int, i: int) -> tuple[int, int]:
     return block_start(elems, n, i), block_start(elems, n, i + 1)
+
+
+def neighbor_peers(peers: str | None, n: int, rank: int, step: int = 0) -> tuple[int, ...]:
+    """The ranks whose ``in`` rank ``rank`` averages with its own at ``step``, sorted — the one
+    definition the lowering, the verifier and the numpy reference all use.
+
+    ``ring`` (the default): left and right neighbours (one peer when n = 2); ``all``: every
+    other rank; ``shift_one`` pairs as BAGUA does: for ``r < n/2`` the peer is
+    ``((step + r) mod ceil(n/2)) + n/2``, otherwise ``(r - n/2 - step) mod (n/2)``.
+
+    >>> [neighbor_peers("shift_one", 4, r, 1) for r in range(4)]
+    [(3,), (2,), (1,), (0,)]
+    >>> neighbor_peers("ring", 2, 0), neighbor_peers("ring", 5, 0), neighbor_peers("all", 3, 1)
+    ((1,), (1, 4), (0, 2))
+    """
+    from .errors import PlanError
+
+    if not 0 <= rank < n:
+        raise PlanError(f"rank {rank} outside 0..{n - 1}")
+    if peers in (None, "ring"):
+        return tuple(sorted({(rank - 1) % n, (rank + 1) % n} - {rank}))
+    if peers == "all":
+        return tuple(p for p in range(n) if p != rank)
+    if peers == "shift_one":
+        if n % 2:
+            raise PlanError(f"peers = shift_one pairs ranks, so it needs an even rank count, not {n}")
+        h = n // 2
+        if rank < h:
+            return (((step + rank) % ((n + 1) // 2)) + h,)
+        return ((rank - h - step) % h,)
+    raise PlanError(f"unknown peers {peers!r}; expected one of {', '.join(PEERS)}")
 
 
 def buffer_layout(kind: str, elems: int, n: int, rank: int, root: int) -> tuple[int, int]:

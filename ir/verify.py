@@ -47,6 +47,7 @@ from typing import Any
 
 from .errors import VerifyError
 from .plan import (
+    neighbor_peers,
     BUFFERS,
     DTYPE_SIZES,
     KINDS,
@@ -152,30 +153,6 @@ def _reads_writes(op: Any) -> tuple[tuple[ChunkRef, ...], tuple[ChunkRef, ...]]:
 
 def _fail(plan: Plan, msg: str, rank: int = -1, op: int = -1) -> VerifyError:
     return VerifyError(f"plan {plan.name!r}: {msg}", rank=rank, op=op)
-
-
-def neighbor_peers(peers: str | None, n: int, r: int, step: int = 0) -> tuple[int, ...]:
-    """The ranks whose ``in`` rank ``r`` averages with its own (BAGUA's peer selections).
-
-    ``shift_one`` pairs as BAGUA does: for ``r < n/2`` the peer is ``((step + r) mod
-    ceil(n/2)) + n/2``, otherwise ``(r - n/2 - step) mod (n/2)``; a plan is lowered for one
-    step (0 by default).
-
-    >>> neighbor_peers("ring", 4, 0), neighbor_peers("shift_one", 4, 1)
-    ((1, 3), (3,))
-    """
-    if n <= 1:
-        return ()
-    if peers in (None, "ring"):
-        return tuple(sorted({(r - 1) % n, (r + 1) % n} - {r}))
-    if peers == "all":
-        return tuple(p for p in range(n) if p != r)
-    if peers == "shift_one":
-        if n % 2:
-            raise VerifyError(f"peers = shift_one needs an even number of ranks, got {n}")
-        h = n // 2
-        return (((step + r) % ((n + 1) // 2)) + h,) if r < h else ((r - h - step) % h,)
-    raise VerifyError(f"unknown neighbor_average peers {peers!r}")
 
 
 # -- 1. header ---------------------------------------------------------------------------

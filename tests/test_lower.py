@@ -476,9 +476,9 @@ def test_doctests():
 
     import hcc.compiler.algorithms
     import hcc.compiler.lower
-    import hcc.ir.verify
+    import hcc.ir.plan
 
-    for mod in (hcc.compiler.lower, hcc.compiler.algorithms, hcc.ir.verify):
+    for mod in (hcc.compiler.lower, hcc.compiler.algorithms, hcc.ir.plan):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 

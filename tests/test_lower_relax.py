@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from hcc.backends.codecs import get_codec
 from hcc.backends.kernels import np_dtype, reduce_into, scale_into
+from hcc.ir.plan import neighbor_peers
 from hcc.compiler.lower_relax import (
-    peers_of,
     programs_for_step,
     relax_plan,
     wire_bytes,
@@ -156,9 +156,9 @@ def test_shift_one_pairs_are_mutual_and_rotate(n):
     partners_over_steps = [set() for _ in range(n)]
     for step in range(n):
         for r in range(n):
-            (p,) = peers_of("shift_one", n, r, step)
+            (p,) = neighbor_peers("shift_one", n, r, step)
             assert p != r
-            assert peers_of("shift_one", n, p, step) == (r,)  # mutual
+            assert neighbor_peers("shift_one", n, p, step) == (r,)  # mutual
             assert (r < n // 2) != (p < n // 2)  # pairs cross the halves
             partners_over_steps[r].add(p)
     # over n/2 steps a rank meets every rank of the other half
@@ -170,14 +170,14 @@ def test_shift_one_formula_literal():
     for step in range(5):
         for r in range(n):
             want = ((step + r) % 4) + h if r < h else (r - h - step) % h
-            assert peers_of("shift_one", n, r, step) == (want,)
+            assert neighbor_peers("shift_one", n, r, step) == (want,)
 
 
 def test_ring_and_all_peers():
-    assert peers_of("ring", 1, 0) == ()
-    assert peers_of("ring", 2, 1) == (0,)
-    assert peers_of("ring", 4, 0) == (1, 3)
-    assert peers_of("all", 4, 2) == (0, 1, 3)
+    assert neighbor_peers("ring", 1, 0) == ()
+    assert neighbor_peers("ring", 2, 1) == (0,)
+    assert neighbor_peers("ring", 4, 0) == (1, 3)
+    assert neighbor_peers("all", 4, 2) == (0, 1, 3)
 
 
 def test_shift_one_odd_is_a_source_error():
@@ -187,7 +187,7 @@ def test_shift_one_odd_is_a_source_error():
         relax_plan(spec(kind="neighbor_average", n=3, peers="shift_one", span=span), full_mesh(3), None)
     assert "x.hcl:1:12" in e.value.render()
     with pytest.raises(PlanError, match="even"):
-        peers_of("shift_one", 5, 0)
+        neighbor_peers("shift_one", 5, 0)
 
 
 def test_rejects_what_it_does_not_lower():
@@ -290,7 +290,7 @@ def test_neighbor_average_exact_uncompressed(peers, n, step):
                            compress="none", peers=peers), full_mesh(n), 2048)
     outs = execute(plan, xs, programs_for_step(plan, step))
     for r in range(n):
-        group = peers_of(peers, n, r, step)
+        group = neighbor_peers(peers, n, r, step)
         want = (xs[r] + sum(xs[p] for p in group)) / (1 + len(group))
         np.testing.assert_allclose(outs[r], want, rtol=1e-12, atol=1e-12)
 
@@ -302,7 +302,7 @@ def test_neighbor_average_int8_within_bound():
     plan = relax_plan(spec(kind="neighbor_average", n=n, elems=elems, peers="ring"), full_mesh(n), 1 << 20)
     outs = execute(plan, xs)
     for r in range(n):
-        group = peers_of("ring", n, r)
+        group = neighbor_peers("ring", n, r)
         want = (xs[r].astype(np.float64) + sum(xs[p] for p in group)) / (1 + len(group))
         # each peer's message quantized once (one chunk: range of its whole buffer)
         bound = sum((float(xs[p].max()) - float(xs[p].min()) + 1e-7) / 510 for p in group) / (1 + len(group))
@@ -335,9 +335,9 @@ def test_doctests_of_relax_modules():
     import doctest
 
     import hcc.backends.codecs
-    import hcc.compiler.lower_relax
+    import hcc.ir.plan
     import hcc.relax
 
-    for mod in (hcc.backends.codecs, hcc.compiler.lower_relax, hcc.relax):
+    for mod in (hcc.backends.codecs, hcc.ir.plan, hcc.relax):  # ir.plan: neighbor_peers
         res = doctest.testmod(mod)
         assert res.failed == 0 and res.attempted > 0, mod.__name__

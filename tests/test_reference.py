@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from hcc.backends.kernels import to_float32
-from hcc.backends.reference import ResultMismatch, check, expected, make_inputs, neighbor_peers
+from hcc.backends.reference import ResultMismatch, check, expected, make_inputs
+from hcc.ir.errors import PlanError
+from hcc.ir.plan import neighbor_peers
 from hcc.ir.plan import Plan
 from hcc.ir.topology import Topology
 
@@ -56,15 +58,15 @@ def test_average_and_neighbor_average():
     assert av[0].tolist() == [4.5] * 4
     ring = expected(plan_of("neighbor_average", n=4, elems=4, dtype="float32", op="avg", peers="ring"), ins)
     assert ring[0].tolist() == [(0 + 9 + 3) / 3] * 4
-    assert neighbor_peers(2, 0, "ring") == (1,)
-    assert neighbor_peers(4, 0, "all") == (1, 2, 3)
+    assert neighbor_peers("ring", 2, 0) == (1,)
+    assert neighbor_peers("all", 4, 0) == (1, 2, 3)
     # shift_one pairs are mutual at every step
     for step in range(5):
         for r in range(6):
-            (p,) = neighbor_peers(6, r, "shift_one", step)
-            assert neighbor_peers(6, p, "shift_one", step) == (r,)
-    with pytest.raises(ValueError, match="even rank count"):
-        neighbor_peers(5, 0, "shift_one")
+            (p,) = neighbor_peers("shift_one", 6, r, step)
+            assert neighbor_peers("shift_one", 6, p, step) == (r,)
+    with pytest.raises(PlanError, match="even rank count"):
+        neighbor_peers("shift_one", 5, 0)
 
 
 def test_check_names_rank_and_first_bad_index():

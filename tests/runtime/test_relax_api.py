@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hcc.backends.base import CollectiveTimeout, Request, Transport
-from hcc.compiler.lower_relax import peers_of, relax_plan
+from hcc.compiler.lower_relax import relax_plan
+from hcc.ir.plan import neighbor_peers
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.plan import DTYPE_SIZES
 from hcc.ir.topology import Link, Topology
@@ -164,7 +165,7 @@ def test_neighbor_average_through_executor(peers, n):
     for step in (0, 1):
         outs, _ = run_world(n, lambda r, comm: plan.run(comm, xs[r], step=step, timeout=20))
         for r in range(n):
-            g = peers_of(peers, n, r, step)
+            g = neighbor_peers(peers, n, r, step)
             np.testing.assert_allclose(outs[r], (xs[r] + sum(xs[p] for p in g)) / (1 + len(g)), rtol=1e-12)
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from hcc.backends.launch import run_cases_local
-from hcc.compiler.lower_relax import peers_of, relax_plan
+from hcc.compiler.lower_relax import relax_plan
+from hcc.ir.plan import neighbor_peers
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.topology import Link, Topology
 
@@ -48,5 +49,5 @@ def test_compressed_allreduce_and_shift_one_over_sockets():
     step = 3
     (res_na,) = run_cases_local("sockets", [(na, xs64)], timeout=60, step=step)
     for r in range(n):
-        (p,) = peers_of("shift_one", n, r, step)
+        (p,) = neighbor_peers("shift_one", n, r, step)
         np.testing.assert_allclose(res_na.outputs[r], (xs64[r] + xs64[p]) / 2, rtol=1e-12)
