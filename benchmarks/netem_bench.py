@@ -1,0 +1,559 @@
+"""benchmarks/netem_bench.py — hcc against its peers on emulated heterogeneous networks (root).
+
+Two parts, each bounded (``--quick`` for a few minutes, the full grid for the tables):
+
+``links``: every topology below is brought up with ``hcc netem`` and a sample of rank pairs is
+measured with one TCP stream (throughput) and a 1-byte ping-pong (round trip), against what
+the route's slowest link and summed latencies say. CSV: ``results/netem_links.csv``.
+
+``collectives``: on the same namespaces, one collective (allreduce unless ``--kind``) at each
+size and rank count, by
+- ``hcc``: the compiled plan (``algorithm = treepack``) on the sockets backend,
+- ``hcc-ring``: the same compiler forced to ``algorithm = ring``,
+- ``gloo``: ``torch.distributed``'s ProcessGroupGloo (the local CPU wheel), one process per
+  rank in its namespace, its device bound to the rank's address,
+- ``mpich``: mpi4py on the mpich wheel, each rank ``ip netns exec``-ed by hydra (MPMD).
+For each: median time, algbw = size / time, busbw (nccl-tests factor), the cut bound (computed
+here independently of the compiler, :func:`cut_bound_s`; the compiler's own ``bound_s`` beside
+it) and measured/bound = bound_s / time, the hcc plan's predicted time (``compiler.cost.simulate``) and
+its error, and the speedup of hcc over each peer. CSV: ``results/netem_collectives.csv``;
+``benchmarks/plot.py`` draws the PNGs.
+
+Topologies (real capacities, then one ``scale`` per topology so loopback processes on two
+shared cores can carry them; the compiler sees the scaled topology, i.e. what is emulated):
+(a) ``ring``: n ranks in a ring of 10 GB/s links, scale 0.002 (20 MB/s).
+(b) ``slow``: the same ring with one link 10x slower (1 GB/s -> 2 MB/s). Routed like the
+    compiler's cost model (``hcc netem --routing cost``), traffic between the slow link's ends
+    goes the long way round, for every system; ``bh`` (``slowhops``) is the same ring routed by
+    hops, where a declared link is a cable that neighbours use however slow it is.
+(c) ``twohost``: two hosts of n/2 ranks, each rank on its host's switch at 100 GB/s, the two
+    switches joined by one 10 GB/s, 200 us link; scale 0.002 (200 MB/s inside, 20 MB/s across).
+(d) ``dgx1``: the DGX-1 V100 NVLink graph (25 GB/s per NVLink, doubled links 50 GB/s), scale
+    0.0008 (20 MB/s per NVLink); 4 ranks are GPUs 0..3 (a fragment), 8 the whole box.
+Each emulation is of the topology restricted to the collective's ranks (and switches), so no
+system can route through a vertex that is not in the job.
+
+Run (root): ``sudo .venv/bin/python benchmarks/netem_bench.py links --quick`` and
+``sudo .venv/bin/python benchmarks/netem_bench.py collectives --quick``; drop ``--quick`` for
+the full grid (sizes 1, 16, 64, 256 MiB; 4 and 8 ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SELF = str(Path(__file__).resolve())
+ROOT = Path(SELF).parent
+RESULTS = ROOT / "results"
+MiB = 1 << 20
+GB = 1e9
+
+DGX1_DOUBLE = [(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)]
+DGX1_SINGLE = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str  # a | b | c | d
+    name: str
+    topology: object  # hcc.ir.topology.Topology, real capacities
+    ranks: tuple[str, ...]
+    scale: float
+    description: str
+    routing: str = "cost"
+
+
+def _both(a: str, b: str, c: float, lat: float = 0.0):
+    from hcc.ir.topology import Link
+
+    return [Link(a, b, c, lat), Link(b, a, c, lat)]
+
+
+def make_case(key: str, n: int) -> Case:
+    from hcc.ir.topology import Topology
+
+    if key in ("a", "b", "bh"):
+        links = []
+        for i in range(n):
+            j = (i + 1) % n
+            slow = key != "a" and {i, j} == {0, n - 1}
+            links += _both(f"g{i}", f"g{j}", 1 * GB if slow else 10 * GB)
+        nodes = tuple(f"g{i}" for i in range(n))
+        name = {"a": "ring", "b": "slow", "bh": "slowhops"}[key]
+        desc = f"ring of {n}, 10 GB/s links" + (f", g0-g{n - 1} at 1 GB/s" if key != "a" else "")
+        routing = "hops" if key == "bh" else "cost"
+        if key == "bh":
+            desc += ", routed by hops (the slow link is a cable)"
+        return Case(key, f"{name}{n}", Topology(f"{name}{n}", nodes, (), tuple(links)), nodes, 0.002, desc,
+                    routing)
+    if key == "c":
+        half = n // 2
+        nodes = tuple(f"h{h}g{i}" for h in range(2) for i in range(half))
+        links = []
+        for h in range(2):
+            for i in range(half):
+                links += _both(f"h{h}g{i}", f"h{h}sw", 100 * GB)
+        links += _both("h0sw", "h1sw", 10 * GB, 200e-6)
+        topo = Topology(f"twohost{n}", nodes, ("h0sw", "h1sw"), tuple(links))
+        return Case(key, topo.name, topo, nodes, 0.002,
+                    f"2 hosts x {half}: 100 GB/s to the host switch, hosts joined by 10 GB/s + 200 us")
+    if key == "d":
+        links = []
+        for pairs, k in ((DGX1_DOUBLE, 2), (DGX1_SINGLE, 1)):
+            for a, b in pairs:
+                if a < n and b < n:
+                    links += _both(f"gpu{a}", f"gpu{b}", k * 25 * GB)
+        nodes = tuple(f"gpu{i}" for i in range(n))
+        topo = Topology(f"dgx1x{n}", nodes, (), tuple(links))
+        return Case(key, topo.name, topo, nodes, 0.0008,
+                    f"DGX-1 NVLink graph, GPUs 0..{n - 1}, 25 GB/s per NVLink")
+    raise ValueError(key)
+
+
+def to_hcl(topo) -> str:
+    """The (already scaled) topology as HCL source, capacities in B/s."""
+    lines = [f"topology {topo.name} {{", f"    node {', '.join(topo.nodes)}"]
+    if topo.switches:
+        lines.append(f"    switch {', '.join(topo.switches)}")
+    for l in topo.links:
+        lat = f", {l.latency * 1e6:.6g} us" if l.latency else ""
+        lines.append(f"    {l.src} -> {l.dst} : {l.capacity:.6g} B/s{lat}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def program_source(topo, ranks, kind: str, size: int, algorithm: str) -> str:
+    return to_hcl(topo) + (
+        f"\ncollective c = {kind} on {topo.name} {{\n    ranks = {', '.join(ranks)}\n"
+        f"    size = {size} B\n    dtype = float32\n    algorithm = {algorithm}\n}}\n"
+    )
+
+
+def cut_bound_s(topo, ranks, kind: str, size: int) -> float:
+    """An independent lower bound on the collective's time (bandwidth terms only; latency is
+    < 1% here), for measured/bound. S ranges over every vertex set holding some but not all
+    ranks (brute force: these topologies have at most 10 vertices), B+(S) the capacity out of S.
+    - broadcast: ``M / min_v maxflow(root, v)`` (Edmonds; networkx max-flow).
+    - allgather: ``(M/N) max_S |S ∩ R| / B+(S)``: the blocks of S's ranks must all leave S.
+    - allreduce: ``max(M / min_S B+(S), 2(N-1) M / Σ_e c(e))``: the ranks outside S need an
+      M-byte result that depends on S's inputs; and however the reduction is arranged (ring,
+      trees, reduce-scatter + allgather) the links carry at least 2(N-1) M bytes in all.
+      Not the compiler's 2 x allgather bound: that one bounds reduce-scatter + allgather
+      schedules only, and a reduce-then-broadcast tree packing beats it where the cut is
+      lopsided (slow4: measured 1.08 s under a "bound" of 1.14 s at 16 MiB)."""
+    import itertools
+
+    import networkx as nx
+
+    g = topo.graph()
+    n = len(ranks)
+    if kind == "broadcast":
+        return size / min(nx.maximum_flow_value(g, ranks[0], v) for v in ranks[1:])
+    verts = list(g.nodes)
+    if len(verts) > 16:
+        return float("nan")
+    worst_share, min_out = 0.0, float("inf")
+    for k in range(1, len(verts)):
+        for sub in itertools.combinations(verts, k):
+            S = set(sub)
+            inside = sum(1 for r in ranks if r in S)
+            if inside == 0 or inside == n:
+                continue
+            out = sum(d["capacity"] for u, v, d in g.edges(data=True) if u in S and v not in S)
+            worst_share = max(worst_share, inside / out)
+            min_out = min(min_out, out)
+    if kind == "allgather":
+        return size / n * worst_share
+    total = sum(d["capacity"] for _, _, d in g.edges(data=True))
+    return max(size / min_out, 2 * (n - 1) * size / total)
+
+
+# --------------------------------------------------------------------------- links
+
+
+def bench_links(cases: list[Case], seconds: float, max_pairs: int) -> list[dict]:
+    from hcc.backends import netem
+
+    rows = []
+    for case in cases:
+        emu = netem.scaled(case.topology, case.scale)
+        n = netem.up(emu, f"bench-{case.name}", routing=case.routing)
+        try:
+            g = n.topology.graph()
+            by_addr = {a: v for v, a in n.addresses}
+            nxt = {(r.ns, r.dst): by_addr[r.via] for r in n.routes}
+            ns = dict(n.namespaces)
+            pairs = [(u, v) for u, v in g.edges if u in case.ranks and v in case.ranks]
+            pairs += [(u, v) for u in case.ranks for v in case.ranks if u != v and (u, v) not in pairs]
+            for src, dst in pairs[:max_pairs]:
+                path = [src]
+                while path[-1] != dst:
+                    path.append(nxt[(ns[path[-1]], n.address(dst))])
+                arcs = list(zip(path, path[1:]))
+                want = min(g[a][b]["capacity"] for a, b in arcs)
+                lat = sum(g[a][b]["latency"] for a, b in arcs) + sum(g[b][a]["latency"] for a, b in arcs)
+                got = netem.measure_throughput(n, src, dst, seconds=seconds)
+                rtt = statistics.median(netem.measure_rtt(n, src, dst, count=15))
+                rows.append({
+                    "topology": case.name, "src": src, "dst": dst, "hops": len(arcs),
+                    "configured_Bps": want, "measured_Bps": round(got, 1), "ratio": round(got / want, 4),
+                    "configured_rtt_s": lat, "measured_rtt_s": round(rtt, 6),
+                    "delay_mode": n.delay_mode,
+                })
+                print(f"{case.name:10} {src:>6} -> {dst:<6} {len(arcs)} hop  {want / 1e6:8.3f} MB/s "
+                      f"configured, {got / 1e6:8.3f} measured ({got / want:5.1%});  rtt "
+                      f"{lat * 1e3:.3f} ms configured, {rtt * 1e3:.3f} ms measured", flush=True)
+        finally:
+            netem.down(n.name, kill=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def _busbw_factor(kind: str, n: int) -> float:
+    from hcc.compiler.pipeline import BUSBW_FACTOR
+
+    return BUSBW_FACTOR[kind](n) if n > 1 else 1.0
+
+
+def run_hcc(n, plan, iters: int, warmup: int, timeout: float, check: bool) -> list[float]:
+    from hcc.backends import sockets
+    from hcc.backends.reference import check as check_outputs
+    from hcc.backends.reference import expected, make_inputs
+
+    seed = 7
+    with n.inside(plan.ranks[0]):
+        res = sockets.run_local(plan, seed, iters=iters, warmup=warmup, timeout=timeout,
+                                save_outputs=check, **n.launch_kwargs(plan.ranks))
+    if check:
+        inputs = make_inputs(plan, seed)
+        check_outputs(plan, res.outputs, expected(plan, inputs))
+    return list(res.times)
+
+
+def _spawn_all(argvs: list[list[str]], limit: float) -> None:
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             for a in argvs]
+    deadline = time.monotonic() + limit
+    try:
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"peer run exceeded {limit:.0f} s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    bad = [(i, p) for i, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        i, p = bad[0]
+        tail = p.stdout.read().decode(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"rank {i} exited {p.returncode}: {' | '.join(tail)}")
+
+
+def _times_from(outs: list[Path]) -> list[float]:
+    per_rank = [json.loads(p.read_text())["times"] for p in outs]
+    return [max(ts) for ts in zip(*per_rank)]
+
+
+def run_gloo(n, ranks, kind: str, size: int, iters: int, warmup: int, timeout: float) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="hcc-gloo-") as tmp:
+        outs = [Path(tmp) / f"r{r}.json" for r in range(len(ranks))]
+        argvs = [n.wrap(v, [sys.executable, SELF, "_worker", "gloo", "--rank", str(r), "--world",
+                            str(len(ranks)), "--master", n.address(ranks[0]), "--addr", n.address(v),
+                            "--kind", kind, "--size", str(size), "--iters", str(iters), "--warmup",
+                            str(warmup), "--timeout", str(timeout), "--out", str(outs[r])])
+                 for r, v in enumerate(ranks)]
+        _spawn_all(argvs, timeout * (iters + warmup + 2))
+        return _times_from(outs)
+
+
+def run_mpich(n, ranks, kind: str, size: int, iters: int, warmup: int, timeout: float) -> list[float]:
+    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
+        outs = [Path(tmp) / f"r{r}.json" for r in range(len(ranks))]
+        argv = [mpiexec]
+        for r, v in enumerate(ranks):
+            if r:
+                argv.append(":")
+            argv += ["-n", "1"] + n.wrap(v, [sys.executable, SELF, "_worker", "mpi", "--kind", kind,
+                                             "--size", str(size), "--iters", str(iters), "--warmup",
+                                             str(warmup), "--out", str(Path(tmp) / "r{rank}.json")])
+        # NOLOCAL: no shared-memory shortcut between ranks of "one node"; the ranks must talk
+        # over the emulated links or the comparison is meaningless
+        env = dict(os.environ, MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout * (iters + warmup + 2))
+        if p.returncode != 0:
+            err = [l for l in (p.stderr + p.stdout).splitlines() if "failed" in l or "ERROR" in l]
+            raise RuntimeError(f"mpiexec exited {p.returncode}: {(err or ['?'])[-1].strip()}")
+        return _times_from(outs)
+
+
+def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: list[str], iters: int,
+                      warmup: int, budget_s: float, sink=lambda rows: None) -> list[dict]:
+    import hcc
+    from hcc.backends import netem
+    from hcc.compiler.cost import simulate
+
+    rows: list[dict] = []
+    mpich_broken = ""
+    for case in cases:
+        emu = netem.scaled(case.topology, case.scale).restricted(case.ranks)
+        n = netem.up(emu, f"bench-{case.name}", routing=case.routing)
+        try:
+            for size in sizes:
+                plans: dict = {}
+                for system, alg in (("hcc", "treepack"), ("hcc-ring", "ring")):
+                    t0 = time.perf_counter()
+                    try:
+                        plans[system] = hcc.compile(hcc.load(program_source(emu, case.ranks, kind, size, alg)), "c")
+                    except Exception as e:  # reported in the row; the peers still run
+                        plans[system] = e
+                    plans[system + ":compile_s"] = time.perf_counter() - t0
+                ok = {s_: p for s_, p in plans.items() if not isinstance(p, (Exception, float))}
+                compiler_bound_s = ok["hcc"].figures.bound_s if "hcc" in ok else float("nan")
+                bound_s = cut_bound_s(emu, case.ranks, kind, size)
+                # every wait must outlast the slowest system's slowest chunk: 4x the ring's
+                # predicted time (the slowest plan here), at least 60 s
+                ring_s = ok["hcc-ring"].figures.predicted_s if "hcc-ring" in ok else 30.0
+                timeout = max(60.0, 4 * ring_s)
+                for system in systems:
+                    row = {"topology": case.name, "case": case.key, "description": case.description,
+                           "scale": case.scale, "ranks": len(case.ranks), "kind": kind, "size_bytes": size,
+                           "system": system, "bound_s": bound_s, "compiler_bound_s": compiler_bound_s,
+                           "delay_mode": n.delay_mode,
+                           "routing": case.routing}
+                    if system in ("hcc", "hcc-ring"):
+                        plan = plans[system]
+                        if isinstance(plan, Exception):
+                            row["error"] = f"compile failed: {type(plan).__name__}: {plan}"[:400]
+                            rows.append(row)
+                            print(f"{case.name:10} {size // MiB:4} MiB {system:9} {row['error']}", flush=True)
+                            continue
+                        sim = simulate(plan)
+                        row.update(algorithm=plan.algorithm, trees=len(plan.trees), chunk_bytes=plan.chunk_bytes,
+                                   predicted_s=sim.time, compile_s=plans[system + ":compile_s"])
+                    est = ok["hcc"].figures.predicted_s if system == "hcc" and "hcc" in ok else ring_s
+                    if est * (iters + warmup) > budget_s:
+                        row["error"] = f"skipped: predicted {est:.0f} s per iteration exceeds the budget"
+                        rows.append(row)
+                        print(f"{case.name:10} {size // MiB:4} MiB {system:9} {row['error']}", flush=True)
+                        continue
+                    try:
+                        if system in ("hcc", "hcc-ring"):
+                            times = run_hcc(n, plans[system], iters, warmup, timeout, check=size <= 16 * MiB)
+                        elif system == "gloo":
+                            times = run_gloo(n, case.ranks, kind, size, iters, warmup, timeout)
+                        elif system == "mpich":
+                            if mpich_broken:
+                                raise RuntimeError(mpich_broken)
+                            try:
+                                times = run_mpich(n, case.ranks, kind, size, iters, warmup, timeout)
+                            except RuntimeError as e:
+                                mpich_broken = f"MPICH cannot run over the namespaces: {e}"
+                                raise RuntimeError(mpich_broken) from None
+                        else:
+                            raise ValueError(system)
+                    except Exception as e:  # one failed system must not end the benchmark
+                        row["error"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
+                        rows.append(row)
+                        print(f"{case.name:10} {size // MiB:4} MiB {system:9} FAILED {row['error']}", flush=True)
+                        continue
+                    t = statistics.median(times)
+                    algbw = size / t
+                    row.update(time_s=t, times_s=" ".join(f"{x:.4f}" for x in times), algbw_Bps=algbw,
+                               busbw_Bps=algbw * _busbw_factor(kind, len(case.ranks)),
+                               measured_over_bound=bound_s / t if bound_s == bound_s else "")
+                    if "predicted_s" in row:
+                        row["prediction_error"] = row["predicted_s"] / t - 1.0
+                    rows.append(row)
+                    _speedups(rows, systems)
+                    sink(rows)  # on disk after every run: an interrupted benchmark keeps its rows
+                    pred = f" predicted {row['predicted_s']:.3f} s ({row['prediction_error']:+.0%})" if "predicted_s" in row else ""
+                    print(f"{case.name:10} {size // MiB:4} MiB {system:9} {t:8.3f} s  busbw "
+                          f"{row['busbw_Bps'] / 1e6:7.2f} MB/s  measured/bound {bound_s / t:6.1%}{pred}", flush=True)
+        finally:
+            netem.down(n.name, kill=True)
+    _speedups(rows, systems)
+    return rows
+
+
+def _speedups(rows: list[dict], systems: list[str]) -> None:
+    """Speedup of hcc over every other system, per (topology, ranks, size)."""
+    by = {(r["topology"], r["size_bytes"], r["system"]): r for r in rows if "time_s" in r}
+    for r in rows:
+        if r["system"] == "hcc" and "time_s" in r:
+            for other in systems:
+                o = by.get((r["topology"], r["size_bytes"], other))
+                if other != "hcc" and o:
+                    r[f"speedup_vs_{other}"] = o["time_s"] / r["time_s"]
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _worker(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("system", choices=["gloo", "mpi"])
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--master", default="")
+    ap.add_argument("--addr", default="")
+    ap.add_argument("--kind", default="allreduce")
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    import numpy as np
+
+    count = a.size // 4
+    times = []
+    if a.system == "gloo":
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        store = dist.TCPStore(a.master, 29511, a.world, a.rank == 0, timedelta(seconds=a.timeout))
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=a.addr)]
+        opts._timeout = timedelta(seconds=a.timeout)
+        pg = dist.ProcessGroupGloo(store, a.rank, a.world, opts)
+        rank, world = a.rank, a.world
+        x = torch.empty(count if a.kind != "allgather" else count // world, dtype=torch.float32)
+        outs = [torch.empty_like(x) for _ in range(world)] if a.kind == "allgather" else None
+        tiny = torch.zeros(1)
+        for it in range(a.warmup + a.iters):
+            x.fill_(rank + 1)
+            pg.allreduce([tiny]).wait()  # barrier
+            t0 = time.perf_counter()
+            if a.kind == "allreduce":
+                pg.allreduce([x]).wait()
+            elif a.kind == "broadcast":
+                pg.broadcast([x], dist.BroadcastOptions()).wait()
+            else:
+                pg.allgather([outs], [x]).wait()
+            dt = time.perf_counter() - t0
+            if it >= a.warmup:
+                times.append(dt)
+        if a.kind == "allreduce" and not torch.all(x == world * (world + 1) / 2):
+            raise SystemExit("gloo allreduce gave a wrong sum")
+    else:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank, world = comm.rank, comm.size
+        x = np.empty(count if a.kind != "allgather" else count // world, dtype=np.float32)
+        y = np.empty(count, dtype=np.float32)
+        for it in range(a.warmup + a.iters):
+            x.fill(rank + 1)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            if a.kind == "allreduce":
+                comm.Allreduce(x, y)
+            elif a.kind == "broadcast":
+                comm.Bcast(x, root=0)
+            else:
+                comm.Allgather(x, y)
+            dt = time.perf_counter() - t0
+            if it >= a.warmup:
+                times.append(dt)
+        if a.kind == "allreduce" and not np.all(y == world * (world + 1) / 2):
+            raise SystemExit("MPI allreduce gave a wrong sum")
+    Path(a.out.format(rank=rank)).write_text(json.dumps({"times": times}))
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _write_csv(path: Path, rows: list[dict], quiet: bool = False) -> None:
+    import io
+
+    from hcc.ir.files import atomic_write_text
+
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+    if not quiet:
+        print(f"wrote {path}")
+
+
+def _read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:
+        return _worker(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=["links", "collectives"])
+    ap.add_argument("--quick", action="store_true", help="a bounded few-minute run")
+    ap.add_argument("--topologies", default="a,b,bh,c,d", help="subset of a,b,bh,c,d")
+    ap.add_argument("--ranks", default=None, help="comma-separated rank counts (default 4,8; quick 4)")
+    ap.add_argument("--sizes", default=None, help="MiB, comma-separated (default 1,16,64,256; quick 1,16)")
+    ap.add_argument("--systems", default="hcc,hcc-ring,gloo,mpich")
+    ap.add_argument("--kind", default="allreduce", choices=["allreduce", "broadcast", "allgather"])
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--budget", type=float, default=None,
+                    help="skip a run whose predicted total exceeds this many seconds")
+    ap.add_argument("--out", default=None, help="CSV path (default results/netem_<part>.csv)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the CSV's rows of topologies this run does not measure")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("netem_bench: needs root (hcc netem builds namespaces); run with sudo", file=sys.stderr)
+        return 2
+    ranks = [int(x) for x in (a.ranks or ("4" if a.quick else "4,8")).split(",")]
+    cases = [make_case(k, r) for r in ranks for k in a.topologies.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"netem_{a.part}.csv"
+    # --append keeps the rows already in the CSV except those this run measures again
+    ran = {c.name for c in cases}
+    old = [r for r in _read_csv(out) if r.get("topology") not in ran] if a.append else []
+    # SIGTERM (a `timeout`, a CI kill) unwinds like Ctrl-C, so every `finally` takes its
+    # namespaces down instead of leaving them behind
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.time()
+    if a.part == "links":
+        rows = bench_links(cases, seconds=1.0 if a.quick else 2.0, max_pairs=4 if a.quick else 12)
+    else:
+        sizes = [int(float(s) * MiB) for s in (a.sizes or ("1,16" if a.quick else "1,16,64,256")).split(",")]
+        iters = a.iters or (2 if a.quick else 3)
+        budget = a.budget or (60.0 if a.quick else 600.0)
+        rows = bench_collectives(cases, a.kind, sizes, a.systems.split(","), iters, 1, budget,
+                                 sink=lambda rs: _write_csv(out, old + rs, quiet=True))
+    _write_csv(out, old + rows)
+    print(f"total {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

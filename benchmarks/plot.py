@@ -1,0 +1,177 @@
+"""benchmarks/plot.py — PNG figures from the CSVs of benchmarks/netem_bench.py.
+
+    .venv/bin/python benchmarks/plot.py [--results benchmarks/results]
+
+- ``netem_collectives.png``: one panel per emulated topology (and rank count); busbw against
+  size for every system, the compiler's bound as a dashed line, hcc's predicted busbw dotted.
+- ``netem_links.png``: measured against configured throughput per measured pair (the 15%
+  band the test allows shaded), and measured against configured round trips.
+Rows that carry an ``error`` (a failed or skipped run) are left out of the plots, not drawn
+as zero.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+COLOURS = {"hcc": "tab:red", "hcc-ring": "tab:orange", "gloo": "tab:blue", "mpich": "tab:green"}
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _f(x: str) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def plot_collectives(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["topology"], r["ranks"]) for r in rows}, key=lambda p: (int(p[1]), p[0]))
+    if not panels:
+        return
+    cols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, (topo, ranks) in zip(axes.flat, panels):
+        mine = [r for r in rows if r["topology"] == topo and r["ranks"] == ranks]
+        kind = mine[0]["kind"]
+        for system in COLOURS:
+            pts = sorted((int(r["size_bytes"]), _f(r.get("busbw_Bps"))) for r in mine
+                         if r["system"] == system and not r.get("error"))
+            pts = [(s, b) for s, b in pts if b == b]
+            if pts:
+                ax.plot([s / MiB for s, _ in pts], [b / 1e6 for _, b in pts], "o-", color=COLOURS[system],
+                        label=system)
+        hcc = sorted((int(r["size_bytes"]), r) for r in mine if r["system"] == "hcc" and not r.get("error"))
+        if hcc:
+            # busbw at the bound and at the prediction: size x factor / time, the factor
+            # recovered from the measured row (busbw / algbw)
+            xs, bound, pred = [], [], []
+            for s, r in hcc:
+                factor = _f(r["busbw_Bps"]) / _f(r["algbw_Bps"])
+                xs.append(s / MiB)
+                bound.append(s * factor / _f(r["bound_s"]) / 1e6)
+                pred.append(s * factor / _f(r["predicted_s"]) / 1e6)
+            ax.plot(xs, bound, "k--", lw=1, label="bound")
+            ax.plot(xs, pred, ":", color=COLOURS["hcc"], lw=1.5, label="hcc predicted")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{topo} ({ranks} ranks), {kind}", fontsize=9)
+        ax.set_xlabel("size (MiB)")
+        ax.set_ylabel("busbw (MB/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
+def plot_links(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    conf = [_f(r["configured_Bps"]) / 1e6 for r in rows]
+    meas = [_f(r["measured_Bps"]) / 1e6 for r in rows]
+    top = max(conf + meas) * 1.15
+    xs = [0, top]
+    a1.fill_between(xs, [0, 0.85 * top], [0, 1.15 * top], color="0.9", label="±15%")
+    a1.plot(xs, xs, "k--", lw=1)
+    a1.scatter(conf, meas, s=18, color="tab:red", zorder=3)
+    a1.set_xscale("symlog")
+    a1.set_yscale("symlog")
+    a1.set_xlabel("configured (bottleneck) MB/s")
+    a1.set_ylabel("measured MB/s, one TCP stream")
+    a1.legend(fontsize=8)
+    a1.grid(alpha=0.3)
+    c_rtt = [_f(r["configured_rtt_s"]) * 1e3 for r in rows]
+    m_rtt = [_f(r["measured_rtt_s"]) * 1e3 for r in rows]
+    top = max(c_rtt + m_rtt) * 1.15 or 1.0
+    a2.plot([0, top], [0, top], "k--", lw=1)
+    a2.scatter(c_rtt, m_rtt, s=18, color="tab:blue", zorder=3)
+    a2.set_xlabel("configured round trip (ms)")
+    a2.set_ylabel("measured round trip (ms)")
+    a2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
+def markdown_tables(coll: list[dict], links: list[dict]) -> str:
+    """The summary tables of BENCHMARKS.md, from the CSVs (so the file can be regenerated)."""
+    out = []
+    if links:
+        out += ["| topology | pair | hops | configured MB/s | measured MB/s | ratio | configured RTT ms | measured RTT ms |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in links:
+            out.append(f"| {r['topology']} | {r['src']} → {r['dst']} | {r['hops']} | "
+                       f"{_f(r['configured_Bps']) / 1e6:.2f} | {_f(r['measured_Bps']) / 1e6:.2f} | "
+                       f"{_f(r['ratio']):.1%} | {_f(r['configured_rtt_s']) * 1e3:.3f} | "
+                       f"{_f(r['measured_rtt_s']) * 1e3:.3f} |")
+        out.append("")
+    if coll:
+        peers = [s for s in ("hcc-ring", "gloo", "mpich") if any(r["system"] == s for r in coll)]
+        out += ["| topology | ranks | size | system | time s | busbw MB/s | measured/bound | predicted s (error) | "
+                + " | ".join(f"hcc speedup vs {p}" for p in peers) + " |",
+                "|---|---|---|---|---|---|---|---|" + "---|" * len(peers)]
+        for r in coll:
+            size = f"{int(r['size_bytes']) // MiB} MiB"
+            if r.get("error"):
+                out.append(f"| {r['topology']} | {r['ranks']} | {size} | {r['system']} | — | — | — | — | "
+                           + " | ".join("" for _ in peers) + f" {r['error'][:90]} |")
+                continue
+            pred = (f"{_f(r['predicted_s']):.3f} ({_f(r['prediction_error']):+.0%})"
+                    if r.get("predicted_s") else "")
+            sp = [f"{_f(r.get(f'speedup_vs_{p}')):.2f}x" if r.get(f"speedup_vs_{p}") else "" for p in peers]
+            out.append(f"| {r['topology']} | {r['ranks']} | {size} | {r['system']} | {_f(r['time_s']):.3f} | "
+                       f"{_f(r['busbw_Bps']) / 1e6:.2f} | {_f(r['measured_over_bound']):.1%} | {pred} | "
+                       + " | ".join(sp) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="PNG plots from benchmarks/results/*.csv")
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--table", action="store_true", help="print the markdown tables of BENCHMARKS.md")
+    a = ap.parse_args(argv)
+    res = Path(a.results)
+    if a.table:
+        coll = _rows(res / "netem_collectives.csv") if (res / "netem_collectives.csv").exists() else []
+        links = _rows(res / "netem_links.csv") if (res / "netem_links.csv").exists() else []
+        print(markdown_tables(coll, links))
+        return 0
+    done = 0
+    if (res / "netem_collectives.csv").exists():
+        plot_collectives(_rows(res / "netem_collectives.csv"), res / "netem_collectives.png")
+        done += 1
+    if (res / "netem_links.csv").exists():
+        plot_links(_rows(res / "netem_links.csv"), res / "netem_links.png")
+        done += 1
+    if not done:
+        print(f"plot: no netem_*.csv in {res}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What ``hcc netem up`` would build, checked without root: :func:`netem.layout` is pure."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hcc.backends import netem
+from hcc.cli import main
+from hcc.ir.topology import Link, Topology
+
+GB = 1e9
+
+
+def ring(n: int, slow: tuple[int, int] | None = None) -> Topology:
+    links = []
+    for i in range(n):
+        j = (i + 1) % n
+        c = 1 * GB if slow and {i, j} == set(slow) else 10 * GB
+        links += [Link(f"g{i}", f"g{j}", c, 2e-6), Link(f"g{j}", f"g{i}", c, 2e-6)]
+    return Topology("ring", nodes=tuple(f"g{i}" for i in range(n)), links=tuple(links))
+
+
+def walk(n: netem.Netem, src: str, dst: str) -> list[str]:
+    """Follow next hops from ``src`` to ``dst`` the way the kernel would."""
+    by_addr = {a: v for v, a in n.addresses}
+    nxt = {(r.ns, r.dst): by_addr[r.via] for r in n.routes}
+    ns = dict(n.namespaces)
+    path = [src]
+    while path[-1] != dst:
+        path.append(nxt[(ns[path[-1]], n.address(dst))])
+        assert len(path) <= len(n.namespaces) + 1, f"routing loop {path}"
+    return path
+
+
+def test_layout_namespaces_addresses_and_scaled_links():
+    topo = Topology(
+        "mix", nodes=("a", "b", "c"), switches=("s",),
+        links=(Link("a", "s", 4 * GB), Link("s", "a", 4 * GB), Link("b", "s", 2 * GB),
+               Link("s", "b", 2 * GB), Link("c", "s", 1 * GB), Link("s", "c", 1 * GB),
+               Link("a", "b", 3 * GB), Link("a", "b", 1 * GB)),  # two declarations add up; b -> a undeclared
+    )
+    n = netem.layout(topo, "mix", scale=0.001)
+    assert [ns for _, ns in n.namespaces] == ["hcc-mix-a", "hcc-mix-b", "hcc-mix-c", "hcc-mix-s"]
+    assert len({a for _, a in n.addresses}) == 4
+    assert n.topology.nodes == topo.nodes and n.topology.switches == ("s",)
+    rates = {(e.vertex, e.peer): e.rate_Bps for e in n.ends}
+    assert rates[("a", "s")] == pytest.approx(4e6) and rates[("s", "c")] == pytest.approx(1e6)
+    assert rates[("a", "b")] == pytest.approx(4e6)  # 3 + 1 GB/s, scaled
+    assert rates[("b", "a")] == 0.0  # undeclared direction: unshaped, for ACKs
+    assert len(n.kinds) == 4 and set(n.kinds) == {"veth"}
+    # device names are unique within each namespace and fit IFNAMSIZ (15)
+    for ns, group in itertools.groupby(sorted(n.ends, key=lambda e: e.ns), key=lambda e: e.ns):
+        devs = [e.dev for e in group]
+        assert len(devs) == len(set(devs)) and all(len(d) <= 15 for d in devs)
+    # every vertex reaches every node; b -> a avoids the undeclared reverse of a -> b
+    for src, dst in itertools.product([v for v, _ in n.namespaces], topo.nodes):
+        if src != dst:
+            assert walk(n, src, dst)[-1] == dst
+    assert walk(n, "b", "a") == ["b", "s", "a"]
+    assert walk(n, "a", "b") == ["a", "b"]
+
+
+def test_routing_modes():
+    slow4 = ring(4, slow=(0, 3))
+    assert walk(netem.layout(slow4, "r4", routing="hops"), "g0", "g3") == ["g0", "g3"]  # a cable
+    # the cost model's metric, 2 us + 1 MiB / c per arc: 3 x 105 us round beats 1050 us direct
+    assert walk(netem.layout(slow4, "r4"), "g0", "g3") == ["g0", "g1", "g2", "g3"]
+    n = netem.layout(slow4, "r4", routing="bandwidth")
+    # 1/1 GB/s direct costs more than 3 hops at 1/10 GB/s: go round (OSPF-style cost)
+    assert walk(n, "g0", "g3") == ["g0", "g1", "g2", "g3"]
+    assert walk(n, "g0", "g1") == ["g0", "g1"]
+    # on 16 ranks the way round is 15 hops x 0.1 = 1.5 > 1.0: take the slow link
+    n16 = netem.layout(ring(16, slow=(0, 15)), "r16", routing="bandwidth")
+    assert walk(n16, "g0", "g15") == ["g0", "g15"]
+    # equal hop counts: the wider path wins the tie (g0 -> g2 via g1 at 10 GB/s, not via g3)
+    assert walk(netem.layout(slow4, "r4", routing="hops"), "g0", "g2") == ["g0", "g1", "g2"]
+    assert walk(netem.layout(slow4, "r4", routing="hops"), "g3", "g1") == ["g3", "g2", "g1"]
+    with pytest.raises(netem.NetemError, match="routing 'ospf'"):
+        netem.layout(slow4, "r4", routing="ospf")
+
+
+def test_delay_modes():
+    topo = Topology(
+        "d", nodes=("a", "b", "c"),
+        links=(Link("a", "b", GB, 0.003), Link("b", "a", GB, 0.003),
+               Link("b", "c", GB, 1e-6), Link("c", "b", GB, 1e-6)),
+    )
+    line = netem.layout(topo, "d", delay_mode="delay-line")
+    assert line.kinds == ("tun", "veth")  # 1 us is below the delay line's resolution
+    assert [e.delay_s for e in line.ends] == [0.003, 0.003, 0.0, 0.0]
+    kern = netem.layout(topo, "d", delay_mode="netem")
+    assert kern.kinds == ("veth", "veth") and kern.ends[2].delay_s == 1e-6
+    assert all(e.delay_s == 0 for e in netem.layout(topo, "d", delay_mode="none").ends)
+    assert any("netem delay 3000us" in l for l in netem._shape_lines(kern.ends[0], True))
+
+
+def test_wrap_address_and_state_round_trip():
+    n = netem.layout(ring(3), "w")
+    assert n.wrap(1, ["echo", "hi"])[-4:] == ["exec", "hcc-w-g1", "echo", "hi"]
+    assert n.address("g2") == n.address(2) == "10.77.0.3"
+    assert netem.Netem.from_dict(n.to_dict()) == n
+    with pytest.raises(netem.NetemError, match="rank 7 out of range"):
+        n.address(7)
+    with pytest.raises(netem.NetemError, match="no vertex 'gpu9'"):
+        n.wrap("gpu9", ["true"])
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "a/b", "x" * 40])
+def test_bad_names_are_refused(bad):
+    with pytest.raises(netem.NetemError, match="bad name"):
+        netem.layout(ring(2), bad)
+
+
+def test_not_root_is_a_clear_exit_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(netem.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("HCC_NETEM_STATE_DIR", str(tmp_path))
+    assert main(["netem", "up", "whatever.hcl"]) == 2
+    assert "needs root" in capsys.readouterr().err
+    assert main(["netem", "status"]) == 2
