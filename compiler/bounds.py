@@ -198,6 +198,17 @@ def broadcast_rate_bound(topo: Topology, ranks, root: str) -> float:
     return _rate(net, min(net.maxflow(r, v) for v in others))
 
 
+def min_rank_cut_rate(topo: Topology, ranks) -> float:
+    """min over vertex sets S holding some but not all ranks of B⁺(S), in bytes/s: the
+    narrowest cut between ranks. Any cut separates rank 0 from some rank v, one way or the
+    other, so it is min over v of min(maxflow(r0, v), maxflow(v, r0)) — 2(n-1) max-flows."""
+    net = _Net(topo, tuple(ranks))
+    r0, *others = net.rank_idx
+    if not others:
+        return math.inf
+    return _rate(net, min(min(net.maxflow(r0, v), net.maxflow(v, r0)) for v in others))
+
+
 def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
     """Edmonds on the reversed graph: min over ranks v != root of maxflow(v, root)."""
     net = _Net(topo, tuple(ranks), reverse=True)

@@ -131,7 +131,9 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     depends on all inputs, its input on all results), and every element needs at least
     ``2(n-1)`` one-way rank-to-rank messages (directed gossip needs ``2n - 2`` calls), each
     leaving a rank over one of its links. So ``t >= max(max_v M / min(B-(v), B+(v)),
-    2(n-1) M / sum of the capacity leaving the ranks)``.
+    2(n-1) M / sum of the capacity leaving the ranks, M / min_S B+(S))``; the last term
+    because the ranks on either side of any cut S need the other side's M bytes of partial
+    reduction (two hosts joined by one slow link: the slow link carries at least M).
 
     design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
     schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
@@ -154,9 +156,12 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
             cout[l.src] += l.capacity
         if l.dst in rs:
             cin[l.dst] += l.capacity
+    from .bounds import min_rank_cut_rate
+
     per_vertex = max(size / min(cin[v], cout[v]) for v in ranks)
     total = 2 * (n - 1) * size / sum(cout.values())
-    return max(per_vertex, total)
+    cut = size / min_rank_cut_rate(topo, ranks)
+    return max(per_vertex, total, cut)
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,21 @@ def test_allreduce_bound_holds_where_trees_beat_twice_the_allgather_bound():
 
     two_ag = bounds.time_bound("allreduce", topo, names, -1, 3 * (1 << 20))
     assert unit.bound_s < two_ag
+
+
+def test_allreduce_bound_keeps_the_narrowest_cut_between_two_hosts():
+    # two hosts of two ranks, fast inside (10 GB/s), one slow link between (0.1 GB/s): the
+    # ranks of each host need the other host's M bytes, so any allreduce takes >= M / 0.1 GB/s.
+    # The cut is computed here independently, with networkx's minimum cut.
+    import networkx as nx
+
+    names = ("a0", "a1", "b0", "b1")
+    caps = {("a0", "a1"): 10, ("b0", "b1"): 10, ("a1", "b0"): 0.1}
+    links = tuple(l for (a, b), c in caps.items() for l in (Link(a, b, c * GB, 1e-6), Link(b, a, c * GB, 1e-6)))
+    topo = Topology("twohost", names, (), links)
+    size = 4 * (1 << 20)
+    unit = compile_unit(program(topo, spec("allreduce", topo, size=size)))
+    check_figures(unit.plan)
+    g = topo.graph()
+    cut = min(nx.minimum_cut(g, s, t)[0] for s in names for t in names if s != t)
+    assert unit.bandwidth_bound_s >= size / cut * (1 - 1e-9)
