@@ -16,9 +16,10 @@ from pathlib import Path
 from .grammar.diagnostics import Source, SourceError, Span
 from .ir.files import atomic_write_text
 from .ir.plan import Plan
+from .ir.serialize import summary
 
 __all__ = ["cmd_check", "cmd_compile", "cmd_viz", "cmd_simulate", "human_bytes", "human_time",
-           "human_rate", "summary_row"]
+           "human_rate"]
 
 
 # ---------------------------------------------------------------- human units
@@ -110,38 +111,6 @@ def cmd_check(args) -> int:
 
 
 # ---------------------------------------------------------------- compile
-def summary_row(plan: Plan) -> dict:
-    """The JSON object ``hcc compile --json`` prints for one plan."""
-    f = plan.figures
-    return {
-        "name": plan.name,
-        "kind": plan.kind,
-        "topology": plan.topology.name,
-        "ranks": plan.n,
-        "root": plan.ranks[plan.root] if plan.root >= 0 else None,
-        "size_bytes": plan.size_bytes,
-        "dtype": plan.dtype,
-        "algorithm": plan.algorithm,
-        "trees": len(plan.trees),
-        "chunk_bytes": plan.chunk_bytes,
-        "compress": plan.compress,
-        "rate_Bps": f.rate_Bps,
-        "bound_rate_Bps": f.bound_rate_Bps,
-        "predicted_s": f.predicted_s,
-        "bound_s": f.bound_s,
-        "efficiency": f.efficiency,
-        "ring_predicted_s": f.ring_predicted_s,
-        "tree_predicted_s": f.tree_predicted_s,
-        "speedup_over_ring": f.ring_predicted_s / f.predicted_s if f.predicted_s > 0 and f.ring_predicted_s > 0 else None,
-        "algbw_Bps": f.algbw_Bps,
-        "busbw_Bps": f.busbw_Bps,
-        "wire_bytes": f.wire_bytes,
-        "exact_predicted_s": f.exact_predicted_s or None,
-        "speedup_over_exact": f.exact_predicted_s / f.predicted_s if f.exact_predicted_s and f.predicted_s > 0 else None,
-        "compile_s": f.compile_s,
-    }
-
-
 def _json_safe(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -166,7 +135,7 @@ def cmd_compile(args) -> int:
     if args.output:
         atomic_write_text(args.output, plans[0].to_json())
     if args.json:
-        rows = [{k: _json_safe(v) for k, v in summary_row(p).items()} for p in plans]
+        rows = [{k: _json_safe(v) for k, v in summary(p).items()} for p in plans]
         print(json.dumps(rows, indent=2))
         return 0
     header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",

@@ -321,16 +321,21 @@ def load(path: str | os.PathLike) -> Plan:
 
 # -- summary -----------------------------------------------------------------------------------
 def summary(plan: Plan) -> dict:
-    """The one-line facts of a plan, as ``hcc compile --json`` prints them."""
+    """The facts of a plan, as ``hcc compile --json`` prints them (one object per plan)."""
     f = plan.figures
     return {
         "name": plan.name,
         "kind": plan.kind,
+        "topology": plan.topology.name,
         "ranks": plan.n,
+        "root": plan.ranks[plan.root] if plan.root >= 0 else None,
         "size_bytes": plan.size_bytes,
+        "dtype": plan.dtype,
+        "op": plan.op,
         "algorithm": plan.algorithm,
         "trees": len(plan.trees),
         "chunk_bytes": plan.chunk_bytes,
+        "compress": plan.compress,
         "rate_Bps": f.rate_Bps,
         "bound_rate_Bps": f.bound_rate_Bps,
         "predicted_s": f.predicted_s,
@@ -338,11 +343,11 @@ def summary(plan: Plan) -> dict:
         "efficiency": f.efficiency,
         "ring_predicted_s": f.ring_predicted_s,
         "tree_predicted_s": f.tree_predicted_s,
-        "compile_s": f.compile_s,
-        "wire_bytes": f.wire_bytes,
+        "speedup_over_ring": f.ring_predicted_s / f.predicted_s if f.predicted_s > 0 and f.ring_predicted_s > 0 else None,
         "algbw_Bps": f.algbw_Bps,
         "busbw_Bps": f.busbw_Bps,
-        "dtype": plan.dtype,
-        "op": plan.op,
-        "compress": plan.compress,
+        "wire_bytes": f.wire_bytes,
+        "exact_predicted_s": f.exact_predicted_s or None,
+        "speedup_over_exact": f.exact_predicted_s / f.predicted_s if f.exact_predicted_s and f.predicted_s > 0 else None,
+        "compile_s": f.compile_s,
     }
