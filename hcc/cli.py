@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except HccError as e:
         print(f"hcc {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `hcc compile --json | head`: the reader left, as for any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"hcc {args.command}: interrupted", file=sys.stderr)
         return 130
