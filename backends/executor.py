@@ -16,7 +16,15 @@ Local ops (Copy, Reduce, Scale) run when posted and complete at once.
 
 Zero copy: Sends and Recvs hand the transport memoryviews of the rank's numpy buffers; the
 only copies are a RecvReduce's staging chunk (the bytes must land somewhere before they are
-combined) and, for compressed plans, the encoded wire chunk.
+combined) and, for compressed plans, the encoded wire chunk. Staging chunks come from the
+process-wide :class:`~.kernels.StagingPool` (a fresh ``np.empty`` of 16 MiB is a new mmap
+whose 4096 pages fault in while the socket fills them, every run).
+
+Copy fusion: a ``Copy(in → d)`` whose only dependent is a ``RecvReduce`` into exactly ``d``
+(how the compiler starts a ring allreduce's reduce-scatter) is not executed; the RecvReduce
+computes ``d = in (op) received`` in one pass instead (:func:`~.kernels.combine_into`). Sound
+because ``in`` is never written by a plan and nothing else depends on the Copy, so no other
+op may read ``d`` before the RecvReduce completes (it would race in the plan itself).
 
 Deadlines: every ``wait_any`` gets the per-wait ``timeout``; when it expires the executor
 raises :class:`CollectiveTimeout` naming this rank, the peer and the op/tree/chunk of the
@@ -36,7 +44,7 @@ import numpy as np
 
 from ..ir.plan import Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send
 from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
-from .kernels import np_dtype, reduce_into, scale_into
+from .kernels import STAGING, combine_into, np_dtype, reduce_into, scale_into
 
 __all__ = ["run", "RankExecution", "InputMismatch", "UnknownOption", "CodecUnavailable"]
 
@@ -102,6 +110,20 @@ class RankExecution:
                 self.dependents[d].append(i)
         self.completed = 0
         self.pending: dict[int, _Pending] = {}  # id(request) -> the transfer it carries
+        # Copy fusion (module docstring): RecvReduce index -> the Copy source it starts from
+        self.fused: dict[int, Any] = {}
+        self.skip_copy: set[int] = set()  # the Copies fused away
+        inp, outp = bufs.get("in"), bufs.get("out")
+        aliased = inp is not None and outp is not None and np.may_share_memory(inp, outp)
+        if codec is None and not aliased:  # an in-place call (out is the input) writes "in"
+            for k, op in enumerate(program):
+                if (isinstance(op, Copy) and not getattr(op, "roundtrip", False) and op.src.buf == "in"
+                        and len(self.dependents[k]) == 1):
+                    j = self.dependents[k][0]
+                    nxt = program[j]
+                    if isinstance(nxt, RecvReduce) and nxt.dst == op.dst and j not in self.fused:
+                        self.fused[j] = op.src
+                        self.skip_copy.add(k)
 
     # -- buffers -------------------------------------------------------------------------
     def view(self, ref) -> np.ndarray:
@@ -140,11 +162,13 @@ class RankExecution:
                 elif isinstance(op, Recv):
                     self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(dst))))
                 else:
-                    staging = np.empty(dst.size, dtype=dst.dtype)
+                    staging = STAGING.take(dst.size, dst.dtype)
                     self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(staging)), staging))
                 continue
             if isinstance(op, Copy):
-                if getattr(op, "roundtrip", False) and self.codec is not None:
+                if k in self.skip_copy:
+                    pass  # fused into the RecvReduce that depends on it (module docstring)
+                elif getattr(op, "roundtrip", False) and self.codec is not None:
                     # dst := decode(encode(src)): the value a receiver of src gets, so the
                     # owner of a compressed block keeps exactly what it sent (ir/plan.py Copy)
                     src = self.view(op.src)
@@ -184,7 +208,12 @@ class RankExecution:
                 self.codec.decode(p.staging, tmp)
                 reduce_into(self.op_name, self.plan.dtype, dst, tmp)
             else:
-                reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
+                src = self.fused.get(p.op)
+                if src is None:
+                    reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
+                else:
+                    combine_into(self.op_name, self.plan.dtype, dst, self.view(src), p.staging)
+                STAGING.give(p.staging)
         for j in self._complete(p.op):
             self.post(j)
 

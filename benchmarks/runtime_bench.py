@@ -1,7 +1,10 @@
 """Runtime benchmark: hcc's backends against the peers a user would otherwise pick.
 
-    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5]
+    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--reps 3]
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
+
+The plans are compiled for loopback modelled as a star through a switch (every rank one
+2 GB/s port), not a clique: see :func:`loopback_source` for why.
 
 - hcc-sockets vs gloo (``torch.distributed``, CPU wheel; skipped with a message if torch is
   missing): allreduce, broadcast, allgather at each size (MiB, nccl-tests' per-rank output
@@ -18,7 +21,10 @@ of the timed iterations; every hcc time is the slowest rank's. The table goes to
 to benchmarks/results/runtime.csv.
 
 The machine is shared (2 cores, several jobs at once), so absolute figures are noisy; each
-hcc/peer pair is measured back to back at the same load, and the ratio is what to read.
+hcc/peer pair is measured back to back at the same load, and the ratio is what to read. For
+sockets/gloo the pair is repeated ``--reps`` times (hcc run, then gloo run, then again) and the
+``ratio`` column is the median of the reps' ratios (``ratio_min``/``ratio_max`` beside it);
+the busbw columns pool every rep's iterations.
 """
 from __future__ import annotations
 
@@ -56,11 +62,32 @@ def free_port() -> int:
 
 
 # --------------------------------------------------------------------------- plans
+def loopback_source(n: int) -> str:
+    """The topology of n processes on one host talking over loopback: a star through a switch.
+
+    Why a star and not a clique: on loopback every byte any process sends is copied by the
+    one kernel through the one memory system of the host, so the ranks share one path, not
+    n(n-1) independent links. Modelled as a clique of 1 GB/s links, the compiler believed the
+    fabric had n(n-1) GB/s and picked "direct" allreduce (every rank sends its whole buffer to
+    every other rank: 2(n-1)·M bytes per rank instead of a ring's 2(n-1)/n·M), which measured
+    0.76-0.78x gloo at 16/64 MiB. Through a switch each rank has one 2 GB/s port (the
+    1.4-1.7 GB/s a single loopback stream measures, rounded up), so the cut bound favours ring
+    and trees that move each byte once, as gloo does.
+
+    Latency 100 us, not 5: a message's cost on loopback is mostly the Python wake-ups on each
+    side. A 64-byte chain broadcast over 3 hops (4 ranks) measured a median of 504-576 us
+    (min 204-238 us) per run on this machine: 70-190 us per hop. With 5 us the compiler cut a
+    16 MiB broadcast into 256 KiB chunks (31-57 ms); with 100 us it picks 1 MiB (27-30 ms;
+    64 MiB: 2 MiB chunks, 94-124 ms against 104-143 ms for 512 KiB)."""
+    return (f"topology loopback {{\n    node r[0..{n - 1}]\n    switch s\n"
+            f"    r[0..{n - 1}] <-> s : 2 GB/s, 100 us\n}}\n")
+
+
 def compile_plans(n: int, sizes_mib: list[int]) -> dict:
-    """One plan per (kind, MiB) on a uniform loopback clique of n ranks."""
+    """One plan per (kind, MiB) on the loopback star of n ranks (:func:`loopback_source`)."""
     import hcc
 
-    src = f"topology loopback {{\n    node r[0..{n - 1}]\n    r[0..{n - 1}] <-> r[0..{n - 1}] : 1 GB/s, 5 us\n}}\n"
+    src = loopback_source(n)
     for kind in KINDS:
         for m in sizes_mib:
             src += f"collective {kind}_{m} = {kind} on loopback {{ size = {m} MiB\n dtype = float32 }}\n"
@@ -137,6 +164,31 @@ def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
             return None
         per_rank = [json.loads(Path(f"{tmp}/g{r}.json").read_text()) for r in range(n)]
     return {tuple(k): [max(ts) for ts in zip(*(pr[i] for pr in per_rank))] for i, k in enumerate(keys)}
+
+
+def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool):
+    """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
+
+    The machine is shared, so its load drifts between minutes; a ratio of two figures taken
+    seconds apart is what survives that drift. Returns (hcc times, gloo times, ratios): the
+    times of every rep pooled per key, and per key the busbw ratio hcc/gloo of each rep."""
+    hs: dict = {k: [] for k in keys}
+    gl: dict | None = {k: [] for k in keys} if with_gloo else None
+    ratios: dict = {k: [] for k in keys}
+    for rep in range(max(1, reps)):
+        h = bench_sockets(plans, iters)
+        g = bench_gloo(n, keys, iters) if gl is not None else None
+        if g is None:
+            gl = None
+        for k in keys:
+            hs[k] += h[k]
+            if g is not None:
+                gl[k] += g[k]
+                ratios[k].append(statistics.median(g[k]) / statistics.median(h[k]))
+        if reps > 1:
+            print(f"  rep {rep + 1}/{reps}: " + "  ".join(
+                f"{kd}{m}:{ratios[(kd, m)][-1]:.2f}x" for kd, m in keys if ratios[(kd, m)]), flush=True)
+    return hs, gl, (ratios if gl is not None else {})
 
 
 # --------------------------------------------------------------------------- mpi
@@ -266,6 +318,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1,16,64", help="MiB, comma separated")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3,
+                    help="hcc-sockets/gloo repetitions, run back to back (ratio = median of the reps' ratios)")
     ap.add_argument("--peers", default="sockets,gloo,mpi,ray")
     ap.add_argument("--pipeline", default="1..7", help="chain depths for the pipelining figure ('' to skip)")
     ap.add_argument("--pace", type=float, default=200e6,
@@ -273,7 +327,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 16 MiB, 3 iterations, depths 1..3")
     a = ap.parse_args(argv)
     if a.quick:
-        a.sizes, a.iters, a.pipeline = "1,16", 3, "1..3"
+        a.sizes, a.iters, a.pipeline, a.reps = "1,16", 3, "1..3", 1
     sizes = [int(s) for s in a.sizes.split(",")]
     peers = set(a.peers.split(","))
     n = a.ranks
@@ -281,13 +335,16 @@ def main(argv=None) -> int:
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
 
-    def emit(kind, mib, backend, hcc_t, peer, peer_t):
+    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None):
         hb, hm = _bw(kind, n, mib, hcc_t)
         row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plans[(kind, mib)].algorithm,
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
         if peer_t:
             pb, pm = _bw(kind, n, mib, peer_t)
             row.update(peer_median_s=pm, peer_busbw_GBps=pb, ratio=hb / pb)
+            if ratios:  # several back-to-back repetitions: the median of their ratios
+                row.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                           reps=len(ratios))
         rows.append(row)
         ratio = f"{row['ratio']:6.2f}x" if peer_t else "     -"
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
@@ -295,10 +352,9 @@ def main(argv=None) -> int:
 
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer")
     if "sockets" in peers:
-        hs = bench_sockets(plans, a.iters)
-        gl = bench_gloo(n, keys, a.iters) if "gloo" in peers else None
+        hs, gl, ratios = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers)
         for k in keys:
-            emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None)
+            emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k))
     if "mpi" in peers:
         mp = bench_mpi(plans, a.iters) or {}
         for k, (ht, nt) in mp.items():
@@ -310,7 +366,7 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
         fields = ["kind", "MiB", "ranks", "backend", "algorithm", "hcc_median_s", "hcc_busbw_GBps", "peer",
-                  "peer_median_s", "peer_busbw_GBps", "ratio"]
+                  "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()

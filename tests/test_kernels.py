@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hcc.backends.kernels import DTypeError, from_float32, np_dtype, reduce_into, scale_into, to_float32
+from hcc.backends.kernels import DTypeError, combine_into, from_float32, np_dtype, reduce_into, scale_into, to_float32
 
 
 def bf16_reference(x: float) -> int:
@@ -79,3 +79,24 @@ def test_unknown_names_are_clear_errors():
         np_dtype("complex64")
     with pytest.raises(DTypeError, match="unknown reduction op 'xor'"):
         reduce_into("xor", "int32", np.zeros(1, np.int32), np.zeros(1, np.int32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+def test_combine_into_equals_copy_then_reduce(dtype, op):
+    """The executor's fused Copy + RecvReduce gives the bits of the two unfused steps."""
+    rng = np.random.default_rng(3)
+    dt = np_dtype(dtype)
+    if dtype == "bfloat16":
+        a = from_float32(rng.normal(size=257).astype(np.float32), dtype)
+        b = from_float32(rng.normal(size=257).astype(np.float32), dtype)
+    else:
+        a = rng.integers(-100, 100, 257).astype(dt)
+        b = rng.integers(-100, 100, 257).astype(dt)
+    unfused = a.copy()
+    reduce_into(op, dtype, unfused, b)
+    fused = np.full(257, 9, dtype=dt)
+    combine_into(op, dtype, fused, a, b)
+    assert fused.tobytes() == unfused.tobytes()
+    with pytest.raises(ValueError, match="shapes differ"):
+        combine_into(op, dtype, fused[:3], a, b)
