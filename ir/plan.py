@@ -293,6 +293,9 @@ class Figures:
     exact_predicted_s: float = 0.0  # compress != none: best uncompressed plan, same model (else 0)
 
 
+_FIGURE_NAMES = frozenset(Figures.__dataclass_fields__)
+
+
 @dataclass(frozen=True)
 class Plan:
     name: str
@@ -318,6 +321,13 @@ class Plan:
     @property
     def n(self) -> int:
         return len(self.ranks)
+
+    def __getattr__(self, name: str):
+        # the compiler's figures read as attributes too: plan.efficiency, plan.bound_s, …
+        # (only called for names a Plan does not have itself)
+        if name in _FIGURE_NAMES:
+            return getattr(self.figures, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def itemsize(self) -> int:

@@ -219,3 +219,18 @@ def test_optional_fields_default(tmp_path):
     d["unknown_future_field"] = 1
     plan = load(write(tmp_path, d))
     assert (plan.compress, plan.on_failure, plan.adaptive, plan.figures) == ("none", "abort", False, Figures())
+
+
+def test_figures_read_as_plan_attributes():
+    from pathlib import Path
+
+    import hcc
+
+    demo = Path(__file__).resolve().parent.parent / "samples" / "demo.hcl"
+    plan = hcc.compile(hcc.load(demo), "broadcast")
+    for name in ("rate_Bps", "bound_rate_Bps", "predicted_s", "bound_s", "efficiency",
+                 "ring_predicted_s", "compile_s", "algbw_Bps", "busbw_Bps", "wire_bytes"):
+        assert getattr(plan, name) == getattr(plan.figures, name)
+    assert 0 < plan.efficiency <= 1 and plan.bound_s <= plan.predicted_s
+    with pytest.raises(AttributeError):
+        plan.no_such_figure
