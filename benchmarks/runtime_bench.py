@@ -4,7 +4,9 @@
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
 
 The plans are compiled for loopback modelled as a star through a switch (every rank one
-2 GB/s port), not a clique: see :func:`loopback_source` for why.
+2 GB/s port), not a clique: see :func:`loopback_source` for why. The hcc-mpi plans are
+compiled on the same star with 8 GB/s ports (:data:`MPI_PORT`): MPICH moves bytes between
+local ranks through shared memory, not the kernel's TCP stack.
 
 - hcc-sockets vs gloo (``torch.distributed``, CPU wheel; skipped with a message if torch is
   missing): allreduce, broadcast, allgather at each size (MiB, nccl-tests' per-rank output
@@ -24,7 +26,8 @@ The machine is shared (2 cores, several jobs at once), so absolute figures are n
 hcc/peer pair is measured back to back at the same load, and the ratio is what to read. For
 sockets/gloo the pair is repeated ``--reps`` times (hcc run, then gloo run, then again) and the
 ``ratio`` column is the median of the reps' ratios (``ratio_min``/``ratio_max`` beside it);
-the busbw columns pool every rep's iterations.
+the busbw columns pool every rep's iterations. hcc-mpi/MPICH is repeated the same way (one
+mpiexec job per rep and size, hcc's plan then MPICH's collective in it).
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ def free_port() -> int:
 
 
 # --------------------------------------------------------------------------- plans
-def loopback_source(n: int) -> str:
+def loopback_source(n: int, port: str = "2 GB/s, 100 us") -> str:
     """The topology of n processes on one host talking over loopback: a star through a switch.
 
     Why a star and not a clique: on loopback every byte any process sends is copied by the
@@ -80,14 +83,26 @@ def loopback_source(n: int) -> str:
     16 MiB broadcast into 256 KiB chunks (31-57 ms); with 100 us it picks 1 MiB (27-30 ms;
     64 MiB: 2 MiB chunks, 94-124 ms against 104-143 ms for 512 KiB)."""
     return (f"topology loopback {{\n    node r[0..{n - 1}]\n    switch s\n"
-            f"    r[0..{n - 1}] <-> s : 2 GB/s, 100 us\n}}\n")
+            f"    r[0..{n - 1}] <-> s : {port}\n}}\n")
 
 
-def compile_plans(n: int, sizes_mib: list[int]) -> dict:
-    """One plan per (kind, MiB) on the loopback star of n ranks (:func:`loopback_source`)."""
+# The MPI ranks of one host do not talk over loopback TCP: MPICH moves their bytes through
+# shared memory. Measured with mpi4py Send/Recv between 2 of 4 local ranks: 1 MiB in 102 us
+# (10.3 GB/s), 16 MiB in 1.4 ms (12.0 GB/s), a 64-byte round trip 20 us. So each rank's port is
+# 8 GB/s (the single stream, rounded down: 4 ranks share the host's memory bandwidth); the
+# latency stays 100 us because a message's cost is still the executor's Python turn on each
+# side. With the sockets star (2 GB/s) the compiler cut a 1 MiB broadcast into 256 KiB chunks
+# down a chain: 0.64-0.80 ms under MPI against 0.50-0.54 ms for the direct plan the 8 GB/s
+# port makes it pick (allreduce: ring 1.33-1.44 ms, direct 1.18-1.32 ms; 2 runs each).
+MPI_PORT = "8 GB/s, 100 us"
+
+
+def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us") -> dict:
+    """One plan per (kind, MiB) on the star of n ranks (:func:`loopback_source`) whose ports
+    are ``port`` (the sockets default; :data:`MPI_PORT` for MPICH's shared memory)."""
     import hcc
 
-    src = loopback_source(n)
+    src = loopback_source(n, port)
     for kind in KINDS:
         for m in sizes_mib:
             src += f"collective {kind}_{m} = {kind} on loopback {{ size = {m} MiB\n dtype = float32 }}\n"
@@ -192,7 +207,11 @@ def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with
 
 
 # --------------------------------------------------------------------------- mpi
-def bench_mpi(plans: dict, iters: int) -> dict | None:
+def bench_mpi(plans: dict, iters: int, reps: int = 1) -> dict | None:
+    """Per key ``(hcc times, native times, ratios)``: ``reps`` mpiexec jobs per plan, each
+    running hcc's plan then MPICH's own collective back to back (times pooled over the reps,
+    one busbw ratio hcc/native per rep), so a noisy minute on the shared machine moves one
+    rep's ratio, not the figure."""
     try:
         from hcc.backends import mpi
         from hcc.backends.reference import make_inputs
@@ -204,10 +223,17 @@ def bench_mpi(plans: dict, iters: int) -> dict | None:
         return None
     out = {}
     for k, plan in plans.items():
+        hs, ns, ratios = [], [], []
         try:
-            out[k] = mpi.bench_pair(plan, make_inputs(plan, 7), iters)
+            for _ in range(max(1, reps)):
+                h, nt = mpi.bench_pair(plan, make_inputs(plan, 7), iters)
+                hs += h
+                ns += nt
+                ratios.append(statistics.median(nt) / statistics.median(h))
         except Exception as e:  # report and go on with the other sizes
             print(f"mpi {k}: failed: {type(e).__name__}: {e}")
+        if ratios:
+            out[k] = (hs, ns, ratios)
     return out
 
 
@@ -319,7 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3,
-                    help="hcc-sockets/gloo repetitions, run back to back (ratio = median of the reps' ratios)")
+                    help="hcc-sockets/gloo and hcc-mpi/MPICH repetitions, each pair back to back "
+                         "(ratio = median of the reps' ratios)")
     ap.add_argument("--peers", default="sockets,gloo,mpi,ray")
     ap.add_argument("--pipeline", default="1..7", help="chain depths for the pipelining figure ('' to skip)")
     ap.add_argument("--pace", type=float, default=200e6,
@@ -335,9 +362,11 @@ def main(argv=None) -> int:
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
 
-    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None):
+    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None):
         hb, hm = _bw(kind, n, mib, hcc_t)
-        row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plans[(kind, mib)].algorithm,
+        plan = plan or plans[(kind, mib)]
+        row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plan.algorithm,
+               "chunk_bytes": plan.chunk_bytes,
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
         if peer_t:
             pb, pm = _bw(kind, n, mib, peer_t)
@@ -356,16 +385,17 @@ def main(argv=None) -> int:
         for k in keys:
             emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k))
     if "mpi" in peers:
-        mp = bench_mpi(plans, a.iters) or {}
-        for k, (ht, nt) in mp.items():
-            emit(*k, "hcc-mpi", ht, "mpich-native", nt)
+        mpi_plans = compile_plans(n, sizes, MPI_PORT)
+        mp = bench_mpi(mpi_plans, a.iters, a.reps) or {}
+        for k, (ht, nt, rs) in mp.items():
+            emit(*k, "hcc-mpi", ht, "mpich-native", nt, rs, plan=mpi_plans[k])
     if "ray" in peers:
         ry = bench_ray(plans, a.iters) or {}
         for k, (ht, ot) in ry.items():
             emit(*k, "hcc-ray", ht, "ray-object-store", ot)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
-        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "hcc_median_s", "hcc_busbw_GBps", "peer",
+        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "hcc_median_s", "hcc_busbw_GBps", "peer",
                   "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
