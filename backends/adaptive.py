@@ -61,7 +61,7 @@ import numpy as np
 from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
 from .agreement import EventLog, Tail
 from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
-from .kernels import np_dtype, reduce_into, scale_into
+from .kernels import reduce_into, scale_into
 from .repair import arrival_parents, bfs_order, repair_parents, subtree
 
 __all__ = ["AdaptiveResult", "run", "wants", "KINDS", "close_session", "AdaptiveUnsupported"]
@@ -782,7 +782,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     reduce the first K inputs that arrive (reduce: the root's and the first K-1 others'); the
     others are reported in ``late``. ``timeout``: the longest the run may make no progress.
     ``progress``: called after every data chunk this rank sends or receives (fault injection)."""
-    from .executor import InputMismatch, _as_flat
+    from .executor import InputMismatch, caller_buffers
 
     if plan.kind not in KINDS:
         raise AdaptiveUnsupported(f"the adaptive runtime does not run {plan.kind!r} collectives")
@@ -795,25 +795,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
             raise InputMismatch(f"quorum must be in 1..{plan.n}, not {quorum}")
         if plan.op == "avg" and plan.dtype not in FLOAT_DTYPES:
             raise InputMismatch("quorum with op = avg needs a float dtype")
-    rank = comm.rank
-    if getattr(comm, "world", plan.n) != plan.n or not 0 <= rank < plan.n:
-        raise InputMismatch(f"the communicator has {comm.world} ranks, the plan {plan.n}")
-    if not timeout > 0:
-        raise InputMismatch(f"timeout must be positive, not {timeout!r}")
-    dtype = np_dtype(plan.dtype)
-    sizes = plan.buffer_elems(rank)
-    if array is None:
-        inp, shape = np.zeros(sizes["in"], dtype=dtype), None
-    else:
-        inp, shape = _as_flat(array, dtype, sizes["in"], f"rank {rank} input", writable=False), np.shape(array)
-    if out is None:
-        result = np.zeros(sizes["out"], dtype=dtype)
-        out_flat = result
-        if shape is not None and sizes["out"] == sizes["in"]:
-            result = result.reshape(shape)
-    else:
-        out_flat = _as_flat(out, dtype, sizes["out"], f"rank {rank} output", writable=True)
-        result = out
+    rank, inp, out_flat, result = caller_buffers(plan, comm, array, out, timeout, zero_fill=True)
     static = adaptive is False
     ce = _chunk_elems(plan, chunk_bytes)
     session = _session(comm)

@@ -314,6 +314,38 @@ def _adaptive_module():
     return adaptive
 
 
+def caller_buffers(plan: Plan, comm: Transport, array: Any, out: Any, timeout: float, *,
+                   zero_fill: bool = False) -> tuple[int, np.ndarray, np.ndarray, Any]:
+    """Check the communicator and the caller's arrays against ``plan`` before any byte moves,
+    for every executor (static here, adaptive in adaptive.py). Returns ``(rank, in, out, result)``:
+    flat views of the input and output buffers, and what ``run`` returns — ``out`` when the
+    caller gave one, else a new array shaped like the input when the sizes agree.
+    ``zero_fill``: a new output starts as zeros (the adaptive runtime leaves missing blocks 0)."""
+    rank = comm.rank
+    if not 0 <= rank < plan.n:
+        raise InputMismatch(f"rank {rank} is outside the plan's {plan.n} ranks")
+    if getattr(comm, "world", plan.n) != plan.n:
+        raise InputMismatch(f"the communicator has {comm.world} ranks, the plan {plan.n}")
+    if not timeout > 0:
+        raise InputMismatch(f"timeout must be positive, not {timeout!r}")
+    dtype = np_dtype(plan.dtype)
+    sizes = plan.buffer_elems(rank)
+    if array is None:
+        inp, shape = np.zeros(sizes["in"], dtype=dtype), None
+    else:
+        inp = _as_flat(array, dtype, sizes["in"], f"rank {rank} input", writable=False)
+        shape = np.shape(array)
+    if out is None:
+        result = (np.zeros if zero_fill else np.empty)(sizes["out"], dtype=dtype)
+        out_flat = result
+        if shape is not None and sizes["out"] == sizes["in"]:
+            result = result.reshape(shape)
+    else:
+        out_flat = _as_flat(out, dtype, sizes["out"], f"rank {rank} output", writable=True)
+        result = out
+    return rank, inp, out_flat, result
+
+
 def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
         **options) -> np.ndarray:
     """Run ``plan`` on rank ``comm.rank``; returns ``out`` (allocated when not given).
@@ -337,29 +369,8 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
             f"unknown run option(s) {', '.join(unknown)}"
             + (f" (known: {', '.join(sorted(KNOWN_OPTIONS))})" if KNOWN_OPTIONS else " (none are defined)")
         )
-    rank = comm.rank
-    if not 0 <= rank < plan.n:
-        raise InputMismatch(f"rank {rank} is outside the plan's {plan.n} ranks")
-    if getattr(comm, "world", plan.n) != plan.n:
-        raise InputMismatch(f"the communicator has {comm.world} ranks, the plan {plan.n}")
-    if not timeout > 0:
-        raise InputMismatch(f"timeout must be positive, not {timeout!r}")
-    dtype = np_dtype(plan.dtype)
-    sizes = plan.buffer_elems(rank)
-    if array is None:
-        inp = np.zeros(sizes["in"], dtype=dtype)
-        shape = None
-    else:
-        inp = _as_flat(array, dtype, sizes["in"], f"rank {rank} input", writable=False)
-        shape = np.shape(array)
-    if out is None:
-        result = np.empty(sizes["out"], dtype=dtype)
-        out_flat = result
-        if shape is not None and sizes["out"] == sizes["in"]:
-            result = result.reshape(shape)
-    else:
-        out_flat = _as_flat(out, dtype, sizes["out"], f"rank {rank} output", writable=True)
-        result = out
+    rank, inp, out_flat, result = caller_buffers(plan, comm, array, out, timeout)
+    dtype, sizes = np_dtype(plan.dtype), plan.buffer_elems(rank)
     program = _programs(plan, step)[rank]
     codec = _codec(plan)
     bufs = {"in": inp, "out": out_flat, "tmp": np.empty(sizes["tmp"], dtype=dtype)}

@@ -4,9 +4,7 @@ moves, deadlines, compressed plans."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,46 +12,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_executor_plans import chain_broadcast, ring_allreduce  # noqa: E402
+from test_executor_plans import chain_broadcast, ring_allreduce, threaded  # noqa: E402
 
-from hcc.backends import sockets  # noqa: E402
 from hcc.backends.base import CollectiveTimeout, RankFailed, Transport  # noqa: E402
 from hcc.backends.executor import InputMismatch, UnknownOption, run  # noqa: E402
 from hcc.backends.reference import check, expected, make_inputs  # noqa: E402
-from hcc.ir.plan import ChunkRef, Recv, Send  # noqa: E402
+from hcc.ir.plan import Send  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def threaded(plan, inputs, timeout=10.0, linger=0.0, **kw):
-    """Run every rank of ``plan`` as a thread; returns (outputs, errors). ``linger``: seconds
-    a rank keeps its connections open after its part is done."""
-    port = free_port()
-    outs, errs = [None] * plan.n, [None] * plan.n
-
-    def body(r):
-        try:
-            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="test-token", timeout=timeout) as c:
-                outs[r] = run(plan, c, inputs[r], timeout=timeout, **kw)
-                time.sleep(linger)
-        except Exception as e:  # collected and asserted by the caller
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(plan.n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout * 3)
-    assert not any(t.is_alive() for t in ts), "a rank hung"
-    return outs, errs
 
 
 @pytest.mark.parametrize("n,elems,chunk", [(2, 1, 1), (4, 1001, 100), (3, 5000, 4999)])

@@ -4,7 +4,6 @@ pool, inline sends (``MSG_DONTWAIT`` from the caller's thread, the writer finish
 socket buffer did not take) and early frames held in pooled memory."""
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -14,24 +13,16 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_executor_plans import _topo  # noqa: E402
+from test_executor_plans import _topo, free_port, threaded  # noqa: E402
 
 from hcc.backends import sockets  # noqa: E402
-from hcc.backends.executor import RankExecution, run  # noqa: E402
+from hcc.backends.executor import RankExecution  # noqa: E402
 from hcc.backends.kernels import STAGING, StagingPool, np_dtype  # noqa: E402
 from hcc.backends.reference import check, expected, make_inputs  # noqa: E402
 from hcc.ir.plan import (DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, RecvReduce, Scale, Send,  # noqa: E402
                          block_range)
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def fusable_allreduce(elems: int, dtype: str = "float32", op: str = "sum") -> Plan:
@@ -56,27 +47,6 @@ def fusable_allreduce(elems: int, dtype: str = "float32", op: str = "sum") -> Pl
     return Plan(name="fusable", kind="allreduce", ranks=("r0", "r1"), root=-1,
                 size_bytes=elems * DTYPE_SIZES[dtype], dtype=dtype, op=op, algorithm="ring",
                 chunk_bytes=0, trees=(), programs=tuple(programs), tmp_elems=(0, 0), topology=_topo(2))
-
-
-def threaded(plan, inputs, outs_given=None, timeout=10.0):
-    port = free_port()
-    outs, errs = [None] * plan.n, [None] * plan.n
-
-    def body(r):
-        try:
-            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="perf-token", timeout=timeout) as c:
-                out = None if outs_given is None else outs_given[r]
-                outs[r] = run(plan, c, inputs[r], out=out, timeout=timeout)
-        except Exception as e:  # collected and asserted by the caller
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(plan.n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout * 3)
-    assert not any(t.is_alive() for t in ts), "a rank hung"
-    return outs, errs
 
 
 class _Idle:

@@ -2,6 +2,10 @@
 transports from the compiler (a pipelined chain broadcast and a ring allreduce)."""
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 from hcc.ir.plan import ChunkRef, Copy, Plan, Recv, RecvReduce, Scale, Send, Tree, block_range, DTYPE_SIZES
 from hcc.ir.topology import Link, Topology
 
@@ -88,3 +92,39 @@ def ring_allreduce(n: int, elems: int, dtype: str = "float32", op: str = "sum") 
     return Plan(name="ring", kind="allreduce", ranks=tuple(f"r{i}" for i in range(n)), root=-1,
                 size_bytes=elems * DTYPE_SIZES[dtype], dtype=dtype, op=op, algorithm="ring",
                 chunk_bytes=0, trees=(), programs=tuple(programs), tmp_elems=(0,) * n, topology=_topo(n))
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def threaded(plan, inputs, outs_given=None, timeout=10.0, linger=0.0, **kw):
+    """Run every rank of ``plan`` as a thread over real loopback sockets; returns (outputs,
+    errors). ``outs_given``: per-rank output buffers; ``linger``: seconds a rank keeps its
+    connections open after its part is done."""
+    from hcc.backends import sockets
+    from hcc.backends.executor import run
+
+    port = free_port()
+    outs, errs = [None] * plan.n, [None] * plan.n
+
+    def body(r):
+        try:
+            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="test-token", timeout=timeout) as c:
+                out = None if outs_given is None else outs_given[r]
+                outs[r] = run(plan, c, inputs[r], out=out, timeout=timeout, **kw)
+                time.sleep(linger)
+        except Exception as e:  # collected and asserted by the caller
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(plan.n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout * 3)
+    assert not any(t.is_alive() for t in ts), "a rank hung"
+    return outs, errs
