@@ -178,6 +178,20 @@ class _MailboxCore:
 
 # --------------------------------------------------------------------------- the transport
 
+def _reap_watch(transport, ref) -> None:
+    """A peer's watch task has ended: the peer's actor died (raise PeerFailed and remember it)
+    or the watch ended normally. ``transport`` has ``_ray_mod``, ``_watch`` (ref -> peer),
+    ``_dead`` and ``rank`` — both Ray transports below."""
+    peer = transport._watch.pop(ref)
+    try:
+        transport._ray_mod.get(ref)
+    except Exception as e:
+        if _is_actor_death(e):
+            transport._dead.add(peer)
+            raise PeerFailed(transport.rank, peer, "Ray reports its actor died") from None
+        raise
+
+
 class RayRequest(Request):
     __slots__ = ("ref", "peer", "tag", "what", "buf", "keep", "done", "nbytes")
 
@@ -277,15 +291,7 @@ class RayTransport(Transport):
         r.done = True
 
     def _check_watch(self, ref) -> None:
-        ray = self._ray_mod
-        peer = self._watch.pop(ref)
-        try:
-            ray.get(ref)
-        except Exception as e:
-            if _is_actor_death(e):
-                self._dead.add(peer)
-                raise PeerFailed(self.rank, peer, "Ray reports its actor died") from None
-            raise
+        _reap_watch(self, ref)
 
     def wait_any(self, requests: Sequence[RayRequest], timeout: float) -> list[int]:
         ready = [i for i, r in enumerate(requests) if r.done]
@@ -374,14 +380,7 @@ class _WatchedTransport(Transport):
                               timeout=max(0.0, min(deadline - time.monotonic(), _SLICE_S)),
                               fetch_local=False)
             for ref in got:
-                peer = self._watch.pop(ref)
-                try:
-                    ray.get(ref)
-                except Exception as e:
-                    if _is_actor_death(e):
-                        self._dead.add(peer)
-                        raise PeerFailed(self.rank, peer, "Ray reports its actor died") from None
-                    raise
+                _reap_watch(self, ref)
             if time.monotonic() >= deadline:
                 return
 
