@@ -148,10 +148,7 @@ class _Session:
             comm.isend(p, HELLO_TAG, memoryview(self._hello))
 
     def wake(self) -> None:
-        cond = getattr(self.comm, "_cond", None)
-        if cond is not None:
-            with cond:
-                cond.notify_all()
+        self.comm.wake()
 
     def close(self) -> None:
         self.tail.close()
@@ -175,41 +172,15 @@ def close_session(comm: Transport) -> None:
 
 
 def _transport_dead(comm: Transport) -> set[int]:
-    dead = getattr(comm, "_dead", None)
-    if dead is not None:
-        return set(dead)
     return set(comm.failed())
 
 
 def _wait(comm: Transport, session: _Session, reqs: list, timeout: float, seen: int, known_dead: set) -> list[int]:
-    """Indices of completed requests; [] when woken by a log event, a new death or ``timeout``.
-
-    The sockets transport's own ``wait_any`` raises for every request whose peer *reported* a
-    death (it is built to abort), so on sockets this waits on its condition variable directly
-    (the hook this module asks the transport for: ``wait_any(..., ignore=dead)``)."""
-    cond = getattr(comm, "_cond", None)
-    end = time.monotonic() + timeout
-    if cond is None:
-        try:
-            return comm.wait_any(reqs, min(timeout, _WAIT_SLICE)) if reqs else []
-        except CollectiveTimeout:
-            return []
-        except PeerFailed as e:
-            known_dead.add(e.peer)
-            return []
-    with cond:
-        while True:
-            done = [i for i, r in enumerate(reqs) if r.done]
-            if done:
-                return done
-            if len(session.tail.events) != seen or session.tail.error is not None:
-                return []
-            if set(comm._dead) - known_dead:
-                return []
-            left = end - time.monotonic()
-            if left <= 0:
-                return []
-            cond.wait(min(left, _WAIT_SLICE))
+    """Indices of completed requests; [] when woken by a log event, a new death or ``timeout``
+    (``Transport.wait_change``: unlike ``wait_any`` it does not raise for a dead peer)."""
+    tail = session.tail
+    return comm.wait_change(reqs, timeout, ignore=frozenset(known_dead),
+                            woken=lambda: len(tail.events) != seen or tail.error is not None)
 
 
 # --------------------------------------------------------------------------- flows

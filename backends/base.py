@@ -13,11 +13,15 @@ Contract
   (at least one) or raises :class:`CollectiveTimeout` after ``timeout`` seconds, or
   :class:`PeerFailed` as soon as the transport learns that a peer it depends on is gone.
 - ``failed()`` is the set of ranks this transport knows to be dead.
+- ``wait_change(requests, timeout, ignore=, woken=)`` / ``wake()``: the adaptive runtime's
+  wait, which returns on completion, on a new death or on an outside event, and never raises
+  for a dead peer.
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import AbstractSet, Callable, ClassVar
 
 from ..grammar.diagnostics import HccError
 
@@ -79,6 +83,37 @@ class Transport(ABC):
 
     def failed(self) -> frozenset[int]:
         return frozenset()
+
+    def wait_change(self, requests: list[Request], timeout: float, *,
+                    ignore: AbstractSet[int] = frozenset(),
+                    woken: Callable[[], bool] = lambda: False) -> list[int]:
+        """Indices of completed ``requests``; ``[]`` when ``woken()`` turns true, a peer not in
+        ``ignore`` is newly known dead (see :meth:`failed`), or ``timeout`` passes. Unlike
+        :meth:`wait_any` it never raises for a dead peer: the adaptive runtime waits this way
+        while it repairs around deaths. This default polls ``wait_any`` in 20 ms slices;
+        transports with a condition variable override it (and :meth:`wake`)."""
+        end = time.monotonic() + timeout
+        for _ in range(max(1, int(timeout / 0.02) + 2)):
+            done = [i for i, r in enumerate(requests) if r.done]
+            if done:
+                return done
+            if woken() or (self.failed() - ignore):
+                return []
+            left = end - time.monotonic()
+            if left <= 0:
+                return []
+            live = [r for r in requests if getattr(r, "peer", -1) not in ignore]
+            if not live:
+                time.sleep(min(left, 0.02))
+                continue
+            try:
+                self.wait_any(live, min(left, 0.02))
+            except (CollectiveTimeout, PeerFailed):
+                pass
+        return [i for i, r in enumerate(requests) if r.done]
+
+    def wake(self) -> None:
+        """Make a thread blocked in :meth:`wait_change` re-check ``woken()`` now."""
 
     def close(self) -> None:
         pass

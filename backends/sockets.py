@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import AbstractSet, Any, Callable
 
 import numpy as np
 
@@ -592,6 +592,31 @@ class SocketTransport(Transport):
     def failed(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._dead)
+
+    def wait_change(self, requests: list[Request], timeout: float, *,
+                    ignore: AbstractSet[int] = frozenset(),
+                    woken: Callable[[], bool] = lambda: False) -> list[int]:
+        end = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                done = [i for i, r in enumerate(requests) if r.done]
+                if done:
+                    return done
+                if woken() or (set(self._dead) - set(ignore)):
+                    return []
+                left = end - time.monotonic()
+                if left <= 0:
+                    return []
+                if not self._cond.wait(min(left, STORE_POLL)) and self._launched:
+                    self._cond.release()
+                    try:
+                        self._poll_launcher()
+                    finally:
+                        self._cond.acquire()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def barrier(self, name: str, timeout: float | None = None) -> None:
         """All ranks of this job meet at ``name`` (through the rendezvous store)."""
