@@ -60,7 +60,7 @@ import numpy as np
 
 from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
 from .agreement import EventLog, Tail
-from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
+from .base import CollectiveTimeout, RankFailed, RootFailed, RuntimeFault, Transport
 from .kernels import reduce_into, scale_into
 from .repair import arrival_parents, bfs_order, repair_parents, subtree
 
