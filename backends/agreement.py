@@ -15,6 +15,11 @@ Log (keys under ``<group>/ev/``)
 - deaths are appended once: a rank that sees a peer die (EOF or reset on a data connection,
   or a FAIL frame gossiped by another rank) does ``add("deadrep/<d>", 1)`` and appends the
   event only when it got 1, so the log holds each death once however many ranks saw it.
+- on Ray (backends/ray.py) the store lives in the driver, which is one more reporter: it
+  appends ``dead(r)`` the moment Ray fails rank r's actor call (``ActorDiedError``, 8-10 ms
+  after a SIGKILL here), through the same ``report_dead``. Whoever is first appends; the
+  others' reports are no-ops, so a death reaches the log at the earliest of the survivors'
+  EOFs and Ray's notice.
 
 Epochs and generations: the *generation* of a log prefix is the number of ``dead`` events in
 it; the dead set of generation ``g`` is the ranks named by the first ``g`` dead events. Every
@@ -32,8 +37,8 @@ Worst case (docs/fault-tolerance.md): a death is known to everybody one detectio
 kernel's EOF on a loopback TCP connection: microseconds after SIGKILL; a hung, not dead, peer:
 only the per-wait deadline) plus two store round trips after it happens; ``f`` deaths during
 a run cost at most ``f`` generations, each at most one re-send of every chunk. If the store
-itself dies (it lives in the launcher, or in rank 0 for embedded jobs), agreement is lost and
-every rank raises within its deadline.
+itself dies (it lives in the launcher, the Ray driver, or rank 0 for embedded sockets jobs),
+agreement is lost and every rank raises within its deadline.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ import threading
 
 from .rendezvous import RendezvousError, StoreClient
 
-__all__ = ["EventLog", "Tail"]
+__all__ = ["EventLog", "Tail", "log_group"]
 
 # The tail thread waits on the store in slices so that close() ends it within this bound.
 _SLICE_S = 0.25
@@ -133,3 +138,10 @@ class Tail:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2 * _SLICE_S + 1.0)
+
+
+def log_group(group: str) -> str:
+    """The group under which the agreement log of a communicator of ``group`` lives (its keys:
+    ``<log_group>/ev/...``). backends/adaptive.py's session and the Ray driver, which appends
+    the deaths Ray reports (backends/ray.py), must name the same log."""
+    return f"{group}/adaptive"

@@ -1,8 +1,10 @@
 """The Ray backend on a real local Ray cluster (one per module: start-up costs ~5 s).
 
 One actor per rank; data over the sockets transport (the default) and over Ray's object
-store; failures detected through Ray (a SIGKILLed actor makes every survivor raise RankFailed
-long before the deadline); users' own actors get a communicator from ``init_group``.
+store; failures detected through Ray (a SIGKILLed actor makes every survivor of a plan with
+``on_failure = abort`` raise RankFailed long before the deadline); users' own actors get a
+communicator from ``init_group``; the adaptive executor is the default on both data paths.
+Surviving deaths (``on_failure = continue``) is tests/runtime/test_faults_ray.py.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,6 +126,19 @@ def test_grid_over_the_object_store(plans, group):
         outs, times = group.run(plan, inputs, iters=2, timeout=30.0, data="objects")
         assert len(times) == 2
         check(plan, outs, expected(plan, inputs))
+
+
+@pytest.mark.parametrize("data", ["sockets", "objects"])
+def test_adaptive_is_the_default_on_both_data_paths(plans, group, data):
+    """A plan that does not say ``adaptive`` (``Plan.adaptive = None``) runs on the adaptive
+    executor over Ray (backends/adaptive.py ``adaptive_on``: on for transports named "ray"):
+    each rank reports what the survivors agreed on, which only that executor does."""
+    plan = replace(plans["allreduce_4_float32"], adaptive=None)
+    inputs = make_inputs(plan, 3)
+    outs, _ = group.run(plan, inputs, timeout=30.0, data=data)
+    check(plan, outs, expected(plan, inputs))
+    assert set(group.last.info) == {0, 1, 2, 3}
+    assert all(o.contributors == (0, 1, 2, 3) for o in outs)
 
 
 @pytest.mark.parametrize("data", ["sockets", "objects"])
