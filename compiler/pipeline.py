@@ -10,7 +10,10 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
     pack     spanning-tree packings (compiler/treepack.py): broadcast and scatter pack out-
              trees from the root; reduce and gather the same on the reversed graph; allgather
              out-trees from every rank, reduce_scatter their reverse; allreduce both the
-             reduce+broadcast trees of rank 0 and the reduce-scatter+allgather trees
+             reduce+broadcast trees of rank 0 and the reduce-scatter+allgather trees, and
+             (up to algorithms.BIDIR_MAX_RANKS ranks) trees packed for use in both
+             directions (algorithms.bidir_packing), the narrowest rank cut
+             (algorithms.two_level_cut) and rings (algorithms.ring_packing)
     lower    every candidate algorithm the spec allows, each lowered (compiler/lower.py,
              algorithms.py, lower_relax.py) at the chunk size that minimises the simulated
              time (cost.choose_chunk); NCCL-style ring and double binary tree are always
@@ -23,9 +26,16 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
 
 Candidate names: ``treepack`` (trees of the packing), ``treepack-rsag`` (allreduce as
 reduce-scatter + allgather over the allgather packing; reported as algorithm
-``treepack-rsag``), ``ring``, ``tree`` (double binary tree), ``direct``, and ``relax`` (the
-compressed / decentralized lowering, only when ``compress != none`` or for
-``neighbor_average``).
+``treepack-rsag``), ``treepack-bidir`` (allreduce as reduce-then-broadcast over trees packed
+so that each loads its links both ways: Blink's allreduce, at the floor 2(n-1)M / sum c on
+DGX-1 fragments and rings), ``treepack-hier`` (allreduce over the two sides of the narrowest
+rank cut: reduce to a leader per side, the leaders exchange partials across the cut both ways
+at once, broadcast back: the cut bound M / c on two hosts joined by one slow link),
+``treepack-rings`` (allreduce as a ring allreduce on each of several directed Hamiltonian
+rings packed by an LP, up to algorithms.RINGS_MAX_RANKS ranks: the floor on DGX-1 and rings),
+``ring``, ``tree`` (double binary tree), ``direct``, and ``relax`` (the compressed /
+decentralized lowering, only when ``compress != none`` or for ``neighbor_average``).
+``algorithm = treepack`` chooses among every ``treepack*`` candidate.
 """
 from __future__ import annotations
 
@@ -36,6 +46,7 @@ from typing import Callable
 from ..grammar.diagnostics import HccError, Source, SourceError, Span
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
+from .algorithms import BIDIR_MAX_RANKS, RINGS_MAX_RANKS
 from .cost import DEFAULT_MODEL, ChunkChoice, CostModel, chunk_candidates, choose_chunk, least_latency
 from .program import CollectiveSpec, Program
 
@@ -70,6 +81,17 @@ ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
 # the trees) and its chunk search alone took 10 s, so auto skips it there (forcing it works)
 DIRECT_AUTO_MAX_RANKS = 16
 EFFICIENCY_SLACK = 1e-9
+# treepack-hier is priced when the narrowest rank cut nearly binds the allreduce floor
+# (M / cut >= 0.95 x floor): the exchange helps where a cut is the bottleneck (two hosts: M / cut
+# is the floor), and elsewhere only costs a chunk search that loses (DGX-1's 8 GPUs: the cut is
+# one GPU's 100 GB/s against a floor of M / 85.7 GB/s, and its chains run at one link's rate)
+HIER_CUT_SHARE = 0.95
+# the chunk search of the treepack-bidir/-hier/-rings candidates stops at size / 256 (256 KiB
+# for 64 MiB): on the netem-scaled DGX-1 fragment (20 MB/s links, where 1 us per message is
+# nothing) the bidirectional trees went on to 8 KiB for 1.5% (2.2765 -> 2.2422 s) at 10 s of
+# search on this loaded 2-core machine; at real NVLink rates the best chunks are 0.5-2 MiB
+NEW_FORMS = frozenset({"treepack-bidir", "treepack-hier", "treepack-rings"})
+NEW_FORMS_MAX_CHUNKS = 256
 
 
 @dataclass(frozen=True)
@@ -197,8 +219,17 @@ def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ..
     if kind == "alltoall":
         return ("direct",), ("direct",)
     auto: list[str] = []
+    # the rings and the two-level exchange first: their searches are short (a ring plan has
+    # few messages per chunk size) and, when they win, the costlier tree searches after them
+    # stop early against them (Lower: DGX-1 at netem scale, bidir's search 15 s -> <1 s)
+    if kind == "allreduce" and 3 <= len(spec.ranks) <= RINGS_MAX_RANKS:
+        auto.append("treepack-rings")
+    if kind == "allreduce" and 2 <= len(spec.ranks) <= BIDIR_MAX_RANKS:
+        auto.append("treepack-hier")
     if kind in TREE_KINDS:
         auto += ["treepack", "treepack-rsag"] if kind == "allreduce" else ["treepack"]
+    if kind == "allreduce" and 2 <= len(spec.ranks) <= BIDIR_MAX_RANKS:
+        auto.append("treepack-bidir")
     if kind in RING_KINDS:
         auto.append("ring")
     if kind in DBTREE_KINDS:
@@ -215,6 +246,18 @@ def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ..
         eligible = (alg,)
     baselines = tuple(b for b in ("ring", "tree") if b in auto and b not in eligible)
     return eligible, eligible + baselines
+
+
+@dataclass(frozen=True)
+class BidirPacking:
+    """The trees of algorithms.bidir_packing, shaped like a treepack.Packing where the
+    pipeline reads one: ``rate`` is the allreduce rate (bytes/s of the buffer) they sustain."""
+
+    trees: tuple
+
+    @property
+    def rate(self) -> float:
+        return sum(t.rate for t in self.trees)
 
 
 @dataclass(frozen=True)
@@ -244,6 +287,25 @@ class Pack:
             # both directions; every link in the samples is full duplex)
             out.append(("trees", treepack.pack_broadcast(topo, ranks, ranks[0])))
             out.append(("rsag", treepack.pack_allgather(topo, ranks)))
+            if "treepack-bidir" in want:
+                from .algorithms import bidir_packing
+
+                trees = bidir_packing(topo, ranks)
+                if trees:
+                    out.append(("bidir", BidirPacking(trees)))
+            if "treepack-rings" in want:
+                from .algorithms import ring_packing
+
+                rings = ring_packing(topo, ranks)
+                if rings:
+                    out.append(("rings", rings))
+            if "treepack-hier" in want:
+                from .algorithms import two_level_cut
+
+                cut = two_level_cut(topo, ranks)
+                floor = allreduce_floor(topo, ranks, 1.0)
+                if cut is not None and cut[0] and cut[1] and 1.0 / cut[2] >= HIER_CUT_SHARE * floor:
+                    out.append(("hier", cut))
         return replace(u, packings=tuple(out))
 
 
@@ -257,6 +319,26 @@ class Lower:
             # the exact forms stay exact: compressing on every tree hop would quantize an
             # element once per hop, where the relaxation lowering bounds it to twice
             spec = replace(spec, compress="none")
+        if alg == "treepack-bidir":
+            p = u.packing("bidir")
+            if p is None:
+                return None
+            from .algorithms import bidir_plan
+
+            return lambda c: bidir_plan(spec, topo, p.trees, c, model=u.model)
+        if alg == "treepack-rings":
+            rings = u.packing("rings")
+            if rings is None:
+                return None
+            from .algorithms import rings_plan
+
+            return lambda c: rings_plan(spec, topo, rings, c)
+        if alg == "treepack-hier":
+            if u.packing("hier") is None:
+                return None
+            from .algorithms import hier_plan
+
+            return lambda c: hier_plan(spec, topo, c, model=u.model)
         if alg in ("treepack", "treepack-rsag"):
             p = u.packing("trees" if alg == "treepack" else "rsag")
             if p is None:
@@ -290,7 +372,10 @@ class Lower:
             if build is None:
                 continue
             prune = spec.algorithm == "auto" and alg not in ("ring", "tree")
-            choice = choose_chunk(build, cands, model=u.model, incumbent=best if prune else float("inf"))
+            mine = cands
+            if alg in NEW_FORMS and not spec.chunk_bytes:
+                mine = tuple(c for c in cands if c * NEW_FORMS_MAX_CHUNKS >= spec.size_bytes) or cands[:1]
+            choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"))
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
         if not out:
@@ -360,6 +445,14 @@ class FiguresPass:
         algorithms, the algorithmic bandwidth of the simulated plan."""
         role = {"treepack": "trees", "treepack-rsag": "rsag"}.get(u.chosen.algorithm)
         p = u.packing(role) if role else None
+        if u.chosen.algorithm == "treepack-bidir" and u.packing("bidir") is not None:
+            # the undirected packing's rate is an allreduce rate already (bytes/s of buffer)
+            return min(u.bound_rate_Bps, u.packing("bidir").rate)
+        if u.chosen.algorithm == "treepack-rings" and u.packing("rings") is not None:
+            # a ring allreduce moves 2(n-1)/n bytes over each ring per byte of buffer
+            n = len(u.spec.ranks)
+            ring_rate = sum(r for _, r in u.packing("rings"))
+            return min(u.bound_rate_Bps, ring_rate * n / (2 * (n - 1)))
         if p is not None and getattr(p, "bound", 0) and u.bound_rate_Bps != float("inf"):
             return u.bound_rate_Bps * min(1.0, p.rate / p.bound)
         return u.spec.size_bytes / predicted if predicted > 0 else 0.0

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("HCC_UPDATE_GOLDEN") == "1"
-SLOW_SAMPLES = {"fattree"}
+SLOW_SAMPLES = {"fattree", "fattree1024", "dgx1x64"}  # 1024 and 512 ranks: minutes each
 
 
 def sig3(x: float) -> float:

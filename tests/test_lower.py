@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import namedtuple
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -504,3 +505,27 @@ def test_random_trees_lower_to_correct_plans(kind, n, elems, chunk, ntrees, seed
     plan = lower(s, mesh(n), trees, chunk * 8)
     plan.verify()
     check_numeric(plan, seed)
+
+
+def test_proportional_chunks_and_credit_window_keep_allreduce_correct():
+    from hcc.compiler.lower import _proportional_chunks
+
+    assert _proportional_chunks(100, [4.0, 1.0, 0.001]) == [100, 25, 1]
+    names = ("a", "b", "c", "d")
+    links = tuple(Link(x, y, 1e9, 1e-6) for x in names for y in names if x != y)
+    topo = Topology("k4", names, (), links)
+    trees = [SimpleNamespace(root="a", edges=(("a", "b"), ("b", "c"), ("c", "d")), rate=3.0),
+             SimpleNamespace(root="b", edges=(("b", "a"), ("a", "c"), ("a", "d")), rate=1.0),
+             SimpleNamespace(root="c", edges=(("c", "d"), ("c", "a"), ("a", "b")), rate=1.0),
+             SimpleNamespace(root="d", edges=(("d", "a"), ("d", "b"), ("d", "c")), rate=1.0)]
+    s = SimpleNamespace(name="ar", kind="allreduce", ranks=names, root=-1, size_bytes=4 * 1000,
+                        dtype="float32", op="sum", compress="none", on_failure="abort", adaptive=False,
+                        peers=None)
+    for window in (0, 1, 3):
+        plan = lower(s, topo, trees, 40, per_root=False, proportional=True, window=window)
+        plan.verify()
+        # every tree keeps its own root: reduce-then-broadcast, not reduce-scatter blocks
+        assert [t.root for t in plan.trees] == [0, 1, 2, 3]
+        assert plan.trees[0].span == (0, 500)
+    # with every rank a root and no override, the blocks are per root as before
+    assert lower(s, topo, trees, 40).trees[0].span != (0, 500)
