@@ -12,12 +12,20 @@ Terms
   broadcast, allgather's per-rank trees, gather's owner→root hops, allreduce's second half)
   and/or *up* (a reduction of the members' inputs to the root: reduce, allreduce's first half).
 - shape: ``static`` (adaptive off) takes each flow's parent array from ``Plan.trees``;
-  ``arrival`` (adaptive on) lays the flow's members out as a binary heap in the order they
-  entered the run, the root first, so ready ranks are interior and late ranks are leaves
-  (repair.arrival_parents). Either shape is then repaired for the agreed dead set. Plans
-  without usable trees get heaps in rank order; an allreduce then runs one flow per block of
-  the buffer, flow ``i`` rooted at rank ``i`` (static) or at the ``i``-th arrival, so the
-  reductions spread over all ranks as in reduce-scatter + allgather.
+  ``arrival`` (adaptive on) lays the flow's members out in the order they entered the run,
+  the root first, so ready ranks are interior and late ranks are leaves
+  (repair.arrival_parents): a chain for broadcast, a binary heap for reduce, allgather and
+  gather. An allreduce in arrival order runs n-1 *star* flows, one per block, flow ``i``
+  owned by the ``i``-th arrival: a direct reduce-scatter + allgather in which the last rank
+  to arrive owns nothing (it streams its input up and the result down, one hop each way) and
+  owners reduce the pieces of early ranks while they wait for the late ones. Either shape is
+  then repaired for the agreed dead set. Plans without usable trees and adaptive off get
+  heaps in rank order (allreduce: n flows, flow ``i`` rooted at rank ``i``).
+- default and fast path: ``adaptive`` unsaid (``Plan.adaptive`` None) is on for sockets and
+  ray (:func:`adaptive_on`). With ``on_failure = abort`` and no quorum, a run first decides on
+  one store counter whether every rank arrived before any rank declared the run late
+  (:meth:`_Run.decide`, 30 ms): if so it runs the plan's flattened program
+  (backends/executor.py) — nobody late pays 3 store round trips, the log is not touched.
 - log, generation: the agreed event log of backends/agreement.py (arrivals, deaths, done).
   Generation ``g`` = the number of deaths in the log so far; every message's tag carries
   ``g mod 16``, so a message of an older generation never matches a receive of this one.
@@ -38,12 +46,18 @@ Protocol per generation, per flow (messages over the data transport, tags below)
 - up: the root computes which final chunks it lacks and sends ``NEED(bitmap)`` to its children;
   every rank reuses its clean partials, resets the others to its input, and forwards
   ``NEED`` to its own children; partials flow up as soon as they are complete.
-- a rank appends ``done(run, g)`` to the log once its own output is complete in generation g,
-  and keeps serving its children until the log shows every live rank done (agreement.py).
+- in the run's first generation HAVE and NEED are implied (nobody holds a chunk it does not
+  root, every root needs everything) and not sent; only generations after a death send them.
+- ``on_failure = continue`` (or a quorum): a rank appends ``done(run, g)`` to the log once its
+  own output is complete in generation g, and keeps serving its children until the log shows
+  every live rank done (agreement.py): every survivor reports the same contributors.
+  ``abort``: a rank that has served its part adds 1 to one store counter and returns when it
+  holds every rank's 1 (:meth:`_Run.finish_abort_mode`); a death before that raises.
 
-Tags (32 bits; the sockets frame carries 32): ``run mod 64`` (6) | ``g mod 16`` (4) | phase (2:
-down, up, control) | flow (6) | chunk (14). Hence at most 64 flows and 16384 chunks per flow;
-the chunk size grows to respect that.
+Tags (32 bits; the sockets frame carries 32): 1 (bit 31: never a static plan's tag, which is
+< 2**24) | ``run mod 32`` (5) | ``g mod 16`` (4) | phase (2: down, up, control) | flow (6) |
+chunk (14). Hence at most 64 flows and 16384 chunks per flow; the chunk size grows to respect
+that.
 
 ``on_failure = abort``: the first death in the log makes every rank raise :class:`RankFailed`
 (:class:`RootFailed` when the collective's root died). ``continue``: survivors complete; a dead
@@ -59,23 +73,41 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
-from .agreement import EventLog, Tail
+from .agreement import EventLog, Tail, log_group
 from .base import CollectiveTimeout, RankFailed, RootFailed, RuntimeFault, Transport
-from .kernels import reduce_into, scale_into
+from .kernels import STAGING, reduce_into, scale_into
 from .repair import arrival_parents, bfs_order, repair_parents, subtree
 
-__all__ = ["AdaptiveResult", "run", "wants", "KINDS", "close_session", "AdaptiveUnsupported"]
+__all__ = ["AdaptiveResult", "run", "wants", "adaptive_on", "KINDS", "DEFAULT_ON", "close_session",
+           "AdaptiveUnsupported"]
 
 KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "gather"})
+# transports on which ``adaptive`` defaults to on (a plan whose source does not say; issue 4):
+# task-based systems, where ranks enter collectives at different times
+DEFAULT_ON = frozenset({"sockets", "ray"})
 PH_DOWN, PH_UP, PH_CTRL = 0, 1, 2
 CTRL_HAVE, CTRL_NEED = 0, 1
 HELLO_TAG = 0xFFFFFFFF
+HOP_TAG = 0xFFFFFFFE  # the local harness's one-hop transfer (run_local, engine "hop")
 MAX_FLOWS, MAX_CHUNKS = 64, 1 << 14
 # 256 KiB..1 MiB chunks: below 256 KiB the per-chunk Python cost (~30 us) shows on loopback;
 # above 1 MiB a tree of depth 3 waits several ms to fill (Hoplite used 4 MiB over 10 Gbit/s).
 MIN_CHUNK, MAX_CHUNK = 256 << 10, 1 << 20
 FANOUT = 2
+# A star is one hop deep, so a bigger chunk costs no pipeline fill, and it saves the per-chunk
+# Python work of the root that reduces it (7 stars x 64 MiB / 7 = 9 MiB blocks: 3 chunks
+# each instead of 10; the per-chunk cost is what made adaptive allreduce 1.8x the static
+# direct plan, which moves whole 8 MiB blocks, on this loaded 2-core machine)
+STAR_CHUNK = 4 << 20
 _WAIT_SLICE = 0.1
+# How long a rank waits, after its own arrival, for everyone else's before it declares the run
+# late (the fast path then gives way to the adaptive schedule). 8 processes released by one
+# barrier on this 2-core machine reach the log within ~5-15 ms of each other; 30 ms keeps
+# on-time runs static while costing a late run at most that before it adapts.
+LATE_WAIT_S = 0.03
+# the fast path's per-run counter (_Run.decide): arrivals count in units, late markers in
+# _MARK, the decision in _DECIDE (fields that cannot carry into each other for n < 2**16)
+FAST_SLOTS, _MARK, _DECIDE = 64, 1 << 16, 1 << 32
 
 
 class AdaptiveUnsupported(RuntimeFault):
@@ -91,7 +123,9 @@ class AdaptiveResult(np.ndarray):
     ranks whose input a ``quorum`` run ignored. ``dead``: the agreed dead set at the end.
     ``generation``: how many deaths the run's log had seen when it ended. ``stats``: data
     chunks this rank received and sent (in all, and in the run's first generation) and the
-    plan's chunk count — a repaired broadcast receives each chunk once: it resumes."""
+    plan's chunk count — a repaired broadcast receives each chunk once: it resumes — and
+    ``path`` ("adaptive"), with seconds from this rank's entry to the moment it saw every
+    arrival (``all_arrived_s``), held its output (``output_s``) and returned (``finished_s``)."""
 
     contributors: tuple[int, ...] = ()
     missing: tuple[int, ...] = ()
@@ -107,21 +141,35 @@ class AdaptiveResult(np.ndarray):
         self.stats = getattr(obj, "stats", None)
 
 
+def adaptive_on(plan: Plan, comm: Transport, option: bool | None = None) -> bool:
+    """Whether arrival-order scheduling is on: the ``adaptive`` run option if given, else the
+    plan's ``adaptive`` (``adaptive = on|off`` in the source), else the backend's default —
+    on for the transports named in :data:`DEFAULT_ON` (sockets, ray), off elsewhere (mpi)."""
+    if option is not None:
+        return bool(option)
+    if plan.adaptive is not None:
+        return bool(plan.adaptive)
+    return getattr(comm, "name", "") in DEFAULT_ON
+
+
 def wants(plan: Plan, comm: Transport, options: dict) -> bool:
     """Whether ``plan.run(comm, ...)`` should use this executor — the one-line hook
     backends/executor.py's ``run`` dispatches on: a kind this executor runs, a transport with
-    a rendezvous store (sockets; MPI cannot survive a death and keeps the static executor), and
-    ``on_failure = continue``, ``adaptive = on``, or a ``quorum``/``adaptive`` run option."""
+    a rendezvous store (sockets, ray over sockets; MPI cannot survive a death and keeps the
+    static executor), and ``on_failure = continue``, a ``quorum``, an ``adaptive`` run
+    option, or adaptive scheduling on (:func:`adaptive_on`: by default on sockets and ray)."""
     if plan.kind not in KINDS or plan.compress not in (None, "none"):
         return False
     if getattr(comm, "store", None) is None or getattr(comm, "token", None) is None:
         return False
-    return plan.on_failure == "continue" or bool(plan.adaptive) or options.get("quorum") is not None \
-        or bool(options.get("adaptive"))
+    return plan.on_failure == "continue" or options.get("quorum") is not None or "adaptive" in options \
+        or adaptive_on(plan, comm)
 
 
 def tag(run: int, gen: int, phase: int, flow: int, chunk: int) -> int:
-    return ((run & 63) << 26) | ((gen & 15) << 22) | (phase << 20) | (flow << 14) | chunk
+    # bit 31 set: never equal to a static plan's tag (< 2**24, ir/plan.py), so a frame left
+    # over from an abandoned adaptive transfer can never match a later static run's receive
+    return (1 << 31) | ((run & 31) << 26) | ((gen & 15) << 22) | (phase << 20) | (flow << 14) | chunk
 
 
 # --------------------------------------------------------------------------- sessions
@@ -136,19 +184,33 @@ class _Session:
             raise AdaptiveUnsupported(
                 f"the adaptive runtime needs a transport with a rendezvous store (sockets), "
                 f"not {getattr(comm, 'name', type(comm).__name__)!r}")
-        self.comm = comm
-        group = f"{getattr(comm, 'group', 'hcc')}/adaptive"
+        # the communicator is held weakly (it keys _SESSIONS, a WeakKeyDictionary: a strong
+        # reference here would keep it, and this session's thread and connections, forever);
+        # when the communicator goes, the session closes with it
+        self._comm = weakref.ref(comm)
+        group = log_group(getattr(comm, "group", None) or "hcc")
         self.log = EventLog(store.address, token, group, timeout=min(getattr(comm, "timeout", 30.0), 30.0))
         self.tail = Tail(self.log, token, wake=self.wake)
         self.runs = 0
+        self.abort_runs = 0
         self.reported: set[int] = set()
-        # connect every pair now (the lower rank dials) so that any death is an EOF somewhere
+        self.greeted = False
         self._hello = np.zeros(1, dtype=np.uint8)
-        for p in range(comm.rank + 1, comm.world):
-            comm.isend(p, HELLO_TAG, memoryview(self._hello))
+        self._finalizer = weakref.finalize(comm, _Session.close, self)
+
+    def greet(self, comm: Transport) -> None:
+        """Connect every pair (the lower rank dials) so that any death is an EOF somewhere —
+        once, before the first run that uses the adaptive schedule (a static fast-path run
+        does not need it: the static executor reports the deaths of the peers it uses)."""
+        if not self.greeted:
+            self.greeted = True
+            for p in range(comm.rank + 1, comm.world):
+                comm.isend(p, HELLO_TAG, memoryview(self._hello))
 
     def wake(self) -> None:
-        self.comm.wake()
+        comm = self._comm()
+        if comm is not None:
+            comm.wake()
 
     def close(self) -> None:
         self.tail.close()
@@ -195,6 +257,7 @@ class _Flow:
     chunks: list[tuple[int, int]]
     src_off: int  # down source reads in[a - src_off : b - src_off] on the root
     static_parent: tuple[int, ...] | None
+    star: bool = False  # arrival shape is a star: every member a direct child of the root
     # state that survives generations
     have: np.ndarray = None  # down: contributor key of the valid value, -1 = none
     part: list = None  # up: int bitmask of ranks covered by the partial of chunk c, 0 = none
@@ -228,14 +291,16 @@ def _partition(spans: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
     return pos == hi
 
 
-def _flows(plan: Plan, static: bool, ce: int) -> list[_Flow]:
+def _flows(plan: Plan, static: bool, ce: int, star_ce: int | None = None) -> list[_Flow]:
+    """The flows of ``plan`` (chunks of ``ce`` elements; ``star_ce`` for allreduce stars,
+    default ``max(ce, STAR_CHUNK)``)."""
     n, E, kind = plan.n, plan.elems, plan.kind
     every = tuple(range(n))
     flows: list[_Flow] = []
 
-    def add(root, members, up, down, lo, hi, src_off, parent):
+    def add(root, members, up, down, lo, hi, src_off, parent, star=False):
         c = max(ce, -(-(hi - lo) // MAX_CHUNKS))
-        flows.append(_Flow(len(flows), root, members, up, down, _split(lo, hi, c), src_off, parent))
+        flows.append(_Flow(len(flows), root, members, up, down, _split(lo, hi, c), src_off, parent, star))
 
     trees = [t for t in plan.trees if len(t.parent) == n]
     if kind in ("broadcast", "reduce", "allreduce"):
@@ -247,15 +312,31 @@ def _flows(plan: Plan, static: bool, ce: int) -> list[_Flow]:
             for t in trees:
                 if t.span[1] > t.span[0]:
                     add(t.root, every, up, down, t.span[0], t.span[1], 0, t.parent)
-        elif kind == "allreduce":
+        elif kind == "allreduce" and static:
             # one tree per block, each rooted at another rank (rotated heaps), so the
-            # reductions spread over every rank as in a reduce-scatter + allgather; under
-            # arrival order flow i is rooted at the i-th rank to arrive
+            # reductions spread over every rank as in a reduce-scatter + allgather
             for i in every:
                 lo, hi = block_range(E, n, i)
                 if hi > lo:
                     order = [(i + k) % n for k in range(n)]
-                    add(i, every, up, down, lo, hi, 0, arrival_parents(order, n, FANOUT) if static else None)
+                    add(i, every, up, down, lo, hi, 0, arrival_parents(order, n, FANOUT))
+        elif kind == "allreduce":
+            # arrival order: n-1 blocks, block i owned by the i-th rank to arrive, as a star
+            # (every other rank sends the owner its piece, the owner sends back the sum): a
+            # direct reduce-scatter + allgather whose owners are the first n-1 arrivals, so the
+            # last rank to arrive owns nothing and only streams its input up and the result
+            # down. A star child's partial is its own input, so an owner reduces the pieces
+            # of early arrivals while it waits for the late ones (pre-reduction). Stars, not
+            # heaps: each byte crosses one hop each way, as in the compiler's direct plan
+            # (8 ranks, 64 MiB, nobody late: binary heaps measured 0.87 s, the static direct
+            # plan 0.58 s, on this 2-core loopback)
+            blocks = max(1, n - 1)
+            star_ce = star_ce or max(ce, STAR_CHUNK // plan.itemsize)
+            for i in range(blocks):
+                lo, hi = block_range(E, blocks, i)
+                if hi > lo:
+                    flows.append(_Flow(len(flows), i, every, up, down,
+                                       _split(lo, hi, max(star_ce, -(-(hi - lo) // MAX_CHUNKS))), 0, None, True))
         else:
             root = plan.root
             parent = arrival_parents([root] + [r for r in every if r != root], n, FANOUT) if static else None
@@ -313,12 +394,20 @@ class _View:
     done: dict[int, set] = field(default_factory=dict)  # generation -> ranks done in it
     finished: bool = False
     pos: int = 0  # events folded
+    # the generation at this run's first arrival: in it HAVE/NEED are implied (nobody holds
+    # anything yet), so the run's first generation sends no control message
+    base_gen: int | None = None
 
 
 class _Run:
     def __init__(self, plan: Plan, comm: Transport, session: _Session, inp: np.ndarray, out: np.ndarray,
-                 timeout: float, static: bool, quorum: int | None, ce: int, progress: Callable | None):
+                 timeout: float, static: bool, quorum: int | None, ce: int, progress: Callable | None,
+                 fast: bool = False, explicit_chunk: bool = False):
         self.plan, self.comm, self.s = plan, comm, session
+        self.fast, self.ran_static = fast, False
+        # on_failure = abort without a quorum: no repair, no agreement on contributors, so a
+        # rank returns as soon as its own part is done (served_all) instead of at the log's end
+        self.abort_mode = plan.on_failure != "continue" and quorum is None
         self.rank, self.n = comm.rank, plan.n
         self.inp, self.out = inp, out
         self.timeout, self.static, self.quorum = timeout, static, quorum
@@ -328,7 +417,8 @@ class _Run:
         self.op = plan.op or "sum"
         self.kind = plan.kind
         self.rooted = plan.kind in ROOTED_KINDS
-        self.flows = _flows(plan, static, ce)
+        # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included
+        self.flows = _flows(plan, static, ce, ce if explicit_chunk else None)
         self.view = _View()
         self.gen = -1
         self.first_gen = None
@@ -358,6 +448,8 @@ class _Run:
             elif ev.get("run") != self.run_id:
                 continue
             elif t == "arr":
+                if v.base_gen is None:
+                    v.base_gen = len(v.dead)
                 if ev["rank"] not in v.arrivals and ev["rank"] not in v.dead:
                     v.arrivals.append(int(ev["rank"]))
             elif t == "done":
@@ -424,11 +516,18 @@ class _Run:
             # members the restricted static tree no longer reaches hang off the root
             reach = set(bfs_order(base, root))
             base = tuple(root if (c in members and c not in reach) else p for c, p in enumerate(base))
+        elif self.star_all(f):
+            # a star over every member, arrived or not: leaves are leaves whatever the order,
+            # so the root waits for no log event — a piece that arrives proves its sender
+            # arrived (the log is a store round trip per event behind; 8 ranks on this loaded
+            # machine saw arrivals up to 0.5 s late)
+            base = tuple(-1 if (r == root or r not in members) else root for r in range(self.n))
         else:
             order = [root] + [r for r in self.view.arrivals if r in members and r != root]
             # broadcast: a chain in arrival order (every rank forwards the buffer once, the
             # last to arrive is the tail); elsewhere a binary heap (each flow carries 1/n)
-            base = arrival_parents(order, self.n, 1 if self.kind == "broadcast" else FANOUT)
+            fanout = 1 if self.kind == "broadcast" else max(1, self.n - 1) if f.star else FANOUT
+            base = arrival_parents(order, self.n, fanout)
         if root in dead:
             if self.kind != "allreduce":
                 return tuple([-1] * self.n), -1
@@ -437,6 +536,11 @@ class _Run:
                 return tuple([-1] * self.n), -1
             return repair_parents(base, root, dead, promote=True), live[0]
         return repair_parents(base, root, dead), root
+
+    def star_all(self, f: _Flow) -> bool:
+        """Flow ``f`` is a star over all its members (allreduce in arrival order, no quorum:
+        the contributors are every live rank, so nothing about the tree waits for arrivals)."""
+        return f.star and self.quorum is None
 
     def new_generation(self) -> None:
         v = self.view
@@ -499,7 +603,9 @@ class _Run:
             t = tag(self.run_id, self.gen, PH_CTRL, f.fid, CTRL_HAVE if what == "have" else CTRL_NEED)
         else:
             a, b = f.chunks[c]
-            staging = np.empty(b - a, dtype=self.inp.dtype)
+            # pooled (backends/kernels.py STAGING: no page faults per chunk); returned to the
+            # pool only once complete — an abandoned receive's chunk is left to the collector
+            staging = STAGING.take(b - a, self.inp.dtype)
             t = tag(self.run_id, self.gen, ph, f.fid, c)
         req = self.comm.irecv(peer, t, memoryview(staging).cast("B"))
         self.pending.append(_Pending(req, what, f.fid, c, peer, staging))
@@ -522,7 +628,15 @@ class _Run:
         return self.out[a:b]
 
     # ---- progress: post whatever the state allows ------------------------------------------
+    def implied(self) -> bool:
+        """HAVE/NEED are implied in the run's first generation: no member holds a valid
+        chunk of a flow it does not root, every root needs every chunk (saves 2 messages per
+        tree edge; generations after a death exchange them, since survivors then resume)."""
+        return self.gen == self.view.base_gen
+
     def step(self) -> None:
+        if self.view.base_gen is None:
+            return  # this run's first arrival is not in the log yet: nothing to do
         for f in self.flows:
             st = self.g[f.fid]
             if st["root_dead"] and not f.up:
@@ -535,11 +649,13 @@ class _Run:
     def step_down(self, f, st) -> None:
         par = st["down_parent"]
         me = self.rank
+        implied = self.implied()
         if me != st["down_root"] and par[me] >= 0 and not st["have_sent"]:
             missing = [c for c in range(len(f.chunks)) if not self.valid(f, c)]
             st["have_sent"] = True
             if missing:
-                self.send(f, CTRL_HAVE, par[me], PH_CTRL, self.bits(f, lambda c: self.valid(f, c)))
+                if not implied:
+                    self.send(f, CTRL_HAVE, par[me], PH_CTRL, self.bits(f, lambda c: self.valid(f, c)))
                 # always into a staging chunk, copied into out on completion: the transport
                 # cannot cancel a posted receive, so a receive dropped by a repair must never
                 # point into the caller's buffer (a late frame would land there after return)
@@ -549,7 +665,10 @@ class _Run:
         for k in st["down_kids"]:
             if k not in st["kid_have_posted"] and k not in self.view.dead:
                 st["kid_have_posted"].add(k)
-                self.post_recv("have", f, -1, k, PH_CTRL, ctrl_bytes=nbytes)
+                if implied:
+                    st["kids_have"][k] = np.ones(len(f.chunks), dtype=bool)
+                else:
+                    self.post_recv("have", f, -1, k, PH_CTRL, ctrl_bytes=nbytes)
         if st["kids_have"]:
             valid = self.valid_mask(f)
             for k, need in st["kids_have"].items():
@@ -575,21 +694,27 @@ class _Run:
     def step_up(self, f, st) -> None:
         me = self.rank
         par = st["up_parent"]
+        root = st["up_root"]
+        if root < 0 or (me != root and par[me] < 0):
+            return  # the flow's root, or this rank's place in it, is not known yet
         complete = self.up_complete()
+        implied = self.implied()
         if st["my_need"] is None:
-            if me == st["up_root"]:
-                asked = np.array([not self.valid(f, c) for c in range(len(f.chunks))], dtype=bool)
+            if me == root:
+                asked = ~self.valid_mask(f)
+            elif implied:
+                asked = np.ones(len(f.chunks), dtype=bool)
             elif st["need_got"] is not None:
                 asked = st["need_got"]
             else:
-                if par[me] >= 0 and "need_posted" not in st:
+                if "need_posted" not in st:
                     st["need_posted"] = True
                     self.post_recv("need", f, -1, par[me], PH_CTRL, ctrl_bytes=(len(f.chunks) + 7) // 8)
                 return
             need = np.zeros(len(f.chunks), dtype=bool)
             for c in np.flatnonzero(asked):
                 c = int(c)
-                if complete and st["my_sub"] and f.part[c] == st["my_sub"]:
+                if (complete or self.star_all(f)) and st["my_sub"] and f.part[c] == st["my_sub"]:
                     self.deliver_up(f, st, c)  # clean: resume, nothing below is redone
                 else:
                     need[c] = True
@@ -599,24 +724,31 @@ class _Run:
             st["up_from"] = {int(c): set() for c in np.flatnonzero(need)}
             st["dirty"] = set(st["up_from"])
         need = st["my_need"]
-        for k in st["up_kids"]:
-            if k not in st["kid_need_sent"] and k not in self.view.dead:
-                st["kid_need_sent"].add(k)
-                self.send(f, CTRL_NEED, k, PH_CTRL, np.packbits(need))
-        if not complete:
+        if not implied:
+            for k in st["up_kids"]:
+                if k not in st["kid_need_sent"] and k not in self.view.dead:
+                    st["kid_need_sent"].add(k)
+                    self.send(f, CTRL_NEED, k, PH_CTRL, np.packbits(need))
+        # In a heap, partials are taken in only once every contributor has arrived, so the
+        # subtree a child's partial covers (kid_sub) is final for this generation and
+        # f.part[c] says exactly which inputs the partial holds (a clean partial can then be
+        # reused). In a star every child is a leaf whatever arrives later: its partial is
+        # its own input, so the root takes it in at once and leaves send theirs as soon as
+        # the root is known (pre-reduction); only the root's delivery waits for everyone.
+        if not (complete or f.star):
             return
-        # partials are taken in only once every contributor has arrived, so the subtree a
-        # child's partial covers (kid_sub) is final for this generation and f.part[c] says
-        # exactly which inputs the partial holds (a clean partial can then be reused)
         for k in st["up_kids"]:
             if k not in st["up_posted"] and k not in self.view.dead:
                 st["up_posted"].add(k)
                 for c in np.flatnonzero(need):
                     self.post_recv("up", f, int(c), k, PH_UP)
         kids = set(st["up_kids"])
-        if st.get("kids_seen") != kids:  # the children changed (arrivals): look at every chunk
-            st["kids_seen"] = kids
+        if st.get("kids_seen") != kids or st.get("complete_seen") != complete:
+            # the children changed (arrivals) or everyone is in now: look at every chunk
+            st["kids_seen"], st["complete_seen"] = kids, complete
             st["dirty"] = set(st["up_from"])
+        if not (complete or self.star_all(f)) and me == root:
+            return  # the root's partial is final only once every contributor is in
         dirty, st["dirty"] = st["dirty"], set()
         for c in dirty:
             if c not in st["up_sent"] and st["up_from"][c] >= kids:
@@ -641,6 +773,7 @@ class _Run:
         a, b = f.chunks[p.chunk]
         if p.what == "down":
             self.out[a:b] = p.staging
+            STAGING.give(p.staging)
             f.have[p.chunk] = self.down_key(f)
         else:  # "up": a child's partial
             if f.acc[p.chunk] is None:
@@ -649,6 +782,7 @@ class _Run:
                 f.acc[p.chunk] = p.staging
             else:
                 reduce_into(self.op, self.plan.dtype, f.acc[p.chunk], p.staging)
+                STAGING.give(p.staging)
             f.part[p.chunk] |= st["kid_sub"][p.peer]
             st["up_from"].setdefault(p.chunk, set()).add(p.peer)
             st.setdefault("dirty", set()).add(p.chunk)
@@ -669,15 +803,157 @@ class _Run:
                 return False
         return True
 
+    def served_all(self) -> bool:
+        """``on_failure = abort``: this rank's part is over — its output is complete, every
+        chunk it owes a parent or a child is sent (and the sends complete), and no tree can
+        still change (every rank arrived, or the flow is a star over all members). No death
+        can be repaired in this mode, so nothing else is owed and no ``done`` agreement is
+        needed: as with the static executor, a rank returns when its own work is done (it
+        saves the log's n appends and n reads at the end of every run)."""
+        v = self.view
+        if any(p.what == "send" and not p.req.done for p in self.pending):
+            return False
+        shape_final = len(v.arrivals) + len(v.dead) >= self.n
+        dead = set(v.dead)
+        me = self.rank
+        for f in self.flows:
+            st = self.g[f.fid]
+            if not (shape_final or self.star_all(f)):
+                return False
+            if st["root_dead"] and not f.up:
+                continue
+            if f.up and me in self.contrib and me != st["up_root"]:
+                need = st["my_need"]
+                if need is None or any(int(c) not in st["up_sent"] for c in np.flatnonzero(need)):
+                    return False
+            if f.down and me in f.members:
+                for k in st["down_kids"]:
+                    if k not in dead and (k not in st["kids_have"] or st["kids_have"][k].any()):
+                        return False
+        return True
+
+    def finish_abort_mode(self) -> None:
+        """``on_failure = abort``: the run ends when every rank has served its part, unless a
+        rank dies first (then every rank that has not seen the end raises RankFailed). One
+        store counter per session (``fin``, counting every rank's finished abort-mode runs)
+        replaces the log's ``done`` events: one ``add`` and one server-side ``wait`` instead
+        of n appends and n reads. A death seen before the count is full raises, unless the
+        count is full when checked after it (the dead rank had finished: the run had ended
+        everywhere, its death does not change it)."""
+        from .rendezvous import RendezvousError
+
+        client = self.s.log.client
+        key = f"{self.s.log.prefix}/fin"
+        # every rank that finished each earlier such run added 1 (a run that lost a rank
+        # raises everywhere, and so does every later abort-mode run: the death is in the log)
+        self.s.abort_runs += 1
+        target = self.n * self.s.abort_runs
+        client.add(key, 1)
+        start = time.monotonic()
+        while True:
+            try:
+                client.wait(key, target, _WAIT_SLICE)
+                return
+            except RendezvousError as e:
+                if "timeout" not in str(e):
+                    raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({e})") from None
+            self.report_deaths()
+            self.fold()
+            if len(self.view.dead) != self.gen:
+                if int(client.add(key, 0)) >= target:
+                    return
+                self.new_generation()  # raises RankFailed / RootFailed
+            if time.monotonic() - start > self.timeout:
+                raise CollectiveTimeout(self.rank, -1, f"adaptive run {self.run_id}: waiting for the "
+                                        "other ranks to finish", self.timeout)
+
     # ---- the loop --------------------------------------------------------------------------
+    def report_deaths(self) -> None:
+        """Append the deaths this rank's transport saw (once per dead rank, agreement.py)."""
+        seen = _transport_dead(self.comm)
+        for d in seen - self.s.reported - set(self.view.dead):
+            self.s.reported.add(d)
+            self.s.log.report_dead(d)
+        self.known_dead |= seen
+
+    def decide(self) -> bool:
+        """The fast path's check: True when every rank entered this run before any rank
+        declared it late — then the run is the plan's static program (with nobody late,
+        arrival order cannot help, and the flattened program is the faster executor).
+
+        One store counter per run (``fast/<run mod 64>``; rank 0 zeroes the slot 32 runs
+        ahead, which every rank left long ago: a run's decision needs every rank's arrival,
+        so no rank is more than two runs ahead of another) holds three fields: arrivals
+        (+1 each), late markers (+:data:`_MARK`, posted by a rank that waited
+        :data:`LATE_WAIT_S` after its own arrival), and the decision (+:data:`_DECIDE` static,
+        +2 :data:`_DECIDE` adaptive). ``add`` is linearizable and returns the new value, so
+        exactly one rank learns the outcome first: the n-th arrival when no marker preceded it
+        (static), or the first marker when some arrival was still missing (adaptive); it adds
+        the decision, every rank waits for it server-side. Nobody late: 3 store round trips,
+        and the log is not touched (the default path adds no key to the store)."""
+        from .rendezvous import RendezvousError
+
+        self.fold()
+        if self.view.dead:
+            return False  # a rank is known dead: the adaptive path decides what that means
+        client = self.s.log.client
+        slot = self.run_id % FAST_SLOTS
+        key = f"{self.s.log.prefix}/fast/{slot}"
+        if self.rank == 0:
+            client.set(f"{self.s.log.prefix}/fast/{(slot + FAST_SLOTS // 2) % FAST_SLOTS}", 0)
+        t_arr = time.monotonic()
+        v = int(client.add(key, 1))
+        if v % _MARK == self.n and v < _MARK:
+            client.add(key, _DECIDE)  # the last arrival, and nobody declared the run late
+        posted = False
+        while True:
+            waited = time.monotonic() - t_arr
+            try:
+                value = int(client.wait(key, _DECIDE, max(1e-3, LATE_WAIT_S - waited) if not posted
+                                        else _WAIT_SLICE))
+                return value // _DECIDE == 1
+            except RendezvousError as e:
+                if "timeout" not in str(e):
+                    raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({e})") from None
+            if not posted:
+                posted = True
+                v = int(client.add(key, _MARK))
+                if v % _MARK < self.n and v // _MARK % (_DECIDE // _MARK) == 1:
+                    client.add(key, 2 * _DECIDE)  # the first marker, and someone is missing
+            self.report_deaths()
+            if waited > self.timeout:
+                raise CollectiveTimeout(self.rank, -1, f"adaptive run {self.run_id}: waiting for the "
+                                        "static/adaptive decision", self.timeout)
+
+    def run_static(self) -> None:
+        """Everyone is present: run this rank's flattened program (backends/executor.py)."""
+        from .executor import RankExecution
+
+        plan, rank = self.plan, self.rank
+        bufs = {"in": self.inp, "out": self.out, "tmp": np.empty(plan.tmp_elems[rank], dtype=self.inp.dtype)}
+        RankExecution(plan, self.comm, plan.programs[rank], bufs, self.timeout).execute()
+        self.ran_static = True
+        self.stats["path"] = "static"
+        self.gen = len(self.view.dead)
+        self.contrib = list(range(self.n))
+
     def execute(self) -> None:
+        t0 = time.monotonic()
+        if self.fast and self.decide():
+            self.run_static()
+            return
+        self.s.greet(self.comm)
         self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank})
+        self.stats["path"] = "adaptive"
         last = time.monotonic()
         while True:
             seen = len(self.s.tail.events)
             before = (len(self.view.arrivals), len(self.view.dead))
             self.fold()
+            if "all_arrived_s" not in self.stats and len(self.view.arrivals) + len(self.view.dead) >= self.n:
+                self.stats["all_arrived_s"] = time.monotonic() - t0
             if self.view.finished:
+                self.stats["finished_s"] = time.monotonic() - t0
                 return
             if len(self.view.dead) != self.gen:
                 if self.gen >= 0:
@@ -689,14 +965,17 @@ class _Run:
                 self.new_generation()
             elif (len(self.view.arrivals), len(self.view.dead)) != before:
                 self.refresh_shapes()
-            for d in _transport_dead(self.comm) - self.s.reported - set(self.view.dead):
-                self.s.reported.add(d)
-                self.s.log.report_dead(d)
-            self.known_dead |= _transport_dead(self.comm)
+            self.report_deaths()
             self.step()
             if self.gen not in self.done_posted and self.own_output_complete():
                 self.done_posted.add(self.gen)
-                self.s.log.append({"t": "done", "run": self.run_id, "rank": self.rank, "gen": self.gen})
+                self.stats["output_s"] = time.monotonic() - t0
+                if not self.abort_mode:
+                    self.s.log.append({"t": "done", "run": self.run_id, "rank": self.rank, "gen": self.gen})
+            if self.abort_mode and self.gen in self.done_posted and self.served_all():
+                self.finish_abort_mode()
+                self.stats["finished_s"] = time.monotonic() - t0
+                return
             live = [p for p in self.pending if p.peer not in self.view.dead]
             reqs = [p.req for p in live]
             done = _wait(self.comm, self.s, reqs, _WAIT_SLICE * 5, seen, self.known_dead)
@@ -746,13 +1025,21 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
         adaptive: bool | None = None, quorum: int | None = None, chunk_bytes: int | None = None,
         progress: Callable[[], None] | None = None) -> AdaptiveResult:
     """Run ``plan`` on rank ``comm.rank`` with the adaptive executor; returns the output as an
-    :class:`AdaptiveResult` (an ndarray with ``contributors``/``missing``/``late``/``dead``).
+    :class:`AdaptiveResult` (an ndarray with ``contributors``/``missing``/``late``/``dead``) —
+    or, when the static program ran (adaptive off, or the fast path), exactly what
+    backends/executor.py's ``run`` returns (the caller's ``out`` itself when given).
 
-    ``adaptive``: arrival-order trees (default: ``plan.adaptive``, else on — design.md: on for
-    sockets and ray); off uses ``Plan.trees`` as compiled. ``quorum=K`` (reduce, allreduce):
-    reduce the first K inputs that arrive (reduce: the root's and the first K-1 others'); the
-    others are reported in ``late``. ``timeout``: the longest the run may make no progress.
-    ``progress``: called after every data chunk this rank sends or receives (fault injection)."""
+    ``adaptive``: arrival-order trees; default :func:`adaptive_on` (``plan.adaptive``, else on
+    for sockets and ray). Off with ``on_failure = abort`` and no quorum: the plan's flattened
+    program, exactly as backends/executor.py runs it; off otherwise: ``Plan.trees`` as
+    compiled, repaired around deaths. Left to the default (not passed) with ``on_failure =
+    abort`` and no quorum, the *fast path* applies: when every rank arrived before any
+    declared the run late (:meth:`_Run.decide`), the flattened program runs; only a run with
+    a late rank pays for the adaptive schedule. ``adaptive=True`` forces the adaptive
+    schedule. ``quorum=K`` (reduce, allreduce): reduce the first K inputs that arrive
+    (reduce: the root's and the first K-1 others'); the others are reported in ``late``.
+    ``timeout``: the longest the run may make no progress. ``progress``: called after every
+    data chunk this rank sends or receives (fault injection; it turns the fast path off)."""
     from .executor import InputMismatch, caller_buffers
 
     if plan.kind not in KINDS:
@@ -767,11 +1054,19 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
         if plan.op == "avg" and plan.dtype not in FLOAT_DTYPES:
             raise InputMismatch("quorum with op = avg needs a float dtype")
     rank, inp, out_flat, result = caller_buffers(plan, comm, array, out, timeout, zero_fill=True)
-    static = adaptive is False
+    on = adaptive_on(plan, comm, adaptive)
+    plain = plan.on_failure != "continue" and quorum is None and progress is None
+    if not on and plain:
+        from .executor import RankExecution
+
+        bufs = {"in": inp, "out": out_flat, "tmp": np.empty(plan.tmp_elems[rank], dtype=inp.dtype)}
+        RankExecution(plan, comm, plan.programs[rank], bufs, float(timeout)).execute()
+        return result  # exactly what executor.run returns (the caller's `out` itself if given)
     ce = _chunk_elems(plan, chunk_bytes)
     session = _session(comm)
-    r = _Run(plan, comm, session, inp, out_flat, float(timeout), static,
-             None if quorum is None else int(quorum), ce, progress)
+    r = _Run(plan, comm, session, inp, out_flat, float(timeout), not on,
+             None if quorum is None else int(quorum), ce, progress, fast=on and plain and adaptive is None,
+             explicit_chunk=chunk_bytes is not None)
     if plan.kind in ("allgather", "gather"):
         if plan.kind == "allgather" or rank == plan.root:
             lo, hi = block_range(plan.elems, plan.n, rank)
@@ -784,6 +1079,8 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
         for f in r.flows:
             f.have[:] = 0
     r.execute()
+    if r.ran_static:
+        return result  # the fast path: exactly what executor.run returns
     return r.result(result if isinstance(result, np.ndarray) else out_flat)
 
 
@@ -797,7 +1094,9 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
 class Case:
     """One run of a local job. ``kill=(rank, k)``: that rank SIGKILLs itself after its k-th
     data chunk; ``delays[r]``: seconds rank r waits after the start barrier (late arrivals);
-    ``engine``: "adaptive" or "static" (backends/executor.py on the flattened programs)."""
+    ``engine``: "adaptive" (this module's ``run``, whose ``adaptive`` option is ``adaptive``),
+    "static" (backends/executor.py on the flattened programs) or "hop" (rank 0 sends its
+    whole input to rank 1: one link's time for the same bytes)."""
 
     plan: Plan
     seed: int = 0
@@ -842,8 +1141,11 @@ def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 
         for i, c in enumerate(cases):
             if c.plan.n != world:
                 raise RuntimeFault(f"case {i}: {c.plan.n} ranks, the job has {world}")
-            c.plan.save(job / f"case{i}.plan.json")
-            spec.append({"plan": f"case{i}.plan.json", "seed": c.seed, "kill": c.kill, "delays": list(c.delays),
+            # a plan file says adaptive true or false (ir/serialize.py); None (the backend's
+            # default) travels beside it
+            replace(c.plan, adaptive=bool(c.plan.adaptive)).save(job / f"case{i}.plan.json")
+            spec.append({"plan": f"case{i}.plan.json", "plan_adaptive": c.plan.adaptive, "seed": c.seed,
+                         "kill": c.kill, "delays": list(c.delays),
                          "quorum": c.quorum, "adaptive": c.adaptive, "engine": c.engine,
                          "chunk_bytes": c.chunk_bytes, "save": c.save})
         atomic_write_text(job / "job.json", json.dumps({"timeout": timeout, "cases": spec}))
@@ -935,7 +1237,7 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
 
     try:
         for i, case in enumerate(spec["cases"]):
-            plan = Plan.load(job / case["plan"])
+            plan = replace(Plan.load(job / case["plan"]), adaptive=case["plan_adaptive"])
             x = make_input(plan, case["seed"], rank)
             rec: dict = {}
             count = [0]
@@ -958,18 +1260,36 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
                     time.sleep(delays[rank])
                 if kill is not None and kill[0] == rank and kill[1] <= 0:
                     os.kill(os.getpid(), signal.SIGKILL)
-                if case["engine"] == "static":
+                if case["engine"] == "hop":
+                    # one link, the whole buffer: rank 0 sends its input to rank 1, the others
+                    # idle (fault_bench's one-hop time, measured inside the same job)
+                    if rank in (0, 1):
+                        buf = x if rank == 0 else np.empty_like(x)
+                        view = memoryview(buf).cast("B")
+                        req = comm.isend(1, HOP_TAG, view) if rank == 0 else comm.irecv(0, HOP_TAG, view)
+                        end = time.monotonic() + timeout
+                        while not req.done and time.monotonic() < end:
+                            comm.wait_any([req], max(0.0, end - time.monotonic()))
+                    out = x
+                    rec.update(contributors=[], missing=[], late=[], dead=[])
+                elif case["engine"] == "static":
                     # the flattened programs (executor.run would hand a plan with on_failure =
                     # continue back to this module: the comparison needs the static one)
                     out = static_run(replace(plan, on_failure="abort", adaptive=False), comm, x, timeout=timeout)
                     rec.update(contributors=list(range(world)), missing=[], late=[], dead=[])
                 else:
+                    # progress only when this case kills: a progress hook turns the fast path off
                     out = run(plan, comm, x, timeout=timeout, quorum=case["quorum"], adaptive=case["adaptive"],
-                              chunk_bytes=case["chunk_bytes"], progress=progress)
-                    rec.update(contributors=list(out.contributors), missing=list(out.missing),
-                               late=list(out.late), dead=list(out.dead), stats=out.stats,
-                               generation=out.generation)
+                              chunk_bytes=case["chunk_bytes"], progress=progress if kill is not None else None)
+                    if isinstance(out, AdaptiveResult):
+                        rec.update(contributors=list(out.contributors), missing=list(out.missing),
+                                   late=list(out.late), dead=list(out.dead), stats=out.stats,
+                                   generation=out.generation)
+                    else:  # the static program ran (adaptive off, or the fast path)
+                        rec.update(contributors=list(range(world)), missing=[], late=[], dead=[],
+                                   stats={"path": "static"}, generation=0)
                 rec["seconds"] = time.perf_counter() - t0
+                rec["log_length"] = _session(comm).log.length()  # events in the agreement log
                 if case["save"]:
                     np.save(job / f"case{i}.out{rank}.npy", np.asarray(out))
             except RuntimeFault as e:

@@ -556,6 +556,6 @@ def assemble(spec: Any, topo: Topology, builder: ProgramBuilder, trees: tuple[Tr
         topology=topo,
         compress=getattr(spec, "compress", "none") or "none",
         on_failure=getattr(spec, "on_failure", "abort") or "abort",
-        adaptive=bool(getattr(spec, "adaptive", False) or False),
+        adaptive=getattr(spec, "adaptive", None),
         peers=getattr(spec, "peers", None) if kind == "neighbor_average" else None,
     )

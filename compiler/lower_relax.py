@@ -248,7 +248,7 @@ def relax_plan(spec: CollectiveSpec, topo: Topology, chunk_bytes: int | None) ->
         topology=topo,
         compress=spec.compress,
         on_failure=spec.on_failure,
-        adaptive=bool(spec.adaptive),
+        adaptive=spec.adaptive,
         peers=peers,
     )
     return replace(plan, figures=Figures(wire_bytes=wire_bytes(plan)))

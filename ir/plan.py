@@ -314,7 +314,10 @@ class Plan:
     figures: Figures = field(default_factory=Figures)
     compress: str = "none"  # none | fp16 | int8
     on_failure: str = "abort"  # abort | continue
-    adaptive: bool = False
+    # adaptive scheduling (issue 4): True = on, False = off (the flattened programs / compiled
+    # trees), None = the backend's default (on for sockets and ray, off for mpi:
+    # backends/adaptive.py adaptive_on) — what a source that does not say `adaptive` means
+    adaptive: bool | None = False
     peers: str | None = None  # neighbor_average only: ring | all | shift_one
     version: int = PLAN_VERSION
 

@@ -280,7 +280,7 @@ def _decode(d: Any, rd: _Reader) -> Plan:
         figures=Figures(**fig_kw),
         compress=g(d, "compress", (str,), optional=True, default="none"),
         on_failure=g(d, "on_failure", (str,), optional=True, default="abort"),
-        adaptive=g(d, "adaptive", (bool,), optional=True, default=False),
+        adaptive=g(d, "adaptive", (bool, None), optional=True, default=False),
         peers=g(d, "peers", (str, None), optional=True, default=None),
         version=ver,
     )

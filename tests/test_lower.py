@@ -346,7 +346,7 @@ def test_plan_metadata():
     plan = lower(s, mesh(n), [star(2, n)], 8)
     assert (plan.root, plan.adaptive, plan.algorithm, plan.op) == (2, True, "treepack", None)
     assert plan.trees[0].root == 2 and plan.trees[0].parent == (2, 2, -1)
-    assert lower(spec("broadcast", n, 9, root=2), mesh(n), [star(2, n)], 8).adaptive is False
+    assert lower(spec("broadcast", n, 9, root=2), mesh(n), [star(2, n)], 8).adaptive is None
 
 
 def test_lowering_rejects_bad_trees():

@@ -134,3 +134,30 @@ def test_residual_plan_of_an_allreduce_whose_tree_root_died_promotes_a_child(pla
     res = residual_plan(plan, dead, chunk_bytes=400)
     verify(res)
     assert len(res.trees) == len(plan.trees)
+
+
+def test_adaptive_defaults_on_for_sockets_and_ray_off_for_mpi_and_off_forces_static():
+    from dataclasses import replace
+
+    from hcc.backends.adaptive import adaptive_on, wants
+
+    prog = hcc.load("""topology t { node g[0..2]
+      g[0..2] <-> g[0..2] : 1 GB/s }
+    collective a = allreduce on t { size = 4000 B  dtype = int32 }""")
+    plan = hcc.compile(prog, "a")
+
+    class Comm:  # what wants() reads of a transport: its name and its rendezvous store
+        def __init__(self, name, store=True):
+            self.name, self.store, self.token = name, (object() if store else None), "t"
+
+    default, on, off = (replace(plan, adaptive=v) for v in (None, True, False))
+    for name, expect in (("sockets", True), ("ray", True), ("mpi", False)):
+        assert adaptive_on(default, Comm(name)) is expect, name
+        assert adaptive_on(on, Comm(name)) and not adaptive_on(off, Comm(name))
+    assert adaptive_on(off, Comm("sockets"), option=True) and not adaptive_on(on, Comm("sockets"), option=False)
+    assert wants(default, Comm("sockets"), {}) and not wants(off, Comm("sockets"), {})
+    assert not wants(default, Comm("mpi"), {})  # MPI: the static executor
+    assert not wants(on, Comm("sockets", store=False), {})  # no store, no agreement log
+    # off still survives deaths when asked to (on_failure = continue uses the compiled trees)
+    assert wants(replace(off, on_failure="continue"), Comm("sockets"), {})
+    assert wants(off, Comm("sockets"), {"quorum": 2})

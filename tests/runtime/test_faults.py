@@ -47,7 +47,7 @@ def plans():
     return {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
 
 
-def _validate(case: Case, out, dead_before: set[int]) -> set[int]:
+def _validate(case: Case, out, dead_before: set[int], bound_s: float = BOUND_S) -> set[int]:
     """Check one case's outcome against numpy; returns the ranks dead after it."""
     plan = case.plan
     ins = make_inputs(plan, case.seed)
@@ -60,7 +60,7 @@ def _validate(case: Case, out, dead_before: set[int]) -> set[int]:
     for r in surv:
         info = out.info[r]
         assert info["contributors"] == first["contributors"], "survivors disagree on the contributors"
-        assert info["seconds"] < BOUND_S, f"rank {r} took {info['seconds']:.2f} s"
+        assert info["seconds"] < bound_s, f"rank {r} took {info['seconds']:.2f} s"
         assert set(info["dead"]) <= died
     contrib = set(first["contributors"])
     if plan.kind in ("reduce", "allreduce"):
@@ -148,20 +148,38 @@ def test_allreduce_survives_the_death_of_its_adaptive_root(plans):
 
 
 def test_orphans_resume_from_the_chunks_they_hold_not_from_byte_zero(plans):
-    # arrival order 0 (root), 1, 2, 3, 4: a broadcast runs down the chain 0-1-2-3-4. Rank 1
-    # dies after it has received all 123 chunks (32 MB, more than the socket buffers hold in
-    # flight) and forwarded 8 to rank 2, which then re-attaches to the root for the rest only
+    # The root (rank 0) arrives last but is the chain's head; 1, 2, 3, 4 arrive in that order,
+    # so the broadcast runs down 0-1-2-3-4 and rank 2 hangs off rank 1 before any byte flows.
+    # Rank 1 dies at its (chunks // 2)-th data-chunk event (receives + completed sends), so
+    # it has received at most half the chunks and rank 2 cannot hold them all when it
+    # re-attaches to the root. Guaranteed, and asserted every time: every survivor below the
+    # dead rank receives each chunk exactly once (it resumes: it never re-receives a chunk it
+    # held), and the run ends within a bound relative to the same run without the failure in
+    # the same job (a loaded machine slows both; this test once failed on an absolute bound).
+    # Not guaranteed (it depends on how the OS schedules rank 1's loop): that rank 2 got some
+    # chunks from rank 1 before it died — the scenario is repeated until it does (<= 3 jobs).
     plan = plans["big_broadcast0"]
     assert plan.root == 0
     chunks = -(-plan.size_bytes // CHUNK)
-    delays = (0.0, 0.05, 0.3, 0.35, 0.4)
-    case = Case(plan, seed=8, kill=(1, chunks + 8), delays=delays, adaptive=True, chunk_bytes=CHUNK)
-    (out,) = run_local([case], timeout=10)
-    _validate(case, out, set())
-    assert out.errors == {1: "died"}
-    stats = out.info[2]["stats"]
-    assert out.info[2]["generation"] == 1
-    assert stats["chunks_received"] == stats["chunks"] == chunks, f"a chunk was received twice: {stats}"
-    assert 0 < stats["received_before_repair"] < chunks, stats
-    for r in (3, 4):  # downstream of the orphan: each chunk exactly once as well
-        assert out.info[r]["stats"]["chunks_received"] == chunks
+    delays = (0.4, 0.0, 0.05, 0.1, 0.15)
+    clean = Case(plan, seed=8, delays=delays, adaptive=True, chunk_bytes=CHUNK)
+    case = Case(plan, seed=8, kill=(1, chunks // 2), delays=delays, adaptive=True, chunk_bytes=CHUNK)
+    partial = []
+    for _ in range(3):
+        ref, out = run_local([clean, case], timeout=30)
+        assert not ref.errors, ref.errors
+        assert out.errors == {1: "died"}, out.errors
+        # detection is an EOF plus two store round trips; the repair sends the chunks rank 2
+        # lacks once more over one hop: at most one more pass over the buffer
+        bound = 3 * max(ref.info[r]["seconds"] for r in range(N)) + 2.0
+        _validate(case, out, set(), bound_s=bound)
+        stats = out.info[2]["stats"]
+        assert out.info[2]["generation"] == 1
+        assert stats["chunks_received"] == stats["chunks"] == chunks, f"a chunk was received twice: {stats}"
+        assert stats["received_before_repair"] < chunks, stats
+        for r in (3, 4):  # downstream of the orphan: each chunk exactly once as well
+            assert out.info[r]["stats"]["chunks_received"] == chunks
+        partial.append(stats["received_before_repair"])
+        if partial[-1] > 0:
+            break
+    assert partial[-1] > 0, f"rank 2 never held a chunk from rank 1 before the repair: {partial}"

@@ -20,6 +20,7 @@ collective broadcast = broadcast on t {{ size = 4 MB  root = g3  adaptive = on }
 collective allreduce = allreduce on t {{ size = 4 MB  adaptive = on }}
 collective reduce = reduce on t {{ size = 4 MB  dtype = int32  op = sum  adaptive = on }}
 collective allgather = allgather on t {{ size = 4 MB  adaptive = on }}
+collective small = allreduce on t {{ size = 64 KB  dtype = int32 }}
 """
 LATE_S = 0.6  # far beyond the scheduling jitter of 5 processes on 2 cores (~50 ms)
 
@@ -47,6 +48,39 @@ def test_staggered_arrivals_adaptive_and_static_are_exact_and_wait_only_for_the_
             # may return as soon as everybody is done), and none long after
             assert out.info[r]["seconds"] < last + 3.0, (plan.kind, r, out.info[r]["seconds"], last)
             assert out.info[r]["contributors"] == list(range(N))
+
+
+def test_default_is_static_when_nobody_is_late_adaptive_when_someone_is_and_the_log_stays_bounded(plans):
+    # `adaptive` not said: the backend's default, on for sockets (Plan.adaptive None). Every
+    # run decides on one store counter whether every rank arrived before any rank declared the
+    # run late (backends/adaptive.py _Run.decide): static program then, adaptive otherwise.
+    from dataclasses import replace
+
+    plan = replace(plans["small"], adaptive=None)
+    assert plan.on_failure == "abort"
+    late_run = 25
+    cases = [Case(plan, seed=i, delays=tuple(LATE_S if (i == late_run and r == 1) else 0.0 for r in range(N)))
+             for i in range(50)]
+    outs = run_local(cases, timeout=10, overall=240)
+    adaptive_runs = 0
+    for i, (case, out) in enumerate(zip(cases, outs)):
+        assert not out.errors, (i, out.errors)
+        check(plan, out.outputs, expected(plan, make_inputs(plan, case.seed)))
+        paths = {out.info[r]["stats"]["path"] for r in range(N)}
+        assert len(paths) == 1, f"run {i}: the ranks disagree on the schedule: {paths}"
+        adaptive_runs += paths == {"adaptive"}
+        if i == late_run:
+            # rank 1 is 0.6 s late, far beyond the 30 ms the others wait before declaring it
+            assert paths == {"adaptive"}
+    # nobody late: almost always static (a run whose ranks reach it more than 30 ms apart on
+    # this loaded machine adapts, and is still exact)
+    assert adaptive_runs <= 10, f"{adaptive_runs} of 50 runs adapted"
+    # the log: a static run appends nothing; an adaptive run with on_failure = abort appends
+    # one arrival per rank (no done events: it ends on a store counter). So over 50 runs the
+    # log grows by exactly N per adaptive run, and not at all for the others.
+    first, last = outs[0].info[0]["log_length"], outs[-1].info[0]["log_length"]
+    first_adaptive = outs[0].info[0]["stats"]["path"] == "adaptive"
+    assert last - first == N * (adaptive_runs - first_adaptive), (first, last, adaptive_runs)
 
 
 def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plans):
