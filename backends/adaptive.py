@@ -162,8 +162,12 @@ def wants(plan: Plan, comm: Transport, options: dict) -> bool:
         return False
     if getattr(comm, "store", None) is None or getattr(comm, "token", None) is None:
         return False
-    return plan.on_failure == "continue" or options.get("quorum") is not None or "adaptive" in options \
-        or adaptive_on(plan, comm)
+    if plan.on_failure == "continue" or options.get("quorum") is not None or "adaptive" in options \
+            or plan.adaptive:
+        return True
+    # the backend default never turns a plan this executor cannot lay out (one flow per rank
+    # in arrival order: at most MAX_FLOWS ranks) into an error; it stays static
+    return plan.adaptive is None and plan.n <= MAX_FLOWS and adaptive_on(plan, comm)
 
 
 def tag(run: int, gen: int, phase: int, flow: int, chunk: int) -> int:

@@ -161,3 +161,11 @@ def test_adaptive_defaults_on_for_sockets_and_ray_off_for_mpi_and_off_forces_sta
     # off still survives deaths when asked to (on_failure = continue uses the compiled trees)
     assert wants(replace(off, on_failure="continue"), Comm("sockets"), {})
     assert wants(off, Comm("sockets"), {"quorum": 2})
+    # more ranks than the adaptive layout holds: the default stays static instead of failing
+    from hcc.backends.adaptive import MAX_FLOWS
+
+    big = type("Big", (), {"kind": "allgather", "compress": "none", "on_failure": "abort",
+                           "adaptive": None, "n": MAX_FLOWS + 1})()
+    assert not wants(big, Comm("sockets"), {})
+    big.n = MAX_FLOWS
+    assert wants(big, Comm("sockets"), {})
