@@ -20,6 +20,25 @@ combined) and, for compressed plans, the encoded wire chunk. Staging chunks come
 process-wide :class:`~.kernels.StagingPool` (a fresh ``np.empty`` of 16 MiB is a new mmap
 whose 4096 pages fault in while the socket fills them, every run).
 
+Fused receive-and-reduce: when the transport offers ``irecv_fold(peer, tag, nbytes, fold)``
+(the sockets transport does; the others do not, and keep the staged path above), a
+RecvReduce posts that instead of a staged receive: the transport's receiving thread calls
+``fold(offset, piece)`` for each piece of the message (256 KiB) as it lands, and the fold
+reduces the piece into its slice of ``dst`` while it is in cache — the reduction of a chunk
+overlaps its own transfer, and no staging chunk is written and read back. The transport
+never learns what the fold computes. Measured (4 ranks, 64 MiB ring allreduce, CPU seconds
+of all ranks per iteration, same run): 260 → 233 ms with one 16 MiB chunk per ring step,
+287 → 272 ms with 1 MiB chunks; gloo 233 ms. All reductions of a run (folds in reader
+threads, Reduce ops and staged RecvReduces in this thread) hold one lock: a plan may leave
+reductions into one block unordered (a direct allreduce posts n−1 of them at once).
+
+Start order: the ops ready at the start are posted receives first (an early frame then finds
+its receive posted: no holding copy), then local ops that other ops wait for (a direct
+allreduce's Copy that its RecvReduces depend on), then sends, then local ops nothing waits
+for (a broadcast root's Copy(in → out): 16 MiB of memcpy, ~3 ms, that no transfer needs, so
+it no longer delays the root's first sends). Any order of ready ops is correct; this one
+only changes what happens first.
+
 Copy fusion: a ``Copy(in → d)`` whose only dependent is a ``RecvReduce`` into exactly ``d``
 (how the compiler starts a ring allreduce's reduce-scatter) is not executed; the RecvReduce
 computes ``d = in (op) received`` in one pass instead (:func:`~.kernels.combine_into`). Sound
@@ -37,6 +56,7 @@ explicit, so a later repair step can replace the remaining ops of a rank (design
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +120,14 @@ class RankExecution:
         self.timeout, self.codec = timeout, codec
         self.rank = comm.rank
         self.op_name = plan.op or "sum"
+        # the optional fused receive-and-reduce of the transport (SocketTransport.irecv_fold);
+        # compressed plans decode whole chunks, so they keep the staged path
+        self.fold_recv = getattr(comm, "irecv_fold", None) if codec is None else None
+        # Reductions are the one kind of write a plan may leave unordered: a direct allreduce
+        # posts three RecvReduces into the same block at once. Folded in the readers of three
+        # connections they would race (numpy drops the GIL in the loop), so every reduction
+        # of this run — folds and the main thread's Reduce ops — holds this lock.
+        self.reduce_lock = threading.Lock()
         n_ops = len(program)
         self.missing = [len(op.deps) for op in program]  # deps not yet completed
         self.dependents: list[list[int]] = [[] for _ in range(n_ops)]
@@ -161,6 +189,8 @@ class RankExecution:
                     self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, memoryview(wire)), wire))
                 elif isinstance(op, Recv):
                     self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(dst))))
+                elif self.fold_recv is not None:
+                    self._add(_Pending(k, self.fold_recv(op.peer, op.tag, dst.nbytes, self._folder(k, dst))))
                 else:
                     staging = STAGING.take(dst.size, dst.dtype)
                     self._add(_Pending(k, self.comm.irecv(op.peer, op.tag, self._bytes(staging)), staging))
@@ -178,12 +208,37 @@ class RankExecution:
                 else:
                     self.view(op.dst)[...] = self.view(op.src)
             elif isinstance(op, Reduce):
-                reduce_into(self.op_name, self.plan.dtype, self.view(op.dst), self.view(op.src))
+                with self.reduce_lock:
+                    reduce_into(self.op_name, self.plan.dtype, self.view(op.dst), self.view(op.src))
             elif isinstance(op, Scale):
                 scale_into(self.plan.dtype, self.view(op.dst), op.divisor)
             else:
                 raise RuntimeFault(f"rank {self.rank}: op {k} has unknown type {type(op).__name__}")
             stack.extend(self._complete(k))
+
+    def _folder(self, k: int, dst: np.ndarray):
+        """The fold of RecvReduce ``k`` for :meth:`irecv_fold` transports: reduce each received
+        piece into its slice of ``dst`` (from the fused Copy's source when there is one)."""
+        src = self.fused.get(k)
+        a = dst if src is None else self.view(src)
+        op_name, dtype_name, dt = self.op_name, self.plan.dtype, dst.dtype
+        size, lock = dt.itemsize, self.reduce_lock
+
+        def fold(offset: int, piece: memoryview) -> None:
+            lo = offset // size
+            hi = lo + piece.nbytes // size
+            with lock:
+                combine_into(op_name, dtype_name, dst[lo:hi], a[lo:hi], np.frombuffer(piece, dtype=dt))
+
+        return fold
+
+    def _start_rank(self, i: int) -> int:
+        kind = type(self.program[i])
+        if kind in (Recv, RecvReduce):
+            return 0
+        if kind is Send:
+            return 2
+        return 1 if self.dependents[i] else 3
 
     def _add(self, p: _Pending) -> None:
         self.pending[id(p.request)] = p
@@ -207,12 +262,13 @@ class RankExecution:
                 tmp = np.empty(dst.size, dtype=dst.dtype)
                 self.codec.decode(p.staging, tmp)
                 reduce_into(self.op_name, self.plan.dtype, dst, tmp)
-            else:
+            elif p.staging is not None:  # else the transport folded it while receiving
                 src = self.fused.get(p.op)
-                if src is None:
-                    reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
-                else:
-                    combine_into(self.op_name, self.plan.dtype, dst, self.view(src), p.staging)
+                with self.reduce_lock:
+                    if src is None:
+                        reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
+                    else:
+                        combine_into(self.op_name, self.plan.dtype, dst, self.view(src), p.staging)
                 STAGING.give(p.staging)
         for j in self._complete(p.op):
             self.post(j)
@@ -245,7 +301,10 @@ class RankExecution:
                 self.comm.track_completions(False)
 
     def _execute(self, fast) -> None:
-        for i in [i for i, m in enumerate(self.missing) if m == 0]:  # snapshot: posting releases more
+        # the ops ready at the start (module docstring, "Start order")
+        first = [i for i, m in enumerate(self.missing) if m == 0]  # snapshot: posting releases more
+        first.sort(key=self._start_rank)
+        for i in first:
             self.post(i)
         n_ops = len(self.program)
         while self.pending:

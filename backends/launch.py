@@ -9,7 +9,9 @@ the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteratio
 
 Timing: before each iteration the ranks meet at a barrier; each rank times its own
 ``plan.run``; an iteration's time is the maximum over ranks (the collective is done when the
-slowest rank is). :class:`RunResult` is what every backend's ``run_local`` returns.
+slowest rank is). Each rank also records the CPU seconds its process spent (all threads,
+``time.process_time``) per iteration: ``RunResult.detail["rank_cpu"]``. :class:`RunResult` is
+what every backend's ``run_local`` returns.
 
 Failure: the launcher watches its children; when one exits abnormally the others must end on
 their own (they raise :class:`RankFailed` within the per-wait deadline); after that deadline
@@ -103,18 +105,19 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             else:
                 x = np.load(job / case["inputs"].format(rank=rank))
             out = None
-            times = []
+            times, cpu = [], []
             total = case["warmup"] + case["iters"]
             for it in range(total):
                 comm.barrier(f"c{i}/i{it}", timeout)
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 if it >= case["warmup"]:
                     times.append(dt)
+                    cpu.append(dc)
             if case["save_outputs"] and out is not None:
                 np.save(job / f"case{i}.out{rank}.npy", out)
-            result["cases"].append({"times": times})
+            result["cases"].append({"times": times, "cpu": cpu})
         comm.barrier("end", timeout)
         result["ok"] = True
     except Exception as e:  # reported to the launcher, which raises a typed error
@@ -257,9 +260,12 @@ def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, det
     for i in range(n_cases):
         rank_times = [per_rank[r]["cases"][i]["times"] for r in range(world)]
         times = [max(ts) for ts in zip(*rank_times)]
+        # CPU seconds (all threads) of every rank's process per iteration: the work a run
+        # costs, much steadier than wall time on a shared machine
+        rank_cpu = [per_rank[r]["cases"][i].get("cpu", []) for r in range(world)]
         outs = []
         for r in range(world):
             p = job / f"case{i}.out{r}.npy"
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
-        results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times)))
+        results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu)))
     return results

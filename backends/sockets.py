@@ -27,6 +27,10 @@ Terms
   posted destination memoryview (the numpy buffer); a frame that arrives before its receive is
   posted goes to a holding buffer of exactly its length, taken from the process's
   :data:`~hcc.backends.kernels.STAGING` pool (one copy when the receive is posted).
+  ``irecv_fold`` (the optional fused primitive the executor uses for RecvReduce) posts a
+  receive without a destination: the reader receives the frame :data:`FOLD_PIECE` bytes at a
+  time into a per-connection scratch and calls the caller's fold on each piece while it is
+  hot in cache; the transport only moves bytes, the fold (the executor's) reduces them.
 - send path: when the connection's writer thread is idle and its queue empty, ``isend``
   writes the frame at once from the caller's thread with one non-blocking
   ``sendmsg([header, data], MSG_DONTWAIT)`` (zero copy; the request is complete on return when
@@ -158,12 +162,29 @@ def accept_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
 
 
 class _Req(Request):
-    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent")
+    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent", "fold", "nbytes")
 
-    def __init__(self, peer: int, tag: int, buf: memoryview, is_send: bool):
+    def __init__(self, peer: int, tag: int, buf: memoryview | None, is_send: bool,
+                 fold: Callable[[int, memoryview], None] | None = None, nbytes: int = -1):
         self.done = False
         self.peer, self.tag, self.buf, self.is_send = peer, tag, buf, is_send
         self.sent = 0  # bytes of the frame (header + data) already written by an inline send
+        self.fold = fold  # irecv_fold: the callback that consumes the message piece by piece
+        self.nbytes = buf.nbytes if buf is not None else nbytes
+
+
+# irecv_fold's piece: the reader receives a folded message this many bytes at a time into a
+# per-connection scratch and hands each piece to the fold while it is still in the core's L2
+# (2 MiB here; 256 KiB leaves room for the destination and the other operand's lines).
+FOLD_PIECE = 256 << 10
+
+
+def _deliver(req: _Req, data: memoryview) -> None:
+    """Give a whole message that was held (it arrived before its receive) to ``req``."""
+    if req.fold is None:
+        req.buf[:] = data
+    else:
+        req.fold(0, data)
 
 
 _U8 = np.dtype(np.uint8)
@@ -191,6 +212,7 @@ class _Conn:
         self.reader: threading.Thread | None = None
         self.bye_received = False
         self.busy = False  # the writer thread is writing a frame (guarded by cv)
+        self.scratch: memoryview | None = None  # irecv_fold's piece buffer (reader thread only)
 
 
 @register
@@ -290,7 +312,11 @@ class SocketTransport(Transport):
             conns = [c for p, c in self._conns.items() if p != dead]
         for c in conns:
             with c.cv:
-                c.queue.appendleft(("fail", dead))
+                # ahead of queued data, but never inside a frame: an inline send in isend may
+                # have written the head of the first queued message already (req.sent > 0)
+                head = c.queue[0] if c.queue else None
+                at = 1 if isinstance(head, _Req) and head.sent > 0 else 0
+                c.queue.insert(at, ("fail", dead))
                 c.cv.notify()
 
     # -- writer ---------------------------------------------------------------------------
@@ -400,8 +426,8 @@ class SocketTransport(Transport):
                     q = self._posted.get(key)
                     if q:
                         req = q[0]
-                        if req.buf.nbytes != length:
-                            bad = f"message tag {tag} has {length} bytes, the posted receive expects {req.buf.nbytes}"
+                        if req.nbytes != length:
+                            bad = f"message tag {tag} has {length} bytes, the posted receive expects {req.nbytes}"
                         else:
                             q.popleft()
                     elif length > self.max_message:  # checked before anything is allocated
@@ -411,27 +437,65 @@ class SocketTransport(Transport):
                         self._held.setdefault(key, deque()).append(held)
                 if bad:
                     return self._protocol_error(conn, bad)
-                target = req.buf if req is not None else memoryview(held.data)
-                got = 0
-                while got < length:
-                    k = sock.recv_into(target[got:], length - got)
-                    if k == 0:
-                        raise ConnectionError("connection closed mid-message")
-                    got += k
+                if req is not None and req.fold is not None:
+                    if not self._recv_folded(conn, req, length):
+                        return
+                else:
+                    target = req.buf if req is not None else memoryview(held.data)
+                    got = 0
+                    while got < length:
+                        k = sock.recv_into(target[got:], length - got)
+                        if k == 0:
+                            raise ConnectionError("connection closed mid-message")
+                        got += k
+                waiter = None
                 with self._cond:
                     if req is not None:
                         self._done(req)
+                        self._cond.notify_all()
                     else:
                         held.complete = True
-                        if held.waiter is not None:
-                            held.waiter.buf[:] = held.data
-                            self._done(held.waiter)
+                        waiter = held.waiter
+                        if waiter is not None:
                             self._held[key].remove(held)
-                            STAGING.give(held.data)
-                    self._cond.notify_all()
+                if waiter is not None:  # its receive was posted while the frame was arriving
+                    try:
+                        _deliver(waiter, memoryview(held.data))
+                    except Exception as e:  # a failing fold is this rank's bug, not the peer's
+                        return self._fold_error(conn, waiter, e)
+                    STAGING.give(held.data)
+                    with self._cond:
+                        self._done(waiter)
+                        self._cond.notify_all()
         except (OSError, ConnectionError) as e:
             if not self._closing and not conn.bye_received:
                 self._mark_dead(peer, f"connection lost: {e}")
+
+    def _recv_folded(self, conn: _Conn, req: _Req, length: int) -> bool:
+        """Receive a message for :meth:`irecv_fold` piece by piece into the connection's
+        scratch, folding each piece as it lands; False after a fold error (reported)."""
+        if conn.scratch is None:
+            conn.scratch = memoryview(np.empty(FOLD_PIECE, dtype=np.uint8))
+        scratch, sock = conn.scratch, conn.sock
+        off = 0
+        while off < length:
+            want = min(FOLD_PIECE, length - off)
+            got = 0
+            while got < want:
+                k = sock.recv_into(scratch[got:want], want - got)
+                if k == 0:
+                    raise ConnectionError("connection closed mid-message")
+                got += k
+            try:
+                req.fold(off, scratch[:want])
+            except Exception as e:
+                self._fold_error(conn, req, e)
+                return False
+            off += want
+        return True
+
+    def _fold_error(self, conn: _Conn, req: _Req, e: Exception) -> None:
+        self._protocol_error(conn, f"folding message tag {req.tag} failed: {type(e).__name__}: {e}")
 
     # -- Transport ------------------------------------------------------------------------
     @staticmethod
@@ -474,27 +538,51 @@ class SocketTransport(Transport):
         buf = self._bytes_view(buf)
         if buf.readonly:
             raise RuntimeFault(f"rank {self.rank}: receive buffer for tag {tag} is read-only")
-        req = _Req(peer, tag, buf, False)
+        return self._post_recv(_Req(peer, tag, buf, False))
+
+    def irecv_fold(self, peer: int, tag: int, nbytes: int, fold: Callable[[int, memoryview], None]) -> Request:
+        """Receive a message of ``nbytes`` bytes without a destination buffer: the connection's
+        reader thread calls ``fold(offset, piece)`` for consecutive pieces of it (at most
+        :data:`FOLD_PIECE` bytes, byte offsets from 0; ``piece`` is valid only during the
+        call) while the piece is hot in cache; the request completes after the last piece.
+        A message that arrived before this call is folded at once, whole, by the caller.
+
+        This is the optional fused primitive the executor uses for a plan's ``RecvReduce``
+        (``fold`` reduces the piece into the destination slice): the transport never knows
+        what the fold computes. Why: a 64 MiB 4-rank ring allreduce otherwise lands each
+        16 MiB block in a staging buffer and reduces it only once all of it arrived — the
+        reduction cannot overlap the transfer, and it reads the staging back from memory."""
+        if nbytes < 0:
+            raise RuntimeFault(f"rank {self.rank}: negative message size {nbytes} for tag {tag}")
+        return self._post_recv(_Req(peer, tag, None, False, fold, nbytes))
+
+    def _post_recv(self, req: _Req) -> Request:
+        peer, tag = req.peer, req.tag
         key = (peer, tag)
+        ready = None
         with self._lock:
             self._get_conn(peer)
             for held in self._held.get(key, ()):
                 if held.waiter is None:
-                    if held.data.nbytes != buf.nbytes:
+                    if held.data.nbytes != req.nbytes:
                         raise ProtocolError(
                             f"rank {self.rank}: rank {peer} sent {held.data.nbytes} bytes with tag {tag}, "
-                            f"the receive expects {buf.nbytes}")
+                            f"the receive expects {req.nbytes}")
                     self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
                     if held.complete:
-                        buf[:] = held.data
-                        self._done(req)
                         self._held[key].remove(held)
-                        STAGING.give(held.data)
+                        ready = held
                     else:
                         held.waiter = req
-                    return req
-            self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
-            self._posted.setdefault(key, deque()).append(req)
+                    break
+            else:
+                self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
+                self._posted.setdefault(key, deque()).append(req)
+        if ready is not None:  # copied or folded outside the lock: the readers keep going
+            _deliver(req, memoryview(ready.data))
+            STAGING.give(ready.data)
+            with self._cond:
+                self._done(req)
         return req
 
     def _done(self, req: _Req) -> None:

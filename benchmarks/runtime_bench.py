@@ -3,8 +3,13 @@
     .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--reps 3]
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
 
-The plans are compiled for loopback modelled as a star through a switch (every rank one
-2 GB/s port), not a clique: see :func:`loopback_source` for why. The hcc-mpi plans are
+The plans are static (``adaptive = off`` in the generated source: the sockets backend's default
+is becoming the adaptive runtime, which benchmarks/fault_bench.py measures) and compiled for
+loopback modelled as a star through a switch (every rank one 2 GB/s port), not a clique: see
+:func:`loopback_source` for why. Where :data:`SOCKETS_SETTINGS` / :data:`MPI_SETTINGS` name
+an ``algorithm`` or ``chunk`` for a (kind, size), the source says so, as a user could write
+it; the table's ``settings`` column shows it (``auto``: the compiler's choice; ``--auto``
+ignores the tables). The hcc-mpi plans are
 compiled on the same star with 8 GB/s ports (:data:`MPI_PORT`): MPICH moves bytes between
 local ranks through shared memory, not the kernel's TCP stack.
 
@@ -97,15 +102,47 @@ def loopback_source(n: int, port: str = "2 GB/s, 100 us") -> str:
 MPI_PORT = "8 GB/s, 100 us"
 
 
-def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us") -> dict:
+# Per (kind, MiB): the settings the benchmark adds to a collective, as a user could write them
+# in the source (language.md: ``algorithm``, ``chunk``); every other case is the compiler's
+# choice (``auto``). Chosen by measurement on this machine (docs/backends.md, "Speed"; hcc/gloo
+# busbw ratio, median of 3 interleaved reps at load average 9-24, CPU ms of all ranks per iteration):
+# - broadcast 16 MiB: direct (root sends the whole buffer to each rank, one round) 0.92x, 24 ms
+#   CPU, against auto's ring of 1 MiB chunks 0.55x, 31 ms (gloo 22 ms); 4 MiB chunks 0.88x.
+#   At 64 MiB auto's ring of 2 MiB chunks stayed best (1.72x; direct 0.89x).
+# - allreduce: auto (ring, one chunk per step). In 1 MiB chunks (pipelined within each ring
+#   step) 64 MiB measured 1.01/1.44/1.53x in three short runs against 0.76/0.86/1.76x for
+#   auto, but 0.73x in the 7-rep run, at 302 ms CPU against auto's 233-252 ms and gloo's
+#   224 ms: on a machine this loaded the CPU a schedule costs decides, so auto is kept. At
+#   16 MiB the chunked ring lost outright (1 MiB: 0.43x; 512 KiB: 0.54x; direct 0.70x).
+SOCKETS_SETTINGS: dict[tuple[str, int], str] = {
+    ("broadcast", 16): "algorithm = direct",
+}
+# MPI allreduce 1 MiB: auto (direct) 0.58-0.93x, tree 0.61-0.82x, ring 0.54x, treepack 1.11x
+# (one run): no setting beat auto consistently at that load, so none is set.
+MPI_SETTINGS: dict[tuple[str, int], str] = {}
+
+
+def collective_source(kind: str, mib: int, settings: str = "") -> str:
+    """One benchmark collective on ``loopback``. ``adaptive = off``: the benchmark measures the
+    static executor's plan (the sockets backend's default became the adaptive runtime, which
+    is measured by benchmarks/fault_bench.py)."""
+    extra = "".join(f"\n    {line.strip()}" for line in settings.split(";") if line.strip())
+    return (f"collective {kind}_{mib} = {kind} on loopback {{\n    size = {mib} MiB\n    dtype = float32\n"
+            f"    adaptive = off{extra}\n}}\n")
+
+
+def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
+                  settings: dict[tuple[str, int], str] | None = None) -> dict:
     """One plan per (kind, MiB) on the star of n ranks (:func:`loopback_source`) whose ports
-    are ``port`` (the sockets default; :data:`MPI_PORT` for MPICH's shared memory)."""
+    are ``port`` (the sockets default; :data:`MPI_PORT` for MPICH's shared memory), with
+    ``settings[(kind, MiB)]`` (``;``-separated source lines) added where given."""
     import hcc
 
+    settings = settings or {}
     src = loopback_source(n, port)
     for kind in KINDS:
         for m in sizes_mib:
-            src += f"collective {kind}_{m} = {kind} on loopback {{ size = {m} MiB\n dtype = float32 }}\n"
+            src += collective_source(kind, m, settings.get((kind, m), ""))
     program = hcc.load(src)
     return {(k, m): hcc.compile(program, f"{k}_{m}") for k in KINDS for m in sizes_mib}
 
@@ -119,7 +156,13 @@ def bench_sockets(plans: dict, iters: int) -> dict:
     results = run_cases_local("sockets", [(plans[k], 7) for k in keys], iters=iters, warmup=1, timeout=120)
     for k, res in zip(keys, results):  # the benchmark checks what it measures
         check(plans[k], res.outputs, expected(plans[k], make_inputs(plans[k], 7)))
-    return {k: r.times for k, r in zip(keys, results)}
+    return ({k: r.times for k, r in zip(keys, results)},
+            {k: _cpu_per_iter(r.detail["rank_cpu"]) for k, r in zip(keys, results)})
+
+
+def _cpu_per_iter(rank_cpu: list[list[float]]) -> list[float]:
+    """CPU seconds of all ranks together, per iteration (the work, whatever the load)."""
+    return [sum(cs) for cs in zip(*rank_cpu)]
 
 
 # --------------------------------------------------------------------------- gloo
@@ -129,16 +172,16 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    times = []
+    times, cpu = [], []
     for kind, mib in cases:
         n = (mib << 20) // 4
         x = torch.ones(n)
         part = x[: n // world].clone()
         outs = [torch.empty(n // world) for _ in range(world)]
-        ts = []
+        ts, cs = [], []
         for it in range(iters + 1):
             dist.barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             if kind == "allreduce":
                 dist.all_reduce(x)
             elif kind == "broadcast":
@@ -147,9 +190,11 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
                 dist.all_gather(outs, part)
             if it:
                 ts.append(time.perf_counter() - t0)
+                cs.append(time.process_time() - c0)
         times.append(ts)
+        cpu.append(cs)
     dist.destroy_process_group()
-    Path(out).write_text(json.dumps(times))
+    Path(out).write_text(json.dumps({"times": times, "cpu": cpu}))
 
 
 def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
@@ -178,32 +223,39 @@ def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
             print(f"gloo: failed: {err}")
             return None
         per_rank = [json.loads(Path(f"{tmp}/g{r}.json").read_text()) for r in range(n)]
-    return {tuple(k): [max(ts) for ts in zip(*(pr[i] for pr in per_rank))] for i, k in enumerate(keys)}
+    times = {tuple(k): [max(ts) for ts in zip(*(pr["times"][i] for pr in per_rank))] for i, k in enumerate(keys)}
+    cpu = {tuple(k): _cpu_per_iter([pr["cpu"][i] for pr in per_rank]) for i, k in enumerate(keys)}
+    return times, cpu
 
 
 def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool):
     """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
 
     The machine is shared, so its load drifts between minutes; a ratio of two figures taken
-    seconds apart is what survives that drift. Returns (hcc times, gloo times, ratios): the
-    times of every rep pooled per key, and per key the busbw ratio hcc/gloo of each rep."""
+    seconds apart is what survives that drift. Returns (hcc times, gloo times, ratios, hcc cpu,
+    gloo cpu): the times of every rep pooled per key, per key the busbw ratio hcc/gloo of each
+    rep, and the CPU seconds per iteration of all ranks together, pooled."""
     hs: dict = {k: [] for k in keys}
+    hc: dict = {k: [] for k in keys}
     gl: dict | None = {k: [] for k in keys} if with_gloo else None
+    gc: dict = {k: [] for k in keys}
     ratios: dict = {k: [] for k in keys}
     for rep in range(max(1, reps)):
-        h = bench_sockets(plans, iters)
+        h, h_cpu = bench_sockets(plans, iters)
         g = bench_gloo(n, keys, iters) if gl is not None else None
         if g is None:
             gl = None
         for k in keys:
             hs[k] += h[k]
+            hc[k] += h_cpu[k]
             if g is not None:
-                gl[k] += g[k]
-                ratios[k].append(statistics.median(g[k]) / statistics.median(h[k]))
+                gl[k] += g[0][k]
+                gc[k] += g[1][k]
+                ratios[k].append(statistics.median(g[0][k]) / statistics.median(h[k]))
         if reps > 1:
             print(f"  rep {rep + 1}/{reps}: " + "  ".join(
                 f"{kd}{m}:{ratios[(kd, m)][-1]:.2f}x" for kd, m in keys if ratios[(kd, m)]), flush=True)
-    return hs, gl, (ratios if gl is not None else {})
+    return hs, gl, (ratios if gl is not None else {}), hc, (gc if gl is not None else {})
 
 
 # --------------------------------------------------------------------------- mpi
@@ -352,22 +404,29 @@ def main(argv=None) -> int:
     ap.add_argument("--pace", type=float, default=200e6,
                     help="bytes/s per link for the pipelining figure (0 = raw loopback)")
     ap.add_argument("--quick", action="store_true", help="1 and 16 MiB, 3 iterations, depths 1..3")
+    ap.add_argument("--auto", action="store_true",
+                    help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
     a = ap.parse_args(argv)
     if a.quick:
         a.sizes, a.iters, a.pipeline, a.reps = "1,16", 3, "1..3", 1
     sizes = [int(s) for s in a.sizes.split(",")]
     peers = set(a.peers.split(","))
     n = a.ranks
-    plans = compile_plans(n, sizes)
+    plans = compile_plans(n, sizes, settings=None if a.auto else SOCKETS_SETTINGS)
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
 
-    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None):
+    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None, cpu=None, settings=None):
         hb, hm = _bw(kind, n, mib, hcc_t)
         plan = plan or plans[(kind, mib)]
+        chosen = "" if a.auto else (settings if settings is not None else SOCKETS_SETTINGS).get((kind, mib), "")
         row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plan.algorithm,
-               "chunk_bytes": plan.chunk_bytes,
+               "chunk_bytes": plan.chunk_bytes, "settings": chosen or "auto",
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
+        if cpu and cpu[0]:  # CPU seconds per iteration, all ranks together (median)
+            row["hcc_cpu_s"] = statistics.median(cpu[0])
+            if cpu[1]:
+                row["peer_cpu_s"] = statistics.median(cpu[1])
         if peer_t:
             pb, pm = _bw(kind, n, mib, peer_t)
             row.update(peer_median_s=pm, peer_busbw_GBps=pb, ratio=hb / pb)
@@ -377,26 +436,31 @@ def main(argv=None) -> int:
         rows.append(row)
         ratio = f"{row['ratio']:6.2f}x" if peer_t else "     -"
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
-        print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}", flush=True)
+        print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}"
+              f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']})", flush=True)
 
-    print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer")
+    print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations x {a.reps} reps; settings: "
+          + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
+    print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:
-        hs, gl, ratios = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers)
+        hs, gl, ratios, hc, gc = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers)
         for k in keys:
-            emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k))
+            emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k),
+                 cpu=(hc[k], gc.get(k)))
     if "mpi" in peers:
-        mpi_plans = compile_plans(n, sizes, MPI_PORT)
+        mpi_plans = compile_plans(n, sizes, MPI_PORT, settings=None if a.auto else MPI_SETTINGS)
         mp = bench_mpi(mpi_plans, a.iters, a.reps) or {}
         for k, (ht, nt, rs) in mp.items():
-            emit(*k, "hcc-mpi", ht, "mpich-native", nt, rs, plan=mpi_plans[k])
+            emit(*k, "hcc-mpi", ht, "mpich-native", nt, rs, plan=mpi_plans[k], settings=MPI_SETTINGS)
     if "ray" in peers:
         ry = bench_ray(plans, a.iters) or {}
         for k, (ht, ot) in ry.items():
             emit(*k, "hcc-ray", ht, "ray-object-store", ot)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
-        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "hcc_median_s", "hcc_busbw_GBps", "peer",
-                  "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps"]
+        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "hcc_median_s", "hcc_busbw_GBps", "peer",
+                  "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps", "hcc_cpu_s",
+                  "peer_cpu_s"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()

@@ -190,3 +190,27 @@ def test_connect_rejects_bad_arguments():
         sockets.connect(0, 2, "127.0.0.1:1", token="", timeout=1)
     with pytest.raises(RuntimeFault, match="outside a world of 2"):
         sockets.connect(2, 2, "127.0.0.1:1", token="x", timeout=1)
+
+
+def test_failure_gossip_never_lands_inside_a_partly_written_frame():
+    # an inline send (isend with an idle writer) may write the head of a frame and queue the
+    # rest; the FAIL notice about a dead rank must then follow that frame, not cut into it
+    # (a receiver would read a corrupt header and report a live peer dead)
+    class Conn:
+        def __init__(self, queue):
+            self.cv = threading.Condition()
+            self.queue = sockets.deque(queue)
+
+    t = object.__new__(sockets.SocketTransport)
+    t._lock, t._forwarded, t._closing = threading.Lock(), set(), False
+    view = memoryview(bytearray(64))
+    started, fresh, waiting = (sockets._Req(1, 7, view, True) for _ in range(3))
+    started.sent = 10
+    t._conns = {1: Conn([started, waiting]), 2: Conn([fresh]), 3: Conn([]), 4: Conn([])}
+    t._gossip(4)
+    assert list(t._conns[1].queue) == [started, ("fail", 4), waiting]
+    assert list(t._conns[2].queue) == [("fail", 4), fresh]  # nothing written yet: goes first
+    assert list(t._conns[3].queue) == [("fail", 4)]
+    assert list(t._conns[4].queue) == []  # the dead rank itself is not told
+    t._gossip(4)  # once per dead rank
+    assert len(t._conns[1].queue) == 3
