@@ -51,6 +51,7 @@ figures are exact; other capacities are scaled to about 2^40 (relative error < 1
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Iterable
@@ -219,21 +220,50 @@ def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
     return _rate(net, min(net.maxflow(r, v) for v in others))
 
 
+@functools.lru_cache(maxsize=16)
+def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
+    """(x* in the net's scaled units, the net's scale), memoised: the bounds pass and the
+    allgather packing of one compile ask for the same x* (1 024 max-flows per Newton step
+    on the 1024-rank fat tree)."""
+    from .switches import host_translation
+
+    net = _Net(topo, ranks, reverse=reverse)
+    sinks = list(net.rank_idx)
+    found = host_translation(topo, ranks)
+    if found is not None:
+        # translating hosts is an automorphism of the graph that fixes the set of ranks, so
+        # it maps every source arc s -> r (r != v) onto those of the translated sink:
+        # maxflow_x(s, v) is the same for v and its translates, and one sink per orbit
+        # decides the same x* (the first host's ranks: 8 max-flows per step, not 512)
+        host_of = dict(topo.hosts)
+        sinks = [net.index[v] for v in ranks if host_of[v] == host_of[ranks[0]]]
+    return net.parametric_rate(sinks), net.scale
+
+
+def _allgather_x(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
+    try:
+        return _allgather_parametric(topo, ranks, reverse)
+    except TypeError:  # an unhashable Topology (lists for tuples): compute, do not memoise
+        return _allgather_parametric.__wrapped__(topo, ranks, reverse)
+
+
 def allgather_rate_bound(topo: Topology, ranks, *, reverse: bool = False) -> float:
     """ForestColl's per-root rate x* = min_S B⁺(S)/|S ∩ R| (bytes/s each root can spread)."""
-    net = _Net(topo, tuple(ranks), reverse=reverse)
-    if len(net.ranks) < 2:
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
         return math.inf
-    return _rate(net, net.parametric_rate(list(net.rank_idx)))
+    x, scale = _allgather_x(topo, ranks, reverse)
+    return float(x) / scale
 
 
 def allgather_rate_exact(topo: Topology, ranks, *, reverse: bool = False) -> Fraction | None:
     """x* as an exact fraction of bytes/s when every capacity is whole bytes/s, else None
     (treepack derives its rate quantum from it)."""
-    net = _Net(topo, tuple(ranks), reverse=reverse)
-    if len(net.ranks) < 2 or net.scale != 1.0:
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
         return None
-    return net.parametric_rate(list(net.rank_idx))
+    x, scale = _allgather_x(topo, ranks, reverse)
+    return x if scale == 1.0 else None
 
 
 def _per_root_time(size_bytes: float, n: int, x: float) -> float:

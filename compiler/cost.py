@@ -56,6 +56,7 @@ latency after the last reserved byte, so the simulated time of any plan is at le
 """
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 from dataclasses import dataclass
@@ -122,6 +123,62 @@ class Simulation:
                 return l
         raise KeyError((src, dst))
 
+    def digest(self, limit: int = 8) -> "SimulationDigest":
+        """A bounded view for printing (``hcc simulate`` on 1024 ranks and 3 072 links):
+        every rank and link when there are at most ``2 x limit``, else quantiles and the
+        ``limit`` extremes."""
+        return SimulationDigest.of(self, limit)
+
+
+# utilisation buckets of :class:`SimulationDigest` (upper edges): busy links in a pipelined
+# plan sit near 100%, idle-ish ones under 25%
+_UTIL_EDGES = (0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class SimulationDigest:
+    """What ``hcc simulate`` prints at any scale, in rows bounded by ``limit``.
+
+    ``ranks``: (rank, finish seconds) of every rank, or, above ``2 x limit`` ranks, the
+    ``limit`` latest to finish (latest first). ``finish_quantiles``: (label, seconds) for min,
+    median, p90 and max. ``links``: the ``limit`` busiest links (all if few), busiest first.
+    ``utilisation``: (upper edge, count) of links whose utilisation falls in each bucket
+    of :data:`_UTIL_EDGES` (edges are inclusive above; the last counts everything above
+    0.9). ``by_capacity``: per distinct link capacity, (capacity, links, mean
+    utilisation, max utilisation), widest first: on a fat tree, the node and the spine
+    links."""
+
+    time: float
+    n_ranks: int
+    n_links: int
+    ranks: tuple[tuple[int, float], ...]
+    finish_quantiles: tuple[tuple[str, float], ...]
+    links: tuple[LinkUse, ...]
+    utilisation: tuple[tuple[float, int], ...]
+    by_capacity: tuple[tuple[float, int, float, float], ...]
+    truncated: bool
+
+    @staticmethod
+    def of(sim: "Simulation", limit: int = 8) -> "SimulationDigest":
+        fin = list(enumerate(sim.rank_finish))
+        n = len(fin)
+        truncated = n > 2 * limit or len(sim.links) > 2 * limit
+        ranks = tuple(fin) if n <= 2 * limit else tuple(sorted(fin, key=lambda rt: (-rt[1], rt[0]))[:limit])
+        times = sorted(t for _, t in fin)
+        q = (lambda f: times[min(n - 1, int(f * (n - 1) + 0.5))]) if n else (lambda f: 0.0)
+        quant = (("min", q(0.0)), ("median", q(0.5)), ("p90", q(0.9)), ("max", q(1.0))) if n else ()
+        links = sim.links if len(sim.links) <= 2 * limit else sim.links[:limit]
+        counts = [0] * len(_UTIL_EDGES)
+        for l in sim.links:
+            k = next((i for i, e in enumerate(_UTIL_EDGES) if l.utilisation <= e), len(_UTIL_EDGES) - 1)
+            counts[k] += 1
+        groups: dict[float, list[float]] = {}
+        for l in sim.links:
+            groups.setdefault(l.capacity, []).append(l.utilisation)
+        by_cap = tuple((c, len(u), sum(u) / len(u), max(u)) for c, u in sorted(groups.items(), key=lambda cu: -cu[0]))
+        return SimulationDigest(sim.time, n, len(sim.links), ranks, quant, tuple(links),
+                                tuple(zip(_UTIL_EDGES, counts)), by_cap, truncated)
+
 
 def wire_bytes_of(count: int, itemsize: int, compress: str, dtype: str = "float32") -> int:
     """Bytes one message of ``count`` elements puts on the wire (the codec's own size,
@@ -137,11 +194,14 @@ def wire_bytes_of(count: int, itemsize: int, compress: str, dtype: str = "float3
     return get_codec(compress, dtype).wire_nbytes(count)
 
 
-class _Network:
-    """Links of a plan's sub-topology as integer ids, with tree paths and cheapest routes."""
+class _Links:
+    """Links of one collective's sub-topology as integer ids, with cheapest routes computed
+    once per source and kept: a value per (topology, ranks), shared by every simulation of
+    that collective (the chunk search simulates each candidate several times; a 1024-rank
+    ring needs a Dijkstra from each of its 1024 ranks, 3 s a time in Python)."""
 
-    def __init__(self, plan: Plan):
-        topo = plan.topology.restricted(plan.ranks)
+    def __init__(self, topology, ranks: tuple[str, ...]):
+        topo = topology.restricted(ranks)
         self.cap: list[float] = []
         self.lat: list[float] = []
         self.ends: list[tuple[str, str]] = []
@@ -160,9 +220,26 @@ class _Network:
         self.adj: dict[str, list[tuple[str, int]]] = {}
         for (u, v), i in self.id.items():
             self.adj.setdefault(u, []).append((v, i))
+        self.routes: dict[str, dict[str, tuple[int, ...]]] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _links(topology, ranks: tuple[str, ...]) -> _Links:
+    return _Links(topology, ranks)
+
+
+class _Network:
+    """A plan's links (shared :class:`_Links`) with its tree paths."""
+
+    def __init__(self, plan: Plan):
+        try:
+            links = _links(plan.topology, tuple(plan.ranks))
+        except TypeError:  # an unhashable Topology (lists for tuples): no sharing
+            links = _Links(plan.topology, tuple(plan.ranks))
+        self.cap, self.lat, self.ends, self.id, self.adj = links.cap, links.lat, links.ends, links.id, links.adj
+        self._routes = links.routes
         self.names = plan.ranks
         self.trees = plan.trees
-        self._routes: dict[str, dict[str, tuple[int, ...]]] = {}
         self._cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
     def _vertex_path(self, verts: Sequence[str]) -> tuple[int, ...] | None:

@@ -199,13 +199,24 @@ def cmd_simulate(args) -> int:
                        "busy_s": l.busy_s, "utilisation": l.utilisation} for l in sim.links],
         }, indent=2))
         return 0
+    d = sim.digest(limit=8)  # every rank and link when few, else quantiles and the extremes
     print(f"{plan.name} ({plan.kind}, {plan.n} ranks, {human_bytes(plan.size_bytes)}, {plan.algorithm}): "
           f"predicted {human_time(sim.time)}, {sim.messages} messages, {human_bytes(sim.wire_bytes)} on the wire")
     print()
-    print(_table(["rank", "vertex", "finish"],
-                 [[str(r), plan.ranks[r], human_time(t)] for r, t in enumerate(sim.rank_finish)]))
+    if d.truncated:
+        print("rank finish: " + ", ".join(f"{k} {human_time(t)}" for k, t in d.finish_quantiles))
+        print(f"latest {len(d.ranks)} of {d.n_ranks} ranks:")
+    print(_table(["rank", "vertex", "finish"], [[str(r), plan.ranks[r], human_time(t)] for r, t in d.ranks]))
     print()
+    if d.truncated:
+        print(f"{d.n_links} links used; utilisation: " + ", ".join(
+            f"<={100 * e:.0f}%: {k}" for e, k in d.utilisation))
+        print(_table(["capacity", "links", "mean util", "max util"],
+                     [[human_rate(c), str(k), f"{100 * m:.1f}%", f"{100 * x:.1f}%"]
+                      for c, k, m, x in d.by_capacity]))
+        print()
+        print(f"busiest {len(d.links)} links:")
     print(_table(["link", "capacity", "bytes", "busy", "utilisation"],
                  [[f"{l.src}->{l.dst}", human_rate(l.capacity), human_bytes(l.bytes), human_time(l.busy_s),
-                   f"{100 * l.utilisation:.1f}%"] for l in sim.links]))
+                   f"{100 * l.utilisation:.1f}%"] for l in d.links]))
     return 0

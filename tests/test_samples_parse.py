@@ -13,7 +13,7 @@ from hcc.ir.plan import DTYPE_SIZES
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
-NAMES = ["dgx1", "dgx1_fragmented", "nvswitch", "cluster", "hetero", "fattree", "demo"]
+NAMES = ["dgx1", "dgx1_fragmented", "nvswitch", "cluster", "hetero", "fattree", "demo", "fattree1024", "dgx1x64"]
 
 # DGX-1 V100 hybrid cube-mesh: NVLink count per GPU pair
 DGX1_NVLINKS = {

@@ -292,7 +292,7 @@ def test_quanta_are_gcd_fractions():
 @pytest.mark.parametrize("make", [cluster, two_hosts, lambda: fat_tree(32, 8, 2)]
                          + [lambda s=s: random_topology(s, 6, switch=True) for s in range(6)])
 def test_vectorised_closure_matches_dijkstra(make):
-    """switches.Indexed.closure_matrix (Floyd-Warshall + min-plus) against the per-rank
+    """switches.Indexed.closure_matrix (Bellman-Ford over every rank at once) against the per-rank
     Dijkstra closure, and every route it returns costs exactly its distance."""
     from hcc.compiler.switches import Indexed
 
