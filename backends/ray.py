@@ -443,9 +443,11 @@ class _WatchedTransport(Transport):
                        if p != self.rank}
         self._dead: set[int] = set()
         self._next_reap = 0.0  # wait_change looks at the watches at most every _SLICE_S
-        limit = getattr(inner, "set_message_limit", None)
-        if limit is not None:
-            self.set_message_limit = limit
+        # optional inner features the executor looks for: the message size limit and the
+        # fused receive-and-reduce (SocketTransport.irecv_fold)
+        for attr in ("set_message_limit", "irecv_fold"):
+            if getattr(inner, attr, None) is not None:
+                setattr(self, attr, getattr(inner, attr))
 
     def arm(self, sends: int | None) -> None:
         """SIGKILL this process at the ``sends + 1``-th send from now (None: never)."""

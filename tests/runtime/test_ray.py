@@ -130,15 +130,23 @@ def test_grid_over_the_object_store(plans, group):
 
 @pytest.mark.parametrize("data", ["sockets", "objects"])
 def test_adaptive_is_the_default_on_both_data_paths(plans, group, data):
-    """A plan that does not say ``adaptive`` (``Plan.adaptive = None``) runs on the adaptive
-    executor over Ray (backends/adaptive.py ``adaptive_on``: on for transports named "ray"):
-    each rank reports what the survivors agreed on, which only that executor does."""
+    """A plan that does not say ``adaptive`` (``Plan.adaptive = None``) is adaptive over Ray
+    (backends/adaptive.py ``adaptive_on``: on for transports named "ray"): on time, the fast
+    path runs the static program; with a rank 0.4 s late the run takes the adaptive schedule,
+    whose ranks report what they agreed on (only that executor does)."""
     plan = replace(plans["allreduce_4_float32"], adaptive=None)
     inputs = make_inputs(plan, 3)
     outs, _ = group.run(plan, inputs, timeout=30.0, data=data)
     check(plan, outs, expected(plan, inputs))
+    outs, _ = group.run(plan, inputs, timeout=30.0, data=data, delays=[0.0, 0.0, 0.0, 0.4])
+    check(plan, outs, expected(plan, inputs))
     assert set(group.last.info) == {0, 1, 2, 3}
     assert all(o.contributors == (0, 1, 2, 3) for o in outs)
+    # and adaptive = off stays off: no agreement reported even with the same late rank
+    off = replace(plan, adaptive=False)
+    outs, _ = group.run(off, inputs, timeout=30.0, data=data, delays=[0.0, 0.0, 0.0, 0.4])
+    check(off, outs, expected(off, inputs))
+    assert not group.last.info
 
 
 @pytest.mark.parametrize("data", ["sockets", "objects"])
