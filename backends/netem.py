@@ -73,6 +73,9 @@ HTB_BURST_S = 0.002
 # 256 packets x 9000 B = 2.3 MB queue per shaped link end: enough for TCP to keep a 25 MB/s
 # link busy across a 50 ms RTT (1.25 MB in flight) without unbounded bufferbloat.
 QUEUE_PACKETS = 256
+# small packets (ACKs) get their own HTB class guaranteed 1/SMALL_SHARE of the link (see
+# _shape_lines); 1/20: a 52-byte ACK per two 9000-byte segments needs 0.3%
+SMALL_SHARE = 20
 MIN_DELAY_LINE_S = 50e-6
 ROUTINGS = ("cost", "hops", "bandwidth")
 # the compiler's route metric uses a 1 MiB reference message (compiler/cost.py _ROUTE_BYTES)
@@ -147,6 +150,32 @@ class Netem:
     relay_pid: int = 0  # the delay-line relay process, 0 when none
     created: float = 0.0
     routing: str = "cost"
+    # delay line only: what one crossing of a delayed link costs beyond its configured
+    # latency (the relay's wake-up and copies), measured by ``up``; 0 when not measured
+    relay_extra_s: float = 0.0
+
+    def live_arcs(self) -> frozenset[tuple[str, str]]:
+        """The arcs ``(u, v)`` some route uses: ``v`` is ``u``'s next hop towards some node.
+        An arc no route uses carries nothing, whatever a plan sends "over" it: on a ring
+        with one link 10x slower routed by ``cost``, the slow link's ends reach each other
+        the long way round, so a tree edge the compiler puts on the slow link would in fact
+        cross the fast links that its other trees use."""
+        vertex_of_ns = {ns: v for v, ns in self.namespaces}
+        vertex_of_addr = {a: v for v, a in self.addresses}
+        return frozenset((vertex_of_ns[r.ns], vertex_of_addr[r.via]) for r in self.routes)
+
+    def model_topology(self) -> Topology:
+        """The topology to compile against to predict this emulation: :attr:`topology`
+        (scaled capacities) without the arcs no route uses (:meth:`live_arcs`), and with each
+        delayed arc's latency raised by the measured :attr:`relay_extra_s`, since every
+        packet on it pays the relay's wake-up too (twohost: 200 us configured, +0.1 ms per
+        crossing measured with the machine 100% busy)."""
+        live = self.live_arcs()
+        delayed = {(e.vertex, e.peer) for k, kind in enumerate(self.kinds) if kind == "tun"
+                   for e in self.ends[2 * k: 2 * k + 2] if e.delay_s > 0}
+        return replace(self.topology, links=tuple(
+            replace(l, latency=l.latency + self.relay_extra_s) if (l.src, l.dst) in delayed else l
+            for l in self.topology.links if (l.src, l.dst) in live))
 
     # -- lookups ---------------------------------------------------------------------------
     def _vertex(self, rank_vertex: str | int) -> str:
@@ -222,6 +251,7 @@ class Netem:
             "relay_pid": self.relay_pid,
             "created": self.created,
             "routing": self.routing,
+            "relay_extra_s": self.relay_extra_s,
         }
 
     @staticmethod
@@ -241,6 +271,7 @@ class Netem:
             relay_pid=int(d.get("relay_pid", 0)),
             created=float(d.get("created", 0.0)),
             routing=str(d.get("routing", "cost")),
+            relay_extra_s=float(d.get("relay_extra_s", 0.0)),
         )
 
     def describe(self) -> str:
@@ -249,7 +280,8 @@ class Netem:
             f"netem {self.name}: topology {self.topology.name}, scale {self.scale:g}, "
             f"{len(self.namespaces)} namespaces, {len(self.kinds)} links, latency by {self.delay_mode}, "
             f"routing by {self.routing}"
-            + (f" (relay pid {self.relay_pid})" if self.relay_pid else "")
+            + (f" (relay pid {self.relay_pid}" + (f", +{self.relay_extra_s * 1e3:.3f} ms measured per crossing"
+                                                   if self.relay_extra_s else "") + ")" if self.relay_pid else "")
         ]
         switches = set(self.topology.switches)
         for v, ns in self.namespaces:
@@ -439,29 +471,46 @@ def netem_qdisc_available() -> bool:
 
 
 def _shape_lines(e: LinkEnd, netem_delay: bool) -> list[str]:
+    """tc commands for one link end: HTB at the link's rate with two leaf classes, small
+    packets (IP length < 128 B: TCP's ACKs, 1-byte probes) before bulk data.
+
+    Why two classes: one FIFO of ``QUEUE_PACKETS`` jumbo frames is 2.3 MB, 230 ms at a
+    scaled 10 MB/s link (0.23 ms at the real 10 GB/s), and ACKs of the reverse direction's
+    flows queued behind it: a 7-hop route (slow8's way round) saw ~1.6 s round trips, its
+    TCP window could not cover them, and every ring over it (hcc-ring, gloo) ran at half the
+    ring's rate. Scaling the rate down should not scale the wait of a 52-byte ACK up; its own
+    class (guaranteed 1/20 of the rate, may borrow all of it) keeps ACKs one packet time
+    behind the bulk data instead of a whole queue."""
     if not e.rate_Bps and not (netem_delay and e.delay_s):
         return []
-    lines = []
-    if e.rate_Bps:
-        bits = max(int(e.rate_Bps * 8), 8000)
-        burst = max(HTB_BURST_MIN, int(e.rate_Bps * HTB_BURST_S))
-        # r2q 1000 keeps HTB's quantum (rate / r2q) near one packet at these rates
-        lines += [
-            f"qdisc add dev {e.dev} root handle 1: htb default 1 r2q 1000",
-            f"class add dev {e.dev} parent 1: classid 1:1 htb rate {bits}bit ceil {bits}bit "
-            f"burst {burst}b cburst {burst}b",
-        ]
-        leaf_parent = "parent 1:1 handle 10:"
-    else:
-        leaf_parent = "root handle 10:"
-    if netem_delay and e.delay_s:
-        us = max(int(round(e.delay_s * 1e6)), 1)
-        # netem's queue must hold rate x delay (the bandwidth-delay product) or it drops
-        limit = QUEUE_PACKETS + int(e.rate_Bps * e.delay_s / MTU) if e.rate_Bps else 10000
-        lines.append(f"qdisc add dev {e.dev} {leaf_parent} netem delay {us}us limit {limit}")
-    else:
-        lines.append(f"qdisc add dev {e.dev} {leaf_parent} pfifo limit {QUEUE_PACKETS}")
-    return lines
+
+    def leaf(parent: str) -> str:
+        if netem_delay and e.delay_s:
+            us = max(int(round(e.delay_s * 1e6)), 1)
+            # netem's queue must hold rate x delay (the bandwidth-delay product) or it drops
+            limit = QUEUE_PACKETS + int(e.rate_Bps * e.delay_s / MTU) if e.rate_Bps else 10000
+            return f"qdisc add dev {e.dev} {parent} netem delay {us}us limit {limit}"
+        return f"qdisc add dev {e.dev} {parent} pfifo limit {QUEUE_PACKETS}"
+
+    if not e.rate_Bps:
+        return [leaf("root handle 10:")]
+    bits = max(int(e.rate_Bps * 8), 8000)
+    small = max(bits // SMALL_SHARE, 8000)
+    burst = max(HTB_BURST_MIN, int(e.rate_Bps * HTB_BURST_S))
+    shape = f"burst {burst}b cburst {burst}b quantum {MTU}"
+    # r2q 1000 keeps HTB's quantum (rate / r2q) near one packet at these rates
+    return [
+        f"qdisc add dev {e.dev} root handle 1: htb default 20 r2q 1000",
+        f"class add dev {e.dev} parent 1: classid 1:1 htb rate {bits}bit ceil {bits}bit "
+        f"burst {burst}b cburst {burst}b",
+        f"class add dev {e.dev} parent 1:1 classid 1:10 htb rate {small}bit ceil {bits}bit {shape} prio 0",
+        f"class add dev {e.dev} parent 1:1 classid 1:20 htb rate {max(bits - small, 8000)}bit ceil {bits}bit "
+        f"{shape} prio 1",
+        leaf("parent 1:10 handle 10:"),
+        leaf("parent 1:20 handle 20:"),
+        # IPv4 total length (bytes 2-3 of the header) below 128
+        f"filter add dev {e.dev} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:10",
+    ]
 
 
 def _sysctl_lines() -> str:
@@ -543,6 +592,8 @@ def up(topo: Topology, name: str | None = None, scale: float = 1.0, delay_mode: 
         for ns, lines in tc_ns.items():
             _batch("tc", ns, lines)
         built = replace(plan, relay_pid=relay.pid if relay else 0, created=time.time())
+        if relay is not None:
+            built = replace(built, relay_extra_s=_relay_extra(built))
         atomic_write_text(sp, json.dumps(built.to_dict(), indent=1))
         return built
     except BaseException:
@@ -553,6 +604,25 @@ def up(topo: Topology, name: str | None = None, scale: float = 1.0, delay_mode: 
         sp.unlink(missing_ok=True)
         relay_log(name).unlink(missing_ok=True)
         raise
+
+
+RELAY_PROBE_LINKS = 3  # delayed links probed by `up` (each ~0.5 s: two probe processes)
+
+
+def _relay_extra(n: Netem) -> float:
+    """Median over up to ``RELAY_PROBE_LINKS`` delayed links of ``(rtt - α_ab - α_ba) / 2``:
+    what one crossing costs beyond its configured latency (relay wake-up, TUN copies and the
+    two ends' stacks), from 15 one-byte ping-pongs between the link's own two vertices."""
+    import statistics
+
+    extra = []
+    for k, kind in enumerate(n.kinds):
+        if kind != "tun" or len(extra) >= RELAY_PROBE_LINKS:
+            continue
+        ea, eb = n.ends[2 * k], n.ends[2 * k + 1]
+        rtt = statistics.median(measure_rtt(n, ea.vertex, eb.vertex, count=15))
+        extra.append(max(rtt - ea.delay_s - eb.delay_s, 0.0) / 2)
+    return statistics.median(extra) if extra else 0.0
 
 
 def load(name: str) -> Netem:

@@ -16,20 +16,31 @@ size and rank count, by
 For each: median time, algbw = size / time, busbw (nccl-tests factor), the cut bound (computed
 here independently of the compiler, :func:`cut_bound_s`; the compiler's own ``bound_s`` beside
 it) and measured/bound = bound_s / time, the hcc plan's predicted time (``compiler.cost.simulate``) and
-its error, and the speedup of hcc over each peer. CSV: ``results/netem_collectives.csv``;
-``benchmarks/plot.py`` draws the PNGs.
+its error, and the speedup of hcc over each peer; the ranks' CPU time against the wall time
+and the machine's busy fraction over each run (:func:`_cpu_fields`), and the commit measured.
+The plans are compiled against the emulation's ``model_topology()`` (scaled capacities, the
+delay line's measured latency) with the runtime's per-message cost :data:`PER_MESSAGE_S` in
+the cost model. CSV: ``results/netem_collectives.csv``; ``benchmarks/plot.py`` draws the PNGs
+and prints the tables.
+
+Measure committed code: snapshot ``git archive HEAD`` into a folder, ``pip install --no-deps
+-t SNAP/site SNAP``, run this script with ``PYTHONPATH=SNAP/site`` from a directory that holds no
+``hcc`` package, and pass ``--commit $(git rev-parse --short HEAD)``.
 
 Topologies (real capacities, then one ``scale`` per topology so loopback processes on two
 shared cores can carry them; the compiler sees the scaled topology, i.e. what is emulated):
-(a) ``ring``: n ranks in a ring of 10 GB/s links, scale 0.002 (20 MB/s).
+(a) ``ring``: n ranks in a ring of 10 GB/s links, scale 0.002 (20 MB/s; 8 ranks 0.001).
 (b) ``slow``: the same ring with one link 10x slower (1 GB/s -> 2 MB/s). Routed like the
     compiler's cost model (``hcc netem --routing cost``), traffic between the slow link's ends
     goes the long way round, for every system; ``bh`` (``slowhops``) is the same ring routed by
     hops, where a declared link is a cable that neighbours use however slow it is.
 (c) ``twohost``: two hosts of n/2 ranks, each rank on its host's switch at 100 GB/s, the two
     switches joined by one 10 GB/s, 200 us link; scale 0.002 (200 MB/s inside, 20 MB/s across).
-(d) ``dgx1``: the DGX-1 V100 NVLink graph (25 GB/s per NVLink, doubled links 50 GB/s), scale
-    0.0008 (20 MB/s per NVLink); 4 ranks are GPUs 0..3 (a fragment), 8 the whole box.
+(d) ``dgx1``: the DGX-1 V100 NVLink graph (25 GB/s per NVLink, doubled links 50 GB/s); 4 ranks
+    are GPUs 0..3 (a fragment, scale 0.0004: 10 MB/s per NVLink), 8 the whole box (0.0003).
+Scales are per case (:data:`SCALES`): 4 ranks as above, 8 ranks half (0.001), so that the
+links and not the two shared cores limit every system; each row records the ranks' CPU time
+against the wall time and how busy the machine was.
 Each emulation is of the topology restricted to the collective's ranks (and switches), so no
 system can route through a vertex that is not in the job.
 
@@ -58,6 +69,26 @@ RESULTS = ROOT / "results"
 MiB = 1 << 20
 GB = 1e9
 
+# Emulation scale per (topology, ranks): low enough that the links, not the two shared cores,
+# are the bottleneck, chosen by measurement: lower the scale until hcc's measured/bound stops
+# rising. hcc on ring8, 64 MiB: 76.0% of the bound at 0.002 (20 MB/s links, 320 MB/s of
+# traffic at the bound), 85.5% at 0.001 (CPU-bound at 0.002); dgx1x8: 80.8% at 0.0003, 78.1%
+# at 0.00012 (link-bound at 0.0003, whose 360 MB/s at the bound are carried in 128 KiB
+# chunks, where ring8's plan then used 16 KiB: the cores pay per message as much as per
+# byte). ring4 at 0.002 (160 MB/s) reached 85% last round; dgx1x4 at 0.0008 (280 MB/s, tiny
+# chunks) 67.5%, 19% under its prediction, so it is halved.
+SCALES = {("a", 4): 0.002, ("b", 4): 0.002, ("bh", 4): 0.002, ("c", 4): 0.002, ("d", 4): 0.0004,
+          ("a", 8): 0.001, ("b", 8): 0.001, ("bh", 8): 0.001, ("c", 8): 0.001, ("d", 8): 0.0003}
+
+# The software cost of one message in hcc's runtime on this machine, for the compiler's cost
+# model (``CostModel.per_message_s``; its default, 1 us, is an MPI/NCCL launch): with 1 us the
+# chunk search picked 8 KiB chunks for ring8 at 16 MiB (3584 messages per rank), which ran
+# 0.46 s over the prediction, i.e. ~128 us per message (the Python executor's ~30 us of CPU
+# per message x 4 ranks per core). At 100 us it picks 64 KiB (448 messages per rank) for a
+# prediction 2% longer. The benchmark compiles hcc and hcc-ring with this model and predicts
+# with it; `--per-message-us 1` gives the compiler's default.
+PER_MESSAGE_S = 100e-6
+
 DGX1_DOUBLE = [(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)]
 DGX1_SINGLE = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
 
@@ -79,8 +110,11 @@ def _both(a: str, b: str, c: float, lat: float = 0.0):
     return [Link(a, b, c, lat), Link(b, a, c, lat)]
 
 
-def make_case(key: str, n: int) -> Case:
+def make_case(key: str, n: int, scale: float | None = None) -> Case:
+    """Case ``key`` on ``n`` ranks, emulated at ``scale`` (default :data:`SCALES`)."""
     from hcc.ir.topology import Topology
+
+    scale = scale or SCALES.get((key, n), 0.001)
 
     if key in ("a", "b", "bh"):
         links = []
@@ -94,7 +128,7 @@ def make_case(key: str, n: int) -> Case:
         routing = "hops" if key == "bh" else "cost"
         if key == "bh":
             desc += ", routed by hops (the slow link is a cable)"
-        return Case(key, f"{name}{n}", Topology(f"{name}{n}", nodes, (), tuple(links)), nodes, 0.002, desc,
+        return Case(key, f"{name}{n}", Topology(f"{name}{n}", nodes, (), tuple(links)), nodes, scale, desc,
                     routing)
     if key == "c":
         half = n // 2
@@ -105,7 +139,7 @@ def make_case(key: str, n: int) -> Case:
                 links += _both(f"h{h}g{i}", f"h{h}sw", 100 * GB)
         links += _both("h0sw", "h1sw", 10 * GB, 200e-6)
         topo = Topology(f"twohost{n}", nodes, ("h0sw", "h1sw"), tuple(links))
-        return Case(key, topo.name, topo, nodes, 0.002,
+        return Case(key, topo.name, topo, nodes, scale,
                     f"2 hosts x {half}: 100 GB/s to the host switch, hosts joined by 10 GB/s + 200 us")
     if key == "d":
         links = []
@@ -115,7 +149,7 @@ def make_case(key: str, n: int) -> Case:
                     links += _both(f"gpu{a}", f"gpu{b}", k * 25 * GB)
         nodes = tuple(f"gpu{i}" for i in range(n))
         topo = Topology(f"dgx1x{n}", nodes, (), tuple(links))
-        return Case(key, topo.name, topo, nodes, 0.0008,
+        return Case(key, topo.name, topo, nodes, scale,
                     f"DGX-1 NVLink graph, GPUs 0..{n - 1}, 25 GB/s per NVLink")
     raise ValueError(key)
 
@@ -221,6 +255,31 @@ def bench_links(cases: list[Case], seconds: float, max_pairs: int) -> list[dict]
 # --------------------------------------------------------------------------- collectives
 
 
+def _cpu_snapshot() -> tuple[float, float, float, float]:
+    """(wall, CPU seconds of every reaped descendant, machine busy jiffies, machine jiffies).
+    Rank processes (hcc's, gloo's, MPICH's through hydra) are our descendants and are reaped
+    before a run returns, so the difference over a run is the CPU the ranks used."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]  # idle + iowait
+    return time.monotonic(), ru.ru_utime + ru.ru_stime, float(sum(cpu) - idle), float(sum(cpu))
+
+
+def _cpu_fields(before, after, n_ranks: int) -> dict:
+    """CPU against wall time over one system's run (start-up and warm-up included): the
+    ranks' CPU time per rank, its share of the wall time, and how busy the whole machine
+    was (other engineers' work included). A rank whose CPU share is far below 1 while the
+    machine has idle time waits on its links, not on a core."""
+    wall = after[0] - before[0]
+    cpu = (after[1] - before[1]) / n_ranks
+    busy = (after[2] - before[2]) / max(after[3] - before[3], 1.0)
+    return {"run_wall_s": round(wall, 3), "cpu_s_per_rank": round(cpu, 3),
+            "cpu_share_per_rank": round(cpu / wall, 3) if wall > 0 else "", "machine_busy": round(busy, 3)}
+
+
 def _busbw_factor(kind: str, n: int) -> float:
     from hcc.compiler.pipeline import BUSBW_FACTOR
 
@@ -302,23 +361,30 @@ def run_mpich(n, ranks, kind: str, size: int, iters: int, warmup: int, timeout: 
 
 
 def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: list[str], iters: int,
-                      warmup: int, budget_s: float, sink=lambda rows: None) -> list[dict]:
+                      warmup: int, budget_s: float, sink=lambda rows: None, commit: str = "",
+                      per_message_s: float = PER_MESSAGE_S) -> list[dict]:
     import hcc
     from hcc.backends import netem
-    from hcc.compiler.cost import simulate
+    from hcc.compiler.cost import CostModel, simulate
+    from hcc.compiler.pipeline import compile_unit
 
+    model_costs = CostModel(per_message_s=per_message_s)
     rows: list[dict] = []
-    mpich_broken = ""
+    mpich_broken, mpich_failures = "", 0
     for case in cases:
         emu = netem.scaled(case.topology, case.scale).restricted(case.ranks)
         n = netem.up(emu, f"bench-{case.name}", routing=case.routing)
+        # the compiler is given what the namespaces carry: scaled capacities, and on delay-line
+        # links the configured latency plus the relay's measured cost per crossing
+        model = n.model_topology()
         try:
             for size in sizes:
                 plans: dict = {}
                 for system, alg in (("hcc", "treepack"), ("hcc-ring", "ring")):
                     t0 = time.perf_counter()
                     try:
-                        plans[system] = hcc.compile(hcc.load(program_source(emu, case.ranks, kind, size, alg)), "c")
+                        program = hcc.load(program_source(model, case.ranks, kind, size, alg))
+                        plans[system] = compile_unit(program, "c", model=model_costs).plan
                     except Exception as e:  # reported in the row; the peers still run
                         plans[system] = e
                     plans[system + ":compile_s"] = time.perf_counter() - t0
@@ -333,8 +399,9 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                     row = {"topology": case.name, "case": case.key, "description": case.description,
                            "scale": case.scale, "ranks": len(case.ranks), "kind": kind, "size_bytes": size,
                            "system": system, "bound_s": bound_s, "compiler_bound_s": compiler_bound_s,
-                           "delay_mode": n.delay_mode,
-                           "routing": case.routing}
+                           "delay_mode": n.delay_mode, "relay_extra_s": n.relay_extra_s,
+                           "routing": case.routing, "commit": commit, "iters": iters, "warmup": warmup,
+                           "per_message_s": per_message_s}
                     if system in ("hcc", "hcc-ring"):
                         plan = plans[system]
                         if isinstance(plan, Exception):
@@ -342,7 +409,7 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                             rows.append(row)
                             print(f"{case.name:10} {size // MiB:4} MiB {system:9} {row['error']}", flush=True)
                             continue
-                        sim = simulate(plan)
+                        sim = simulate(plan, model=model_costs)
                         row.update(algorithm=plan.algorithm, trees=len(plan.trees), chunk_bytes=plan.chunk_bytes,
                                    predicted_s=sim.time, compile_s=plans[system + ":compile_s"])
                     est = ok["hcc"].figures.predicted_s if system == "hcc" and "hcc" in ok else ring_s
@@ -351,6 +418,7 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                         rows.append(row)
                         print(f"{case.name:10} {size // MiB:4} MiB {system:9} {row['error']}", flush=True)
                         continue
+                    before = _cpu_snapshot()
                     try:
                         if system in ("hcc", "hcc-ring"):
                             times = run_hcc(n, plans[system], iters, warmup, timeout, check=size <= 16 * MiB)
@@ -361,9 +429,14 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                                 raise RuntimeError(mpich_broken)
                             try:
                                 times = run_mpich(n, case.ranks, kind, size, iters, warmup, timeout)
-                            except RuntimeError as e:
-                                mpich_broken = f"MPICH cannot run over the namespaces: {e}"
-                                raise RuntimeError(mpich_broken) from None
+                                mpich_failures = 0
+                            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                                # two failures in a row (e.g. MPI_Init refusing the namespaces'
+                                # devices) mean it cannot run here: stop paying its timeouts
+                                mpich_failures += 1
+                                if mpich_failures >= 2:
+                                    mpich_broken = f"MPICH cannot run over the namespaces: {e}"
+                                raise
                         else:
                             raise ValueError(system)
                     except Exception as e:  # one failed system must not end the benchmark
@@ -371,6 +444,7 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                         rows.append(row)
                         print(f"{case.name:10} {size // MiB:4} MiB {system:9} FAILED {row['error']}", flush=True)
                         continue
+                    row.update(_cpu_fields(before, _cpu_snapshot(), len(case.ranks)))
                     t = statistics.median(times)
                     algbw = size / t
                     row.update(time_s=t, times_s=" ".join(f"{x:.4f}" for x in times), algbw_Bps=algbw,
@@ -383,7 +457,8 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                     sink(rows)  # on disk after every run: an interrupted benchmark keeps its rows
                     pred = f" predicted {row['predicted_s']:.3f} s ({row['prediction_error']:+.0%})" if "predicted_s" in row else ""
                     print(f"{case.name:10} {size // MiB:4} MiB {system:9} {t:8.3f} s  busbw "
-                          f"{row['busbw_Bps'] / 1e6:7.2f} MB/s  measured/bound {bound_s / t:6.1%}{pred}", flush=True)
+                          f"{row['busbw_Bps'] / 1e6:7.2f} MB/s  measured/bound {bound_s / t:6.1%}{pred}  cpu/rank "
+                          f"{row['cpu_share_per_rank']:.2f} of wall, machine {row['machine_busy']:.0%} busy", flush=True)
         finally:
             netem.down(n.name, kill=True)
     _speedups(rows, systems)
@@ -522,6 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default="hcc,hcc-ring,gloo,mpich")
     ap.add_argument("--kind", default="allreduce", choices=["allreduce", "broadcast", "allgather"])
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
+    ap.add_argument("--scale", type=float, default=None, help="override every case's emulation scale")
+    ap.add_argument("--per-message-us", type=float, default=PER_MESSAGE_S * 1e6,
+                    help="the runtime's cost per message given to the compiler's cost model (us)")
+    ap.add_argument("--commit", default=os.environ.get("HCC_COMMIT", ""),
+                    help="the commit measured, recorded in every row (default $HCC_COMMIT)")
     ap.add_argument("--budget", type=float, default=None,
                     help="skip a run whose predicted total exceeds this many seconds")
     ap.add_argument("--out", default=None, help="CSV path (default results/netem_<part>.csv)")
@@ -532,12 +613,27 @@ def main(argv: list[str] | None = None) -> int:
         print("netem_bench: needs root (hcc netem builds namespaces); run with sudo", file=sys.stderr)
         return 2
     ranks = [int(x) for x in (a.ranks or ("4" if a.quick else "4,8")).split(",")]
-    cases = [make_case(k, r) for r in ranks for k in a.topologies.split(",")]
+    cases = [make_case(k, r, a.scale) for r in ranks for k in a.topologies.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(a.out) if a.out else RESULTS / f"netem_{a.part}.csv"
     # --append keeps the rows already in the CSV except those this run measures again
+    sizes = [int(float(s) * MiB) for s in (a.sizes or ("1,16" if a.quick else "1,16,64,256")).split(",")]
     ran = {c.name for c in cases}
-    old = [r for r in _read_csv(out) if r.get("topology") not in ran] if a.append else []
+    before = _read_csv(out) if a.append else []
+    if a.part == "links":
+        before = [r for r in before if r.get("topology") not in ran]
+
+    def kept(new_rows: list[dict]) -> list[dict]:
+        """The CSV's earlier rows but those this run has measured again (one per topology,
+        size and system), so an interrupted run loses nothing it did not replace."""
+        if a.part == "links":
+            return before
+        done = {(r["topology"], str(r["size_bytes"]), r["system"]) for r in new_rows}
+        return [r for r in before if (r.get("topology"), r.get("size_bytes"), r.get("system")) not in done]
+
+    import hcc
+
+    print(f"hcc from {Path(hcc.__file__).parent}, commit {a.commit or '?'}", flush=True)
     # SIGTERM (a `timeout`, a CI kill) unwinds like Ctrl-C, so every `finally` takes its
     # namespaces down instead of leaving them behind
     signal.signal(signal.SIGTERM, _interrupt)
@@ -545,12 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.part == "links":
         rows = bench_links(cases, seconds=1.0 if a.quick else 2.0, max_pairs=4 if a.quick else 12)
     else:
-        sizes = [int(float(s) * MiB) for s in (a.sizes or ("1,16" if a.quick else "1,16,64,256")).split(",")]
         iters = a.iters or (2 if a.quick else 3)
         budget = a.budget or (60.0 if a.quick else 600.0)
-        rows = bench_collectives(cases, a.kind, sizes, a.systems.split(","), iters, 1, budget,
-                                 sink=lambda rs: _write_csv(out, old + rs, quiet=True))
-    _write_csv(out, old + rows)
+        rows = bench_collectives(cases, a.kind, sizes, a.systems.split(","), iters, a.warmup, budget,
+                                 sink=lambda rs: _write_csv(out, kept(rs) + rs, quiet=True), commit=a.commit,
+                                 per_message_s=a.per_message_us * 1e-6)
+    _write_csv(out, kept(rows) + rows)
     print(f"total {time.time() - t0:.0f} s")
     return 0
 

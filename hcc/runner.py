@@ -14,6 +14,13 @@ output buffer (the ``size`` of the collective); ``busbw = algbw × factor`` with
 2(n−1)/n for allreduce; (n−1)/n for allgather, reduce_scatter, alltoall, gather, scatter;
 1 for broadcast, reduce and neighbor_average.
 
+With ``--netem`` each rank runs in its namespace of the ``hcc netem`` emulation that holds the
+collective's ranks, and the plan is compiled against that emulation's topology as it is built
+(:meth:`Netem.model_topology`: capacities times ``--scale``, latencies plus the delay line's
+measured cost per crossing), so its predicted time and bound are those of the links that
+exist. A ``plan.json`` cannot be recompiled: its prediction and bound are recomputed on the
+emulated topology (``compiler.cost.simulate``, ``compiler.bounds.time_bound``) instead.
+
 Exit status: 0 when every result is verified; 1 when a result is wrong or a rank failed
 (printed as a typed error, never a traceback).
 """
@@ -23,10 +30,11 @@ import importlib
 import json
 import statistics
 import sys
+from dataclasses import replace
 
 from .backends.base import RuntimeFault
 
-__all__ = ["cmd_run", "busbw_factor", "load_plans", "run_and_check"]
+__all__ = ["cmd_run", "busbw_factor", "load_plans", "netem_for", "run_and_check"]
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -40,8 +48,10 @@ def busbw_factor(kind: str, n: int) -> float:
     return 1.0
 
 
-def load_plans(path: str, name: str | None = None) -> list:
-    """The plans ``hcc run`` works on: a plan.json, or every (or one) collective of a .hcl."""
+def load_plans(path: str, name: str | None = None, netem: bool = False) -> list:
+    """The plans ``hcc run`` works on: a plan.json, or every (or one) collective of a .hcl.
+    ``netem``: compiled against (a .json: re-priced on) the emulated topology that holds
+    each collective's ranks (:func:`netem_for`)."""
     from . import api
     from .ir.plan import Plan
 
@@ -49,23 +59,55 @@ def load_plans(path: str, name: str | None = None) -> list:
         plan = Plan.load(path)
         if name and name != plan.name:
             raise RuntimeFault(f"{path} holds collective {plan.name!r}, not {name!r}")
-        return [plan]
+        return [_repriced(plan, netem_for(plan.ranks, plan.topology.name)) if netem else plan]
     program = api.load(path)
-    if name is not None:
-        return [api.compile(program, name)]
-    return list(api.compile_all(program).values())
+    if not netem:
+        if name is not None:
+            return [api.compile(program, name)]
+        return list(api.compile_all(program).values())
+    if name is not None and all(c.name != name for c in program.collectives):
+        return [api.compile(program, name)]  # raises the compiler's "unknown collective" error
+    plans = []
+    for spec in program.collectives:
+        if name is not None and spec.name != name:
+            continue
+        emu = netem_for(spec.ranks, spec.topology)
+        emulated = replace(program, topologies={**program.topologies, spec.topology: emu.model_topology()})
+        plans.append(api.compile(emulated, spec.name))
+    return plans
+
+
+def netem_for(ranks, topology_name: str = ""):
+    """The emulation that is up and holds every vertex of ``ranks``; of several, the one
+    built from the topology named ``topology_name``. Raises :class:`RuntimeFault` if none."""
+    from .backends import netem
+
+    up = netem.names()
+    chosen = [nm for nm in (netem.load(x) for x in up) if set(ranks) <= set(nm.topology.nodes)]
+    if not chosen:
+        raise RuntimeFault(f"--netem: no emulation is up with the vertices {', '.join(ranks)} "
+                           f"(up: {', '.join(up) or 'none'}; run `hcc netem up FILE`)")
+    return next((nm for nm in chosen if nm.topology.name == topology_name), chosen[0])
+
+
+def _repriced(plan, emu):
+    """A compiled plan with its predicted time and bound recomputed on the emulated topology."""
+    from .compiler.bounds import time_bound
+    from .compiler.cost import simulate
+
+    model = emu.model_topology()
+    try:
+        predicted = simulate(replace(plan, topology=model)).time
+    except Exception as e:  # the plan's paths use a vertex or link the emulation lacks
+        raise RuntimeFault(f"--netem: plan {plan.name!r} does not fit emulation {emu.name}: {e}") from None
+    bound = time_bound(plan.kind, model.restricted(plan.ranks), plan.ranks, plan.root, plan.size_bytes,
+                       peers=plan.peers or "ring")
+    return replace(plan, topology=model, figures=replace(plan.figures, predicted_s=predicted, bound_s=bound))
 
 
 def _netem_kwargs(plan):
     """(context manager, launch kwargs) placing each rank in its `hcc netem` namespace."""
-    from .backends import netem
-
-    up = netem.names()
-    chosen = [nm for nm in (netem.load(x) for x in up) if set(plan.ranks) <= set(nm.topology.nodes)]
-    if not chosen:
-        raise RuntimeFault(f"--netem: no emulation is up with the vertices of {plan.name!r} "
-                           f"(up: {', '.join(up) or 'none'}; run `hcc netem up FILE`)")
-    nm = chosen[0]
+    nm = netem_for(plan.ranks, plan.topology.name)
     return nm.inside(plan.ranks[0]), nm.launch_kwargs(plan.ranks)
 
 
@@ -182,7 +224,7 @@ def _table(rows: list[dict]) -> str:
 def cmd_run(args) -> int:
     if args.iters < 1 or args.warmup < 0:
         raise RuntimeFault("--iters must be >= 1 and --warmup >= 0")
-    plans = load_plans(args.file, args.collective)
+    plans = load_plans(args.file, args.collective, netem=args.netem)
     if args.backend == "sockets" and not args.netem:
         rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed)
     else:

@@ -11,6 +11,7 @@ import re
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -165,3 +166,66 @@ def test_cli_up_exec_status_down(state, tmp_path, capsys):
     assert main(["netem", "down", name]) == 0
     assert not netem.state_path(name).exists()
     assert main(["netem", "down", name]) == 1  # nothing to remove is an error, not a crash
+
+
+@needs_netns
+def test_run_netem_predicts_the_emulated_links(state, tmp_path, capsys):
+    # `hcc run --netem` on an emulation at scale 0.5: the plan is compiled against 20 MB/s
+    # links, not the declared 40, so its bound is the one the shaped links impose (the run
+    # cannot beat it) and its prediction is near what they deliver
+    import json
+
+    import hcc
+
+    src = tmp_path / "tri.hcl"
+    src.write_text("""
+topology tri {
+    node a, b, c
+    a <-> b : 40 MB/s
+    b <-> c : 40 MB/s
+    a <-> c : 40 MB/s
+}
+collective ar = allreduce on tri {
+    size = 4 MB
+}
+""")
+    name = _name("r")
+    state.append(name)
+    assert main(["netem", "up", str(src), "-n", name, "--scale", "0.5"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(src), "--netem", "--json", "--iters", "2"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    program = hcc.load(str(src))
+    declared = hcc.compile(program, "ar")
+    emulated = hcc.compile(replace(program, topologies={"tri": netem.load(name).model_topology()}), "ar")
+    assert row["verified"] is True
+    assert row["predicted_s"] == pytest.approx(emulated.figures.predicted_s)
+    assert row["bound_s"] == pytest.approx(emulated.figures.bound_s) and row["bound_s"] > 1.8 * declared.figures.bound_s
+    # the shaped links are real: the run is no faster than their bound (HTB's 2 ms burst aside)
+    assert row["time_median_s"] >= 0.9 * row["bound_s"]
+    assert netem.down(name) and not netem.names()
+
+
+@needs_netns
+def test_acks_do_not_queue_behind_bulk_data(state):
+    # b -> a saturated by one bulk stream: a small packet on b -> a (the echo of a ping-pong,
+    # or an ACK) takes its own HTB class instead of waiting behind the bulk FIFO. Measured
+    # on this machine: 0.01 ms median round trip; with one FIFO per link end, 16-24 ms (one
+    # stream's standing queue at 8 MB/s; many streams fill all 256 x 9000 B, 290 ms)
+    import threading
+    import time
+
+    topo = Topology("ack", nodes=("a", "b"), links=(Link("a", "b", 8 * MB), Link("b", "a", 8 * MB)))
+    name = _name("k")
+    state.append(name)
+    n = netem.up(topo, name)
+    bulk: list[float] = []
+    t = threading.Thread(target=lambda: bulk.append(netem.measure_throughput(n, "b", "a", seconds=6.0)))
+    t.start()
+    try:
+        time.sleep(3.0)  # let the stream build its standing queue
+        rtts = netem.measure_rtt(n, "a", "b", count=20)
+    finally:
+        t.join(timeout=60)
+    assert bulk and bulk[0] >= 0.8 * 8 * MB, "the bulk stream did not saturate the link"
+    assert statistics.median(rtts) < 0.005, f"ping-pong behind bulk data: {statistics.median(rtts) * 1e3:.1f} ms"

@@ -118,3 +118,81 @@ def test_not_root_is_a_clear_exit_2(monkeypatch, capsys, tmp_path):
     assert main(["netem", "up", "whatever.hcl"]) == 2
     assert "needs root" in capsys.readouterr().err
     assert main(["netem", "status"]) == 2
+
+
+TRI_HCL = """
+topology tri {
+    node a, b, c
+    a <-> b : 40 MB/s, 300 us
+    b <-> c : 40 MB/s
+    a <-> c : 40 MB/s
+}
+collective ar = allreduce on tri {
+    size = 4 MB
+}
+"""
+
+
+def test_run_netem_compiles_against_the_emulated_topology(tmp_path, monkeypatch):
+    # `hcc run --netem` must predict the links that exist: the scaled capacities (40 MB/s at
+    # scale 0.5 are 20 MB/s) and, on delay-line links, the latency plus the relay's measured
+    # cost per crossing. A state file as `up` writes it is all it reads (no root needed).
+    from dataclasses import replace
+
+    import hcc
+    from hcc.runner import load_plans
+
+    src = tmp_path / "tri.hcl"
+    src.write_text(TRI_HCL)
+    monkeypatch.setenv("HCC_NETEM_STATE_DIR", str(tmp_path / "state"))
+    netem.state_dir().mkdir()
+    topo = hcc.load(str(src)).topologies["tri"]
+    n = replace(netem.layout(topo, "tri", scale=0.5, delay_mode="delay-line"), relay_extra_s=1e-4)
+    netem.state_path("tri").write_text(__import__("json").dumps(n.to_dict()))
+    model = n.model_topology()
+    lat = {(l.src, l.dst): l.latency for l in model.links}
+    assert lat[("a", "b")] == pytest.approx(400e-6) and lat[("b", "c")] == 0.0  # only delayed arcs
+    assert {l.capacity for l in model.links} == {20e6}
+
+    (plan,) = load_plans(str(src), netem=True)
+    program = hcc.load(str(src))
+    want = hcc.compile(replace(program, topologies={"tri": model}), "ar")
+    unscaled = hcc.compile(program, "ar")
+    assert plan.figures.predicted_s == pytest.approx(want.figures.predicted_s)
+    assert plan.figures.bound_s == pytest.approx(want.figures.bound_s)
+    # half the capacity: the bandwidth terms (4 MB over 20 instead of 40 MB/s) double
+    assert plan.figures.bound_s > 1.8 * unscaled.figures.bound_s
+    assert plan.topology == model
+
+    # a compiled plan.json cannot be recompiled: it is re-priced on the emulated links
+    path = tmp_path / "ar.json"
+    unscaled.save(str(path))
+    (repriced,) = load_plans(str(path), netem=True)
+    assert repriced.programs == unscaled.programs and repriced.topology == model
+    assert repriced.figures.predicted_s > 1.8 * unscaled.figures.predicted_s
+    assert repriced.figures.bound_s == pytest.approx(plan.figures.bound_s, rel=0.05)
+
+
+def test_run_netem_without_a_matching_emulation_says_so(tmp_path, monkeypatch):
+    from hcc.backends.base import RuntimeFault
+    from hcc.runner import load_plans
+
+    src = tmp_path / "tri.hcl"
+    src.write_text(TRI_HCL)
+    monkeypatch.setenv("HCC_NETEM_STATE_DIR", str(tmp_path))
+    netem.state_path("other").write_text(__import__("json").dumps(netem.layout(ring(3), "other").to_dict()))
+    with pytest.raises(RuntimeFault, match="no emulation is up with the vertices a, b, c .*up: other"):
+        load_plans(str(src), netem=True)
+
+
+def test_model_topology_drops_the_arcs_no_route_uses():
+    # routed like the cost model, slow4's g0 and g3 reach each other over the three fast
+    # links: the slow link carries nothing, so a plan must not be priced as if it did
+    slow4 = ring(4, slow=(0, 3))
+    cost = netem.layout(slow4, "m", routing="cost")
+    assert ("g0", "g3") not in cost.live_arcs() and ("g0", "g1") in cost.live_arcs()
+    arcs = {(l.src, l.dst) for l in cost.model_topology().links}
+    assert arcs == {(l.src, l.dst) for l in slow4.links} - {("g0", "g3"), ("g3", "g0")}
+    # routed by hops the slow link is a cable both neighbours use: nothing is dropped
+    assert netem.layout(slow4, "m", routing="hops").model_topology() == slow4
+    assert netem.layout(ring(4), "m").model_topology() == ring(4)
