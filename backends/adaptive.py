@@ -1116,16 +1116,25 @@ class Case:
 @dataclass
 class Outcome:
     """What each rank of one case did: ``outputs[r]`` (None if it raised or died), ``errors[r]``,
-    ``info[r]`` (contributors, missing, late, dead, seconds from the start barrier)."""
+    ``info[r]`` (contributors, missing, late, dead, seconds from the start barrier, and
+    cpu_seconds: the rank process's CPU time over those seconds)."""
 
     outputs: list
     errors: dict
     info: dict
 
 
-def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 300.0) -> list[Outcome]:
+def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 300.0,
+              wrap: Callable[[int, list[str]], list[str]] | None = None, hosts: Sequence[str] | None = None,
+              store_host: str = "127.0.0.1") -> list[Outcome]:
     """Run ``cases`` in order on ``plan.n`` local processes over sockets; SIGKILLed ranks are
-    expected (the outcomes say who died), not errors."""
+    expected (the outcomes say who died), not errors.
+
+    ``wrap(rank, argv)`` may rewrite a rank's command line, ``hosts[rank]`` sets the address
+    it listens on and ``store_host`` where the launcher serves the rendezvous store — the
+    keywords of ``backends/launch.run_cases_local``, so ``Netem.launch_kwargs(plan.ranks)``
+    runs every rank in its ``hcc netem`` namespace (call this inside
+    ``with emulation.inside(plan.ranks[0]):`` so the store's socket is made there)."""
     import json
     import os
     import secrets
@@ -1155,13 +1164,20 @@ def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 
         atomic_write_text(job / "job.json", json.dumps({"timeout": timeout, "cases": spec}))
         env = dict(os.environ, HCC_TOKEN=token)
         procs = []
-        with StoreServer(token, "127.0.0.1", 0) as store:
+        if hosts is not None and len(hosts) != world:
+            raise RuntimeFault(f"run_local: {len(hosts)} hosts for {world} ranks")
+        with StoreServer(token, store_host, 0) as store:
             try:
                 for r in range(world):
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "hcc.backends.adaptive", str(job), str(r), str(world), store.address],
-                        env=env, stdout=open(job / f"rank{r}.log", "wb"), stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL))
+                    argv = [sys.executable, "-m", "hcc.backends.adaptive", str(job), str(r), str(world),
+                            store.address]
+                    if hosts is not None:
+                        argv.append(hosts[r])
+                    if wrap is not None:
+                        argv = wrap(r, argv)
+                    with open(job / f"rank{r}.log", "wb") as log:  # the child keeps its own copy
+                        procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                      stdin=subprocess.DEVNULL))
                 end = time.monotonic() + overall
                 while any(p.poll() is None for p in procs) and time.monotonic() < end:
                     time.sleep(0.02)
@@ -1217,7 +1233,7 @@ def _barrier(comm: Transport, name: str, timeout: float) -> None:
                 raise
 
 
-def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
+def _worker(job_dir: str, rank: int, world: int, store: str, host: str = "127.0.0.1") -> int:
     import json
     import os
     import signal
@@ -1232,7 +1248,7 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
     spec = json.loads((job / "job.json").read_text())
     timeout = float(spec["timeout"])
     result: dict = {"cases": {}, "t_start": time.time()}
-    comm = connect(rank, world, store, os.environ["HCC_TOKEN"], timeout, serve_store=False)
+    comm = connect(rank, world, store, os.environ["HCC_TOKEN"], timeout, serve_store=False, host=host)
 
     result["t_connected"] = time.time()
 
@@ -1254,11 +1270,13 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
 
             t0 = time.perf_counter()
+            cpu0 = time.process_time()
             try:
                 result[f"t_in{i}"] = time.time()
                 _barrier(comm, f"start/{i}", timeout)
                 result[f"t_bar{i}"] = time.time()
                 t0 = time.perf_counter()
+                cpu0 = time.process_time()
                 delays = case["delays"]
                 if delays and delays[rank] > 0:
                     time.sleep(delays[rank])
@@ -1293,6 +1311,9 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
                         rec.update(contributors=list(range(world)), missing=[], late=[], dead=[],
                                    stats={"path": "static"}, generation=0)
                 rec["seconds"] = time.perf_counter() - t0
+                # this process's CPU time (every thread) over the same span: against
+                # ``seconds`` it says whether the rank waited on its links or on a core
+                rec["cpu_seconds"] = time.process_time() - cpu0
                 rec["log_length"] = _session(comm).log.length()  # events in the agreement log
                 if case["save"]:
                     np.save(job / f"case{i}.out{rank}.npy", np.asarray(out))
@@ -1316,4 +1337,4 @@ def _worker(job_dir: str, rank: int, world: int, store: str) -> int:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(_worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
+    sys.exit(_worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:6]))

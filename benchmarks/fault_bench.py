@@ -31,13 +31,37 @@ Engines (``Case``):
    waiting until the log shows every arrival), at the bench size and at 1 MiB.
 
 Writes benchmarks/results/fault_bench.json and fault_bench.csv and prints the table.
+
+``--netem`` (root): the same cases where the *links* are the bottleneck, not the two shared
+cores. On loopback, after the last arrival a star allreduce moves ~7x the bytes of "one hop"
+through the same two cores, so a network property is measured on a machine bottleneck.
+Here ``hcc netem`` (backends/netem.py) builds a star: every rank ``g<i>`` on one switch ``s``
+through its own full-duplex link of ``--link-MBps`` MB/s (no latency), every rank runs in its
+namespace (``Netem.launch_kwargs``, the launcher's store in ``g0``'s), and the emulation is
+taken down however the run ends (Ctrl-C and SIGTERM included). Plans are compiled for that
+star. The one-hop time is the same rank 0 -> rank 1 message, which here crosses *two* star
+links (g0 -> s -> g1), both of B: its time is M / B plus one packet. The stagger scale T
+defaults to 2 x M / B, the loopback run's ratio (T = 0.5 s against a 0.26 s hop). Every case
+records its ranks' CPU time against their wall time (a share far below 1 means the rank
+waited on its links), and each job how busy the whole machine was. One more engine for
+allreduce, "adaptive-1MiB": the adaptive executor with ``chunk_bytes`` = 1 MiB (its star
+chunks are otherwise 4 MiB, sized for loopback's per-chunk CPU cost, which leaves an owner
+waiting for a whole 4 MiB chunk of the last rank's piece at B/(n-1) before it can forward
+anything). The failure runs kill their victim half-way through its own data chunks, counted
+in the same job's no-failure adaptive run. Before bringing the star up the script waits (at
+most ``--wait-busy`` s) while another emulation runs processes: two emulations coexist
+(distinct namespaces), but would share the two cores. Writes fault_bench_netem.{json,csv}.
+
+    sudo .venv/bin/python benchmarks/fault_bench.py --netem [--link-MBps 20] [--size-mib 64] [--reps 3]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
+import signal
 import statistics
 import sys
 import time
@@ -54,16 +78,24 @@ from hcc.ir.files import atomic_write_text
 KINDS = ("broadcast", "allreduce")
 
 
-def _src(n: int, size: str) -> str:
-    lines = [f"topology t {{ node g[0..{n - 1}]\n  g[0..{n - 1}] <-> g[0..{n - 1}] : 1 GB/s, 10 us }}"]
+def _topology_src(n: int, star_MBps: float | None = None) -> str:
+    """A clique of 1 GB/s links (loopback), or with ``star_MBps`` a star: every rank on one
+    switch ``s`` through its own full-duplex link (the --netem network)."""
+    if star_MBps is None:
+        return f"topology t {{ node g[0..{n - 1}]\n  g[0..{n - 1}] <-> g[0..{n - 1}] : 1 GB/s, 10 us }}"
+    return f"topology t {{ node g[0..{n - 1}]  switch s\n  g[0..{n - 1}] <-> s : {star_MBps:g} MB/s }}"
+
+
+def _src(n: int, size: str, star_MBps: float | None = None) -> str:
+    lines = [_topology_src(n, star_MBps)]
     for k in KINDS:
         lines.append(f"collective {k} = {k} on t {{ size = {size}  on_failure = continue }}")
         lines.append(f"collective {k}_default = {k} on t {{ size = {size} }}")
     return "\n".join(lines) + "\n"
 
 
-def _compile(n: int, size: str) -> dict:
-    prog = hcc.load(_src(n, size))
+def _compile(n: int, size: str, star_MBps: float | None = None) -> dict:
+    prog = hcc.load(_src(n, size, star_MBps))
     plans = {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
     # the *_default plans do not say `adaptive`: the backend's default (Plan.adaptive None;
     # set here in case the compiler still writes False for "not said")
@@ -75,14 +107,39 @@ def _time(out, survivors=None) -> float:
     return max(out.info[r]["seconds"] for r in ranks)
 
 
-def _engines(plans: dict, kind: str) -> dict:
-    return {"default": dict(plan=plans[f"{kind}_default"]),
-            "adaptive": dict(plan=plans[kind], adaptive=True),
-            "static": dict(plan=plans[kind], engine="static")}
+def _engines(plans: dict, kind: str, small_star_chunks: bool = False) -> dict:
+    eng = {"default": dict(plan=plans[f"{kind}_default"]),
+           "adaptive": dict(plan=plans[kind], adaptive=True),
+           "static": dict(plan=plans[kind], engine="static")}
+    if small_star_chunks and kind == "allreduce":
+        # the star allreduce's 4 MiB chunks (adaptive.STAR_CHUNK) were chosen for loopback's
+        # per-chunk CPU cost; on links an owner forwards a block's result only after a whole
+        # chunk of the last rank's piece arrived at B/(n-1): 1 MiB chunks (the run's public
+        # chunk_bytes option, the executor unchanged) shorten that pipeline fill
+        eng["adaptive-1MiB"] = dict(plan=plans[kind], adaptive=True, chunk_bytes=1 << 20)
+    return eng
 
 
-def _run_job(job: list, results: dict, meta: dict) -> None:
-    outs = run_local([c for _, c in job], timeout=60, overall=1800)
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat's first line)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + (f[4] if len(f) > 4 else 0)
+    return sum(f) - idle, sum(f)
+
+
+def _run_job(job: list, results: dict, meta: dict, emu=None, jobs: list | None = None) -> None:
+    """Run one job's cases; with ``emu`` (a Netem) every rank in its namespace."""
+    cases = [c for _, c in job]
+    j0 = _machine_jiffies()
+    if emu is None:
+        outs = run_local(cases, timeout=60, overall=1800)
+    else:
+        ranks = cases[0].plan.ranks
+        with emu.inside(ranks[0]):  # the launcher's store must live where the ranks can reach it
+            outs = run_local(cases, timeout=120, overall=3600, **emu.launch_kwargs(ranks))
+    j1 = _machine_jiffies()
+    if jobs is not None:
+        jobs.append({"cases": len(job), "machine_busy": round((j1[0] - j0[0]) / max(j1[1] - j0[1], 1), 3)})
     for (label, case), out in zip(job, outs):
         died = {r for r, e in out.errors.items() if e == "died"}
         errs = {r: e for r, e in out.errors.items() if e != "died"}
@@ -96,6 +153,16 @@ def _run_job(job: list, results: dict, meta: dict) -> None:
             m.setdefault("last_arrival", []).append(max(case.delays))
         paths = sorted({str((out.info[r].get("stats") or {}).get("path")) for r in out.info})
         m.setdefault("paths", []).append("/".join(paths))
+        # CPU against wall per rank (ranks that did nothing, e.g. 2..n-1 of "hop", left out):
+        # the busiest rank's share, and the mean
+        shares = [i["cpu_seconds"] / i["seconds"] for i in out.info.values()
+                  if i.get("seconds", 0) > 0.05 and "cpu_seconds" in i]
+        if shares:
+            m.setdefault("cpu_share_max", []).append(round(max(shares), 3))
+            m.setdefault("cpu_share_mean", []).append(round(statistics.fmean(shares), 3))
+        m.setdefault("data_chunks", []).append(
+            {r: (i.get("stats") or {}).get("chunks_sent", 0) + (i.get("stats") or {}).get("chunks_received", 0)
+             for r, i in out.info.items()})
         if died:
             m["died"] = sorted(died)
         if not case.save:
@@ -110,7 +177,7 @@ def _run_job(job: list, results: dict, meta: dict) -> None:
             want = [None if r in died else w for r, w in enumerate(want)]
         try:
             check(plan, out.outputs, want)
-            m["checked"] = True
+            m.setdefault("checked", True)  # a mismatch in an earlier rep stays recorded
         except ResultMismatch as e:  # recorded and reported (exit status 1), the figures kept
             m["checked"] = False
             m["mismatch"] = str(e)
@@ -118,29 +185,66 @@ def _run_job(job: list, results: dict, meta: dict) -> None:
             print(f"{label}: WRONG RESULT: {e}; per rank (contributors, generation): {m['agreed']}", flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--size-mib", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--small-reps", type=int, default=15, help="reps of the 1 MiB nobody-late rows")
-    ap.add_argument("--stagger", type=float, default=0.5, help="T: delays uniform in [0, T] seconds")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fault_bench.json"))
-    a = ap.parse_args(argv)
-    n = a.ranks
-    t0 = time.time()
-    plans = _compile(n, f"{a.size_mib} MiB")
-    small = _compile(n, "1 MiB")
-    print(f"compiled in {time.time() - t0:.1f} s; allreduce {plans['allreduce'].algorithm}, "
-          f"broadcast {plans['broadcast'].algorithm} ({len(plans['broadcast'].trees)} trees)", flush=True)
+def _busy_emulations(mine: str) -> dict[str, list[int]]:
+    """Other ``hcc netem`` emulations with processes running inside (a benchmark at work):
+    they coexist with ours (distinct namespaces), but share the two cores."""
+    from hcc.backends import netem
 
+    busy = {}
+    for name in netem.names():
+        if name == mine:
+            continue
+        try:
+            e = netem.load(name)
+        except netem.NetemError:
+            busy[name] = []  # being built right now
+            continue
+        pids = [p for _, ns in e.namespaces for p in netem.namespace_pids(ns)]
+        if pids:
+            busy[name] = pids
+    return busy
+
+
+@contextlib.contextmanager
+def _emulation(n: int, link_MBps: float, name: str, wait_s: float, info: dict):
+    """Bring the star up as ``name`` and always take it down again. Waits (at most ``wait_s``)
+    while another emulation runs processes, so that the figures are not another benchmark's
+    CPU load; never touches another emulation."""
+    from hcc.backends import netem
+
+    netem.check_permitted()
+    topo = hcc.load(_topology_src(n, link_MBps) + "\n").topologies["t"]
+    end = time.monotonic() + wait_s
+    while True:
+        busy = _busy_emulations(name)
+        if not busy or time.monotonic() >= end:
+            break
+        print(f"waiting for busy emulations {sorted(busy)} ({end - time.monotonic():.0f} s left)", flush=True)
+        time.sleep(min(15.0, max(end - time.monotonic(), 0.1)))
+    info["other_emulations_busy_at_start"] = sorted(busy)
+    if name in netem.names():  # our own leftover (an earlier run killed with -9): ours to remove
+        netem.down(name, kill=True)
+    emu = netem.up(topo, name, delay_mode="none")
+    try:
+        yield emu
+    finally:
+        netem.down(name, kill=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _build_jobs(a, n: int, plans: dict, small: dict) -> tuple[list, list]:
+    """The main job (warm-up, then per rep: hop, and per kind and engine nobody-late and
+    staggered cases) and the 1 MiB nobody-late job."""
     rng = np.random.default_rng(42)
     job: list = [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False))]
     for rep in range(a.reps):
         job.append(("hop", Case(plans["allreduce"], seed=rep, engine="hop", save=False)))
         for kind in KINDS:
             delays = tuple(float(d) for d in rng.uniform(0, a.stagger, n))
-            for eng, kw in _engines(plans, kind).items():
+            for eng, kw in _engines(plans, kind, a.netem).items():
                 job.append((f"{kind}/none/{eng}", Case(seed=rep, save=False, **kw)))
                 # outputs are checked for the first rep of the staggered runs only: 64 MiB x 8
                 # ranks = 512 MiB of .npy files per saved case
@@ -150,65 +254,177 @@ def main(argv=None) -> int:
         for kind in KINDS:
             small_job.append((f"{kind}/1MiB/default", Case(small[f"{kind}_default"], seed=rep, save=False)))
             small_job.append((f"{kind}/1MiB/static", Case(small[kind], seed=rep, engine="static", save=False)))
-    # the failures come last, each in its own job: a killed rank stays dead for its job
-    chunks = a.size_mib  # 1 MiB adaptive chunks
-    kill_jobs = [
-        [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False)),
-         ("allreduce/none/adaptive-k", Case(plans["allreduce"], seed=99, adaptive=True)),
-         ("allreduce/kill/adaptive", Case(plans["allreduce"], seed=99, adaptive=True, kill=(n - 1, chunks)))],
-        [(None, Case(plans["broadcast"], seed=0, adaptive=True, save=False)),
-         ("broadcast/none/adaptive-k", Case(plans["broadcast"], seed=98, adaptive=True)),
-         ("broadcast/kill/adaptive", Case(plans["broadcast"], seed=98, adaptive=True, kill=(n // 2, chunks // 2)))],
-    ]
-    results: dict[str, list[float]] = {}
-    meta: dict[str, dict] = {}
-    for j in [job, small_job] + kill_jobs:
-        _run_job(j, results, meta)
-        print(f"job of {len(j)} cases done ({time.time() - t0:.0f} s)", flush=True)
+    return job, small_job
 
-    med = {k: statistics.median(v) for k, v in results.items()}
-    one_hop = med["hop"]
+
+def _kill_jobs(n: int, plans: dict, kill_at: dict, reps: int = 1) -> list:
+    """Per rep, one job per kind (a killed rank stays dead for its job): warm-up, no failure,
+    then the victim SIGKILLs itself after ``kill_at[kind] = (rank, data chunks)``."""
+    jobs = []
+    for rep in range(reps):
+        for kind, seed in (("allreduce", 99), ("broadcast", 98)):
+            seed += 1000 * rep
+            jobs.append([(None, Case(plans[kind], seed=0, adaptive=True, save=False)),
+                         (f"{kind}/none/adaptive-k", Case(plans[kind], seed=seed, adaptive=True)),
+                         (f"{kind}/kill/adaptive", Case(plans[kind], seed=seed, adaptive=True,
+                                                        kill=kill_at[kind]))])
+    return jobs
+
+
+def _rows(a, med: dict, meta: dict) -> list[dict]:
+    def cpu(label: str) -> float | None:
+        v = meta.get(label, {}).get("cpu_share_max")
+        return statistics.median(v) if v else None
+
+    one_hop = med.get("hop")
     rows = []
+
+    def row(case, label, ref, target, ref_label=None):
+        t = med[label]
+        rows.append(dict(case=case, seconds=t, reference_s=ref, ratio=t / ref, target=target,
+                         cpu_share=cpu(label), ref_cpu_share=cpu(ref_label) if ref_label else None))
+
     for kind in KINDS:
-        base = med[f"{kind}/none/adaptive-k"]
-        rows.append((f"{kind}: one failure vs none (adaptive)", med[f"{kind}/kill/adaptive"], base,
-                     med[f"{kind}/kill/adaptive"] / base, "<= 1.5 + detection"))
+        if f"{kind}/kill/adaptive" in med:
+            row(f"{kind}: one failure vs none (adaptive)", f"{kind}/kill/adaptive",
+                med[f"{kind}/none/adaptive-k"], "<= 1.5 + detection", f"{kind}/none/adaptive-k")
+        if "hop" not in med:  # --only-failure
+            continue
         last = statistics.median(meta[f"{kind}/stagger/static"]["last_arrival"])
         ideal = last + one_hop
         static_t = med[f"{kind}/stagger/static"]
-        for eng in ("default", "adaptive", "static"):
-            t = med[f"{kind}/stagger/{eng}"]
-            target = "<= 1.2" if eng != "static" else "(baseline)"
-            rows.append((f"{kind}: stagger [0,{a.stagger:g}] {eng}", t, ideal, t / ideal, target))
+        for eng in ("default", "adaptive", "adaptive-1MiB", "static"):
+            if f"{kind}/stagger/{eng}" not in med:
+                continue
+            row(f"{kind}: stagger [0,{a.stagger:g}] {eng}", f"{kind}/stagger/{eng}", ideal,
+                "<= 1.2" if eng != "static" else "(baseline)")
             if eng != "static":
-                rows.append((f"{kind}: stagger {eng} vs static", t, static_t, t / static_t, "< 1"))
+                row(f"{kind}: stagger {eng} vs static", f"{kind}/stagger/{eng}", static_t, "< 1",
+                    f"{kind}/stagger/static")
         st = med[f"{kind}/none/static"]
-        for eng in ("default", "adaptive"):
-            rows.append((f"{kind}: nobody late, {eng} vs adaptive=off", med[f"{kind}/none/{eng}"], st,
-                         med[f"{kind}/none/{eng}"] / st, "~1" if eng == "default" else "(reported)"))
-        s_def, s_st = med[f"{kind}/1MiB/default"], med[f"{kind}/1MiB/static"]
-        rows.append((f"{kind}: 1 MiB nobody late, default vs adaptive=off", s_def, s_st, s_def / s_st, "~1"))
+        for eng in ("default", "adaptive", "adaptive-1MiB"):
+            if f"{kind}/none/{eng}" not in med:
+                continue
+            row(f"{kind}: nobody late, {eng} vs adaptive=off", f"{kind}/none/{eng}", st,
+                "~1" if eng == "default" else "(reported)", f"{kind}/none/static")
+        row(f"{kind}: 1 MiB nobody late, default vs adaptive=off", f"{kind}/1MiB/default",
+            med[f"{kind}/1MiB/static"], "~1", f"{kind}/1MiB/static")
+    return rows
 
-    print(f"\n{n} ranks, {a.size_mib} MiB, median of {a.reps} (1 MiB: {a.small_reps}); "
-          f"one-hop (64 MiB, rank 0 -> 1, same job) = {one_hop:.3f} s")
-    print(f"{'case':52s} {'time s':>8s} {'vs s':>8s} {'ratio':>6s}  target")
-    for label, t, ref, ratio, target in rows:
-        print(f"{label:52s} {t:8.3f} {ref:8.3f} {ratio:6.2f}  {target}")
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--size-mib", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--small-reps", type=int, default=None,
+                    help="reps of the 1 MiB nobody-late rows (default 15; --netem 5)")
+    ap.add_argument("--stagger", type=float, default=None,
+                    help="T: delays uniform in [0, T] seconds (default 0.5; --netem 2 x M / B)")
+    ap.add_argument("--netem", action="store_true", help="run on an emulated star network (root)")
+    ap.add_argument("--link-MBps", type=float, default=20.0, help="--netem: every star link's MB/s")
+    ap.add_argument("--netem-name", default=None, help="--netem: the emulation's name (default fault-star<n>)")
+    ap.add_argument("--wait-busy", type=float, default=900.0,
+                    help="--netem: seconds to wait at most while another emulation runs processes")
+    ap.add_argument("--kill-reps", type=int, default=1, help="reps of the failure jobs (one job each)")
+    ap.add_argument("--only-failure", action="store_true",
+                    help="only the failure jobs (the kill point counted in a no-failure run first)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    n = a.ranks
+    size = a.size_mib << 20
+    if a.small_reps is None:
+        a.small_reps = 5 if a.netem else 15
+    if a.stagger is None:
+        # netem: the loopback run's ratio of T to the one-hop time (0.5 s / 0.26 s), on the links
+        a.stagger = round(2 * size / (a.link_MBps * 1e6), 2) if a.netem else 0.5
+    out = Path(a.out or Path(__file__).parent / "results" / (
+        "fault_bench_netem.json" if a.netem else "fault_bench.json"))
+    t0 = time.time()
+    star = a.link_MBps if a.netem else None
+    plans = _compile(n, f"{a.size_mib} MiB", star)
+    small = _compile(n, "1 MiB", star)
+    print(f"compiled in {time.time() - t0:.1f} s; allreduce {plans['allreduce'].algorithm}, "
+          f"broadcast {plans['broadcast'].algorithm} ({len(plans['broadcast'].trees)} trees)", flush=True)
+
+    results: dict[str, list[float]] = {}
+    meta: dict[str, dict] = {}
+    jobs: list[dict] = []
+    info: dict = {}
+    job, small_job = _build_jobs(a, n, plans, small)
+    victims = {"allreduce": n - 1, "broadcast": n // 2}
+
+    if a.only_failure:  # a short job that only counts the victims' data chunks
+        job = [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False))] + [
+            (f"{k}/none/adaptive", Case(plans[k], seed=1, adaptive=True, save=False)) for k in KINDS]
+        small_job = []
+
+    def run_all(emu) -> None:
+        for j in (job, small_job) if small_job else (job,):
+            _run_job(j, results, meta, emu, jobs)
+            print(f"job of {len(j)} cases done ({time.time() - t0:.0f} s)", flush=True)
+        if emu is None:
+            chunks = a.size_mib  # 1 MiB adaptive chunks
+            kill_at = {"allreduce": (n - 1, chunks), "broadcast": (n // 2, chunks // 2)}
+        else:
+            # half-way through the victim's own data chunks (sent + received), counted in
+            # this job's no-failure adaptive runs
+            kill_at = {k: (v, max(1, int(statistics.median(
+                c[v] for c in meta[f"{k}/none/adaptive"]["data_chunks"]) // 2))) for k, v in victims.items()}
+        info["kill_at"] = kill_at
+        for j in _kill_jobs(n, plans, kill_at, a.kill_reps):
+            _run_job(j, results, meta, emu, jobs)
+            print(f"job of {len(j)} cases done ({time.time() - t0:.0f} s)", flush=True)
+
+    if a.netem:
+        # SIGTERM / SIGHUP (a `timeout`, a closed terminal) unwind like Ctrl-C, so the
+        # emulation always comes down
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGHUP, _interrupt)
+        with _emulation(n, a.link_MBps, a.netem_name or f"fault-star{n}", a.wait_busy, info) as emu:
+            info["netem"] = emu.name
+            run_all(emu)
+    else:
+        run_all(None)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    rows = _rows(a, med, meta)
+    one_hop = med.get("hop", float("nan"))
+    where = (f"netem star, {a.link_MBps:g} MB/s links (rank 0 -> 1 crosses two of them)" if a.netem
+             else "loopback")
+    print(f"\n{n} ranks, {a.size_mib} MiB, {where}, median of {a.reps} (1 MiB: {a.small_reps}); "
+          f"stagger T = {a.stagger:g} s; one-hop ({a.size_mib} MiB, rank 0 -> 1, same job) = {one_hop:.3f} s"
+          + (f" (M/B = {size / (a.link_MBps * 1e6):.3f} s)" if a.netem else ""))
+    cpu_cols = f" {'cpu':>5s} {'refcpu':>6s}" if a.netem else ""
+    print(f"{'case':52s} {'time s':>8s} {'vs s':>8s} {'ratio':>6s}{cpu_cols}  target")
+    for r in rows:
+        cpu = ""
+        if a.netem:
+            cpu = "".join(f" {v:5.2f}" if v is not None else "      " for v in (r["cpu_share"],)) + (
+                f" {r['ref_cpu_share']:6.2f}" if r["ref_cpu_share"] is not None else "       ")
+        print(f"{r['case']:52s} {r['seconds']:8.3f} {r['reference_s']:8.3f} {r['ratio']:6.2f}{cpu}  {r['target']}")
+    if a.netem:
+        print("cpu = the busiest rank's CPU time / its wall time (median over reps); refcpu the same for the "
+              "reference case; machine busy per job: " + ", ".join(str(j["machine_busy"]) for j in jobs))
     fast = {k: v.get("paths") for k, v in meta.items() if "/default" in k}
     print("default runs' executor per rep (static = fast path taken):")
     for k, v in fast.items():
         print(f"  {k:28s} {', '.join(v)}")
-    out = Path(a.out)
-    atomic_write_text(out, json.dumps({
-        "ranks": n, "size_mib": a.size_mib, "reps": a.reps, "small_reps": a.small_reps, "stagger_s": a.stagger,
-        "one_hop_s": one_hop, "times": results, "median": med, "meta": meta,
-        "rows": [dict(case=r[0], seconds=r[1], reference_s=r[2], ratio=r[3], target=r[4]) for r in rows],
-    }, indent=1))
+    doc = {"ranks": n, "size_mib": a.size_mib, "reps": a.reps, "small_reps": a.small_reps, "stagger_s": a.stagger,
+           "kill_reps": a.kill_reps, "only_failure": a.only_failure,
+           "one_hop_s": one_hop, "times": results, "median": med, "meta": meta,
+           "rows": rows if a.netem else [{k: r[k] for k in ("case", "seconds", "reference_s", "ratio", "target")}
+                                         for r in rows]}
+    if a.netem:
+        doc.update(network=f"star of {n} ranks on one switch, {a.link_MBps:g} MB/s full-duplex links, no latency",
+                   link_Bps=a.link_MBps * 1e6, one_hop_model_s=size / (a.link_MBps * 1e6), jobs=jobs, **info)
+    atomic_write_text(out, json.dumps(doc, indent=1))
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["case", "seconds", "reference_s", "ratio", "target"])
+    w.writerow(["case", "seconds", "reference_s", "ratio", "target"] + (["cpu_share", "ref_cpu_share"] if a.netem else []))
     for r in rows:
-        w.writerow([r[0], f"{r[1]:.4f}", f"{r[2]:.4f}", f"{r[3]:.3f}", r[4]])
+        extra = [("" if r[k] is None else f"{r[k]:.3f}") for k in ("cpu_share", "ref_cpu_share")] if a.netem else []
+        w.writerow([r["case"], f"{r['seconds']:.4f}", f"{r['reference_s']:.4f}", f"{r['ratio']:.3f}", r["target"]] + extra)
     atomic_write_text(out.with_suffix(".csv"), buf.getvalue())
     wrong = sorted(k for k, v in meta.items() if v.get("checked") is False)
     if wrong:

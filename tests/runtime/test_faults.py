@@ -3,7 +3,10 @@ broadcast, reduce, allreduce, allgather or gather; every survivor must complete 
 result over the survivors (``on_failure = continue``), or raise RankFailed / RootFailed.
 
 Processes are reused: one job of 5 ranks runs 3 cases in a row, killing a different rank in
-each, so the later cases also run with ranks that died before they started."""
+each, so the later cases also run with ranks that died before they started.
+
+The last test runs a staggered allreduce on an emulated star (``hcc netem``, root only, skipped
+with the reason otherwise) through run_local's namespace launch path."""
 from __future__ import annotations
 
 import random
@@ -183,3 +186,75 @@ def test_orphans_resume_from_the_chunks_they_hold_not_from_byte_zero(plans):
         if partial[-1] > 0:
             break
     assert partial[-1] > 0, f"rank 2 never held a chunk from rank 1 before the repair: {partial}"
+
+
+# --------------------------------------------------------------------------- on an emulated network
+
+def _netem_unavailable() -> str:
+    """Why the netem test cannot run here ('' when it can)."""
+    import os
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "hcc netem needs root (CAP_SYS_ADMIN + CAP_NET_ADMIN); run the tests as root"
+    ns = f"hcc-permprobe-f{os.getpid()}"
+    try:
+        p = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`ip netns` unavailable: {e}"
+    if p.returncode != 0:
+        return f"`ip netns add` is not permitted here: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+    return ""
+
+
+@pytest.mark.netem
+def test_staggered_allreduce_on_emulated_star_links_ends_soon_after_the_last_arrival():
+    # 4 ranks, each on one switch through its own 2 MB/s full-duplex link (hcc netem), every
+    # rank in its namespace through run_local's launch path (Netem.launch_kwargs). Bounds,
+    # computed from the link rate, after the last arrival L (M = 2 MiB, B = 2 MB/s, M/B =
+    # 1.05 s):
+    # - lower: every element of the result depends on the last rank's input and is needed
+    #   elsewhere, so at least M bytes leave its link after L (its adaptive star owns no
+    #   block: it sends its whole input up): L + M/B, less 10% for the shaper's burst; a run
+    #   faster than that did not cross the emulated links;
+    # - upper: the star's two phases one after the other (the last rank's M up, then every
+    #   owner's block to the n-1 others, M over each owner's link in all): 2 M/B, doubled for a
+    #   2-core machine shared with other jobs, plus 1 s for the agreement and start-up. Measured
+    #   (idle links, loaded machine): L + 2.2..2.5 s against this bound's L + 5.2 s (each block
+    #   of the star is one chunk here, so its two phases do not overlap).
+    import os
+
+    from hcc.backends import netem
+
+    why = _netem_unavailable()
+    if why:
+        pytest.skip(why)
+    n, size, rate = 4, 2 << 20, 2e6
+    prog = hcc.load(f"""topology star {{ node g[0..{n - 1}]  switch s
+  g[0..{n - 1}] <-> s : {rate / 1e6:g} MB/s }}
+collective ar = allreduce on star {{ size = {size} B  on_failure = continue }}
+""")
+    plan = hcc.compile(prog, "ar")
+    rng = random.Random(4)
+    delays = tuple(round(rng.uniform(0.0, 1.0), 3) for _ in range(n))
+    last, one_hop = max(delays), size / rate
+    name = f"ft{os.getpid()}"
+    emu = netem.up(prog.topologies["star"], name, delay_mode="none")
+    try:
+        with emu.inside(plan.ranks[0]):
+            (out,) = run_local([Case(plan, seed=5, delays=delays, adaptive=True)], timeout=20, overall=60,
+                               **emu.launch_kwargs(plan.ranks))
+    finally:
+        netem.down(name, kill=True)
+    assert not out.errors, out.errors
+    ins = make_inputs(plan, 5)
+    check(plan, out.outputs, [_reduce(plan, ins)] * n)
+    for r in range(n):
+        assert out.info[r]["contributors"] == list(range(n))
+    end = max(out.info[r]["seconds"] for r in range(n))
+    assert end >= last + 0.9 * one_hop, f"{end:.2f} s: faster than the links allow after {last:.2f} s"
+    assert end <= last + 2 * 2 * one_hop + 1.0, f"{end:.2f} s after a last arrival at {last:.2f} s"
