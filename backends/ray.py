@@ -655,7 +655,7 @@ def _killer(k: int):
 def _adaptive_module():
     try:
         from . import adaptive
-    except ImportError:  # another engineer's module; without it every plan runs static
+    except ImportError:  # hcc.backends.adaptive missing: every plan runs static
         return None
     return adaptive
 

@@ -31,7 +31,7 @@ from hcc.ir.files import atomic_write_text
 ROOT = Path(__file__).resolve().parent.parent
 # compiles with a target of at most 3 s are timed this many times and the fastest (CPU) is
 # reported, as timeit does: on this shared 2-core machine one run of the same deterministic
-# compile varied by 20% with other engineers' load; the fat trees are timed once
+# compile varied by 20% with the machine's other load; the fat trees are timed once
 REPEATS = 3
 RESULTS = ROOT / "benchmarks" / "results" / "compile.csv"
 

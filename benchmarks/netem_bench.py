@@ -75,7 +75,7 @@ GB = 1e9
 # traffic at the bound), 85.5% at 0.001 (CPU-bound at 0.002); dgx1x8: 80.8% at 0.0003, 78.1%
 # at 0.00012 (link-bound at 0.0003, whose 360 MB/s at the bound are carried in 128 KiB
 # chunks, where ring8's plan then used 16 KiB: the cores pay per message as much as per
-# byte). ring4 at 0.002 (160 MB/s) reached 85% last round; dgx1x4 at 0.0008 (280 MB/s, tiny
+# byte). ring4 at 0.002 (160 MB/s) reached 85% in an earlier run; dgx1x4 at 0.0008 (280 MB/s, tiny
 # chunks) 67.5%, 19% under its prediction, so it is halved.
 SCALES = {("a", 4): 0.002, ("b", 4): 0.002, ("bh", 4): 0.002, ("c", 4): 0.002, ("d", 4): 0.0004,
           ("a", 8): 0.001, ("b", 8): 0.001, ("bh", 8): 0.001, ("c", 8): 0.001, ("d", 8): 0.0003}
@@ -271,7 +271,7 @@ def _cpu_snapshot() -> tuple[float, float, float, float]:
 def _cpu_fields(before, after, n_ranks: int) -> dict:
     """CPU against wall time over one system's run (start-up and warm-up included): the
     ranks' CPU time per rank, its share of the wall time, and how busy the whole machine
-    was (other engineers' work included). A rank whose CPU share is far below 1 while the
+    was (other jobs included). A rank whose CPU share is far below 1 while the
     machine has idle time waits on its links, not on a core."""
     wall = after[0] - before[0]
     cpu = (after[1] - before[1]) / n_ranks

@@ -40,7 +40,7 @@ collective abort = allreduce on t {{ size = 4 MB }}
 CHUNK = 256 << 10
 KMAX = {"broadcast": 16, "reduce": 14, "allreduce": 24, "allreduce_i": 24, "allgather": 14, "gather": 3}
 # A survivor's run must end within this bound (no-failure runs take ~0.05 s; detection is an
-# EOF plus two store round trips). Generous for a 2-core machine shared by several engineers.
+# EOF plus two store round trips). Generous for a 2-core machine shared with other jobs.
 BOUND_S = 8.0
 
 

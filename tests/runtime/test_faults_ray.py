@@ -47,7 +47,7 @@ CHUNK = 256 << 10
 KMAX = {"broadcast": 16, "reduce": 14, "allreduce": 24, "allgather": 11, "gather": 3}
 # A survivor's step must end within this (no-failure runs take ~0.2 s here; detection is an
 # EOF or Ray's notice plus two store round trips): generous for a 2-core machine shared by
-# several engineers. The driver's whole call gets the deadline of every wait plus its grace.
+# other jobs. The driver's whole call gets the deadline of every wait plus its grace.
 BOUND_S = 8.0
 TIMEOUT_S = 10.0
 
