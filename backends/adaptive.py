@@ -1008,13 +1008,14 @@ class _Run:
         missing = []
         if self.kind in ("allgather", "gather") and (self.kind == "allgather" or self.rank == self.plan.root):
             for f in self.flows:
-                if not all(self.valid(f, c) for c in range(len(f.chunks))):
-                    if f.root not in missing:
-                        missing.append(f.root)
-                    for c in range(len(f.chunks)):
-                        if not self.valid(f, c):
-                            a, b = f.chunks[c]
-                            self.out[a:b] = 0
+                if f.root not in missing and not all(self.valid(f, c) for c in range(len(f.chunks))):
+                    missing.append(f.root)
+            # a missing owner's whole block is zero, also the chunks of it that did arrive: the
+            # caller sees a block as there or not, never part of one
+            for f in self.flows:
+                if f.root in missing:
+                    for a, b in f.chunks:
+                        self.out[a:b] = 0
         res.contributors = tuple(sorted(set(self.contrib) - set(missing)))
         res.missing = tuple(sorted(missing))
         res.late = tuple(r for r in range(self.n) if r not in self.contrib and r not in dead) \

@@ -335,6 +335,15 @@ class RayTransport(Transport):
     def _check_watch(self, ref) -> None:
         _reap_watch(self, ref)
 
+    def _ready(self, refs: list, wait_s: float) -> list:
+        """Every ref of ``refs`` that is ready, once at least one is (waiting up to ``wait_s``
+        for the first); [] after ``wait_s``."""
+        ray = self._ray_mod
+        got, _ = ray.wait(refs, num_returns=1, timeout=wait_s, fetch_local=False)
+        if not got:
+            return []
+        return ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)[0]
+
     def wait_any(self, requests: Sequence[RayRequest], timeout: float) -> list[int]:
         ready = [i for i, r in enumerate(requests) if r.done]
         if ready or not requests:
@@ -342,7 +351,6 @@ class RayTransport(Transport):
         if self._dead:
             peer = min(self._dead)
             raise PeerFailed(self.rank, peer, "Ray reports its actor died")
-        ray = self._ray_mod
         deadline = time.monotonic() + timeout
         index = {r.ref: i for i, r in enumerate(requests)}
         while True:
@@ -351,11 +359,9 @@ class RayTransport(Transport):
             if left <= 0:
                 oldest = requests[0]
                 raise CollectiveTimeout(self.rank, oldest.peer, oldest.describe(), timeout)
-            got, _ = ray.wait(refs, num_returns=1, timeout=min(left, _SLICE_S),
-                              fetch_local=False)
+            got = self._ready(refs, min(left, _SLICE_S))
             if not got:
                 continue
-            got, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             done = []
             for ref in got:
                 if ref in self._watch:
@@ -372,7 +378,6 @@ class RayTransport(Transport):
         ``woken()``, or after ``timeout``; never raises for a dead peer. A thread blocked in
         ``ray.wait`` cannot be woken, so ``woken()`` is polled between slices of
         _CHANGE_SLICE_S."""
-        ray = self._ray_mod
         end = time.monotonic() + timeout
         ignore = frozenset(ignore)
         for _ in range(int(timeout / _CHANGE_SLICE_S) + 2):
@@ -388,11 +393,9 @@ class RayTransport(Transport):
             if not refs:
                 time.sleep(min(left, _CHANGE_SLICE_S))
                 continue
-            got, _ = ray.wait(refs, num_returns=1, timeout=min(left, _CHANGE_SLICE_S),
-                              fetch_local=False)
+            got = self._ready(refs, min(left, _CHANGE_SLICE_S))
             if not got:
                 continue
-            got, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             done = []
             for ref in got:
                 try:

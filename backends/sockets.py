@@ -619,12 +619,7 @@ class SocketTransport(Transport):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeout(self.rank, busy[0] if busy else -1, "no message arrived", timeout)
-                if not self._cond.wait(min(left, STORE_POLL)) and self._launched:
-                    self._cond.release()
-                    try:
-                        self._poll_launcher()
-                    finally:
-                        self._cond.acquire()
+                self._nap(left)
 
     def _failure_for(self, peer: int) -> Exception | None:
         if peer in self._errors:
@@ -658,12 +653,17 @@ class SocketTransport(Transport):
                 if left <= 0:
                     peer = requests[0].peer if requests else -1
                     raise CollectiveTimeout(self.rank, peer, "no message arrived", timeout)
-                if not self._cond.wait(min(left, STORE_POLL)) and self._launched:
-                    self._cond.release()
-                    try:
-                        self._poll_launcher()
-                    finally:
-                        self._cond.acquire()
+                self._nap(left)
+
+    def _nap(self, left: float) -> None:
+        """Wait on the (held) condition for at most ``left`` seconds; when nothing woke it, ask
+        the launcher's store who died (the condition is released meanwhile)."""
+        if not self._cond.wait(min(left, STORE_POLL)) and self._launched:
+            self._cond.release()
+            try:
+                self._poll_launcher()
+            finally:
+                self._cond.acquire()
 
     def _poll_launcher(self) -> None:
         """Ask the launcher's store which ranks it saw die (a rank that died before any
@@ -695,12 +695,7 @@ class SocketTransport(Transport):
                 left = end - time.monotonic()
                 if left <= 0:
                     return []
-                if not self._cond.wait(min(left, STORE_POLL)) and self._launched:
-                    self._cond.release()
-                    try:
-                        self._poll_launcher()
-                    finally:
-                        self._cond.acquire()
+                self._nap(left)
 
     def wake(self) -> None:
         with self._cond:
