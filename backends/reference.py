@@ -28,7 +28,7 @@ from ..ir.plan import FLOAT_DTYPES, Plan, block_range, neighbor_peers
 from .base import RuntimeFault
 from .kernels import from_float32, np_dtype, scale_into, to_float32
 
-__all__ = ["make_inputs", "make_input", "expected", "check", "ResultMismatch"]
+__all__ = ["make_inputs", "make_input", "expected", "expected_after_failures", "check", "ResultMismatch"]
 
 
 class ResultMismatch(RuntimeFault):
@@ -137,6 +137,29 @@ def expected(plan: Plan, inputs: list[np.ndarray], step: int = 0) -> list[np.nda
             out.append(_reduce(avg_plan, group))
         return out
     raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def expected_after_failures(plan: Plan, inputs: list[np.ndarray], died: set[int],
+                            contributors, missing: dict[int, set[int]]) -> list[np.ndarray | None]:
+    """Each rank's required ``out`` after an ``on_failure = continue`` run that the ranks of
+    ``died`` did not survive (backends/adaptive.py): reduce/allreduce, the reduction over
+    exactly ``contributors``; broadcast, the root's input; allgather/gather, every block but
+    those of ``missing[r]`` (rank r's reported missing owners), which are zero. None for the
+    dead, and where the collective leaves the output unspecified."""
+    n, root = plan.n, plan.root
+    ins = [np.asarray(a).reshape(-1) for a in inputs]
+    if plan.kind in ("reduce", "allreduce"):
+        red = _reduce(plan, [ins[r] for r in sorted(contributors)])
+        exp = [red if plan.kind == "allreduce" or r == root else None for r in range(n)]
+    elif plan.kind == "broadcast":
+        exp = [ins[root]] * n
+    elif plan.kind in ("allgather", "gather"):
+        exp = [np.concatenate([np.zeros_like(ins[j]) if j in missing.get(r, ()) else ins[j]
+                               for j in range(n)])
+               if plan.kind == "allgather" or r == root else None for r in range(n)]
+    else:
+        raise ValueError(f"{plan.kind!r} collectives do not survive failures")
+    return [None if r in died else e for r, e in enumerate(exp)]
 
 
 def _with_op(plan: Plan, op: str) -> Plan:

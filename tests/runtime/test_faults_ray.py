@@ -20,7 +20,7 @@ import pytest
 import hcc
 from hcc.backends import RankFailed, RootFailed
 from hcc.backends import ray as hray
-from hcc.backends.reference import _reduce, check, expected, make_inputs
+from hcc.backends.reference import _reduce, check, expected, expected_after_failures, make_inputs
 
 pytestmark = [
     pytest.mark.slow,
@@ -93,26 +93,15 @@ def _validate(plan, ins, outs, report, died: set[int]) -> None:
         for r, t in s.items():
             assert t < BOUND_S, f"rank {r} took {t:.2f} s"
     contrib = set(first["contributors"])
+    missing = {r: set(outs[r].missing) for r in surv}
     if plan.kind in ("reduce", "allreduce"):
         # exactly the survivors, or the victim too when it died after the run had ended
         assert set(surv) <= contrib <= set(range(plan.n))
-        want = _reduce(plan, [ins[r] for r in sorted(contrib)])
-        exp = [want if plan.kind == "allreduce" or r == plan.root else None for r in range(plan.n)]
-    elif plan.kind == "broadcast":
-        exp = [ins[plan.root] for _ in range(plan.n)]
-    else:
-        exp = []
-        for r in range(plan.n):
-            if r in died or (plan.kind == "gather" and r != plan.root):
-                exp.append(None)
-                continue
-            miss = set(outs[r].missing)
-            assert miss <= died, f"rank {r} reports live ranks {miss - died} missing"
-            # a missing block is zero (adaptive.py's result); every other block is exact
-            exp.append(np.concatenate([np.zeros_like(ins[j]) if j in miss else ins[j]
-                                       for j in range(plan.n)]))
-    for r in died:
-        exp[r] = None
+    elif plan.kind in ("allgather", "gather"):
+        for r in surv:
+            if plan.kind == "allgather" or r == plan.root:
+                assert missing[r] <= died, f"rank {r} reports live ranks {missing[r] - died} missing"
+    exp = expected_after_failures(plan, ins, died, contrib, missing)
     check(plan, outs, exp)
 
 
