@@ -625,15 +625,20 @@ def _relay_extra(n: Netem) -> float:
     return statistics.median(extra) if extra else 0.0
 
 
-def load(name: str) -> Netem:
-    """The emulation ``name`` as recorded by ``up`` (:class:`NetemError` if none)."""
+def _state(name: str) -> dict:
+    """The state file ``up`` wrote for ``name``, read (:class:`NetemError` if absent or corrupt)."""
     sp = state_path(name)
     try:
-        d = json.loads(sp.read_text())
+        return json.loads(sp.read_text())
     except FileNotFoundError:
         raise NetemError(f"netem {name} is not up (no state file {sp})") from None
     except json.JSONDecodeError as e:
         raise NetemError(f"netem {name}: corrupt state file {sp}: {e}") from None
+
+
+def load(name: str) -> Netem:
+    """The emulation ``name`` as recorded by ``up`` (:class:`NetemError` if none)."""
+    d = _state(name)
     if d.get("building"):
         raise NetemError(f"netem {name} is being built (or a build died: `hcc netem down {name}`)")
     return Netem.from_dict(d)
@@ -659,12 +664,7 @@ def down(name: str, kill: bool = False) -> list[str]:
     first)."""
     check_permitted()
     sp = state_path(name)
-    try:
-        d = json.loads(sp.read_text())
-    except FileNotFoundError:
-        raise NetemError(f"netem {name} is not up (no state file {sp})") from None
-    except json.JSONDecodeError as e:
-        raise NetemError(f"netem {name}: corrupt state file {sp}: {e}") from None
+    d = _state(name)
     spaces = [n for _, n in d.get("namespaces", [])]
     if not all(n.startswith(f"{NS_PREFIX}{name}-") for n in spaces):
         raise NetemError(f"netem {name}: state file {sp} names namespaces outside hcc-{name}-*")

@@ -60,6 +60,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .rendezvous import free_port
 from .base import (
     CollectiveTimeout,
     PeerFailed,
@@ -1005,7 +1006,7 @@ class _Coordinator:
             return
         key = f"{_SOCKETS_GROUP}/addr/{rank}"
         if self._server.value(key) is None:
-            self._server.put(key, f"127.0.0.1:{_free_port()}")
+            self._server.put(key, f"127.0.0.1:{free_port()}")
         if self._log.report_dead(rank):
             self.first.append(rank)
 
@@ -1033,14 +1034,6 @@ def _failure(plan, dead: set[int], errors: dict[int, BaseException]) -> RuntimeF
     err.errors = dict(sorted(errors.items()))  # every rank's own error, for callers and tests
     err.dead = sorted(dead)
     return err
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(plan, inputs: Sequence[np.ndarray] | None = None, *, timeout: float = 60.0,

@@ -32,7 +32,7 @@ import time
 
 from .base import RuntimeFault
 
-__all__ = ["StoreServer", "StoreClient", "RendezvousError", "AuthenticationError", "parse_address"]
+__all__ = ["StoreServer", "StoreClient", "RendezvousError", "AuthenticationError", "parse_address", "free_port"]
 
 MAX_MESSAGE = 64 * 1024  # an address record is ~40 bytes; 64 KiB bounds any request
 MAX_KEYS = 100_000
@@ -46,6 +46,14 @@ class RendezvousError(RuntimeFault):
 
 class AuthenticationError(RendezvousError):
     """A peer failed the HMAC challenge: the tokens differ (or it is not an hcc peer)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the kernel has just found free on ``host`` (for a rendezvous address; another
+    process may take it before it is bound again, which the store's bind then reports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def parse_address(addr: str) -> tuple[str, int]:

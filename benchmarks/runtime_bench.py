@@ -40,7 +40,6 @@ import argparse
 import csv
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from hcc.backends.rendezvous import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -59,14 +60,6 @@ def busbw_factor(kind: str, n: int) -> float:
     from hcc.runner import busbw_factor as f
 
     return f(kind, n)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # --------------------------------------------------------------------------- plans

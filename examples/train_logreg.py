@@ -28,12 +28,13 @@ import argparse
 import json
 import multiprocessing as mp
 import secrets
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from hcc.backends.rendezvous import free_port
 
 WORLD = 4
 MODES = ("full", "int8", "fp16", "ring", "async")
@@ -154,12 +155,6 @@ def worker(rank: int, port: int, token: str, cfg: Config, plans: dict[str, str],
                 comm.barrier(f"end-{mode}")
     except BaseException as e:  # reported by the launcher
         queue.put(("error", rank, f"{type(e).__name__}: {e}"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cfg: Config, modes=MODES, timeout: float = 300.0) -> list[Result]:

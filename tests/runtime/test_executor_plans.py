@@ -2,11 +2,11 @@
 transports from the compiler (a pipelined chain broadcast and a ring allreduce)."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 from hcc.ir.plan import ChunkRef, Copy, Plan, Recv, RecvReduce, Scale, Send, Tree, block_range, DTYPE_SIZES
+from hcc.backends.rendezvous import free_port  # noqa: F401  (the tests import it from here)
 from hcc.ir.topology import Link, Topology
 
 
@@ -92,14 +92,6 @@ def ring_allreduce(n: int, elems: int, dtype: str = "float32", op: str = "sum") 
     return Plan(name="ring", kind="allreduce", ranks=tuple(f"r{i}" for i in range(n)), root=-1,
                 size_bytes=elems * DTYPE_SIZES[dtype], dtype=dtype, op=op, algorithm="ring",
                 chunk_bytes=0, trees=(), programs=tuple(programs), tmp_elems=(0,) * n, topology=_topo(n))
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def threaded(plan, inputs, outs_given=None, timeout=10.0, linger=0.0, **kw):
