@@ -19,9 +19,11 @@ it) and measured/bound = bound_s / time, the hcc plan's predicted time (``compil
 its error, and the speedup of hcc over each peer; the ranks' CPU time against the wall time
 and the machine's busy fraction over each run (:func:`_cpu_fields`), and the commit measured.
 The plans are compiled against the emulation's ``model_topology()`` (scaled capacities, the
-delay line's measured latency) with the runtime's per-message cost :data:`PER_MESSAGE_S` in
-the cost model. CSV: ``results/netem_collectives.csv``; ``benchmarks/plot.py`` draws the PNGs
-and prints the tables.
+delay line's measured latency) with the runtime's per-message cost in the cost model
+(``hcc run``'s sockets default, ``hcc.runner.SOCKETS_PER_MESSAGE_S``) by the function ``hcc run
+--netem`` compiles with (:func:`compile_case`), so both predict the same time for a case.
+CSV: ``results/netem_collectives.csv``; ``benchmarks/plot.py`` draws the PNGs and prints the
+tables.
 
 Measure committed code: snapshot ``git archive HEAD`` into a folder, ``pip install --no-deps
 -t SNAP/site SNAP``, run this script with ``PYTHONPATH=SNAP/site`` from a directory that holds no
@@ -43,6 +45,13 @@ links and not the two shared cores limit every system; each row records the rank
 against the wall time and how busy the machine was.
 Each emulation is of the topology restricted to the collective's ranks (and switches), so no
 system can route through a vertex that is not in the job.
+
+``collectives --reps N`` runs the whole grid N times, each row tagged with its rep, for the
+spread of every figure (``results/netem_reps_64MiB.csv``; ``plot.py --table`` summarises it).
+
+``messages`` (no root, loopback): the runtime's cost per message in the cost model's terms
+(:func:`bench_messages`), the measurement behind ``hcc run``'s per-backend default
+(``hcc.runner.RUN_MODELS``). CSV: ``results/netem_messages.csv``.
 
 Run (root): ``sudo .venv/bin/python benchmarks/netem_bench.py links --quick`` and
 ``sudo .venv/bin/python benchmarks/netem_bench.py collectives --quick``; drop ``--quick`` for
@@ -80,14 +89,14 @@ GB = 1e9
 SCALES = {("a", 4): 0.002, ("b", 4): 0.002, ("bh", 4): 0.002, ("c", 4): 0.002, ("d", 4): 0.0004,
           ("a", 8): 0.001, ("b", 8): 0.001, ("bh", 8): 0.001, ("c", 8): 0.001, ("d", 8): 0.0003}
 
-# The software cost of one message in hcc's runtime on this machine, for the compiler's cost
-# model (``CostModel.per_message_s``; its default, 1 us, is an MPI/NCCL launch): with 1 us the
-# chunk search picked 8 KiB chunks for ring8 at 16 MiB (3584 messages per rank), which ran
-# 0.46 s over the prediction, i.e. ~128 us per message (the Python executor's ~30 us of CPU
-# per message x 4 ranks per core). At 100 us it picks 64 KiB (448 messages per rank) for a
-# prediction 2% longer. The benchmark compiles hcc and hcc-ring with this model and predicts
-# with it; `--per-message-us 1` gives the compiler's default.
-PER_MESSAGE_S = 100e-6
+# The software cost of one message in hcc's runtime, for the compiler's cost model: the
+# sockets backend's default of `hcc run` (hcc/runner.py RUN_MODELS, where its measurement is
+# described), so `hcc run --netem` predicts what this benchmark prints. `--per-message-us 1`
+# gives the compiler's default.
+def _run_per_message_s() -> float:
+    from hcc.runner import SOCKETS_PER_MESSAGE_S
+
+    return SOCKETS_PER_MESSAGE_S
 
 DGX1_DOUBLE = [(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)]
 DGX1_SINGLE = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
@@ -171,6 +180,16 @@ def program_source(topo, ranks, kind: str, size: int, algorithm: str) -> str:
         f"\ncollective c = {kind} on {topo.name} {{\n    ranks = {', '.join(ranks)}\n"
         f"    size = {size} B\n    dtype = float32\n    algorithm = {algorithm}\n}}\n"
     )
+
+
+def compile_case(model, ranks, kind: str, size: int, algorithm: str, costs):
+    """The plan of one system on the emulation whose :meth:`Netem.model_topology` is
+    ``model``, compiled as ``hcc run --netem`` compiles it (:func:`hcc.runner.compile_on`:
+    the same topology object, the same cost model ``costs``)."""
+    import hcc
+    from hcc.runner import compile_on
+
+    return compile_on(hcc.load(program_source(model, ranks, kind, size, algorithm)), "c", model, costs)
 
 
 def cut_bound_s(topo, ranks, kind: str, size: int) -> float:
@@ -362,11 +381,11 @@ def run_mpich(n, ranks, kind: str, size: int, iters: int, warmup: int, timeout: 
 
 def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: list[str], iters: int,
                       warmup: int, budget_s: float, sink=lambda rows: None, commit: str = "",
-                      per_message_s: float = PER_MESSAGE_S) -> list[dict]:
-    import hcc
+                      per_message_s: float | None = None, rep: int | None = None) -> list[dict]:
     from hcc.backends import netem
     from hcc.compiler.cost import CostModel, simulate
-    from hcc.compiler.pipeline import compile_unit
+
+    per_message_s = _run_per_message_s() if per_message_s is None else per_message_s
 
     model_costs = CostModel(per_message_s=per_message_s)
     rows: list[dict] = []
@@ -383,22 +402,27 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                 for system, alg in (("hcc", "treepack"), ("hcc-ring", "ring")):
                     t0 = time.perf_counter()
                     try:
-                        program = hcc.load(program_source(model, case.ranks, kind, size, alg))
-                        plans[system] = compile_unit(program, "c", model=model_costs).plan
+                        plans[system] = compile_case(model, case.ranks, kind, size, alg, model_costs)
                     except Exception as e:  # reported in the row; the peers still run
                         plans[system] = e
                     plans[system + ":compile_s"] = time.perf_counter() - t0
                 ok = {s_: p for s_, p in plans.items() if not isinstance(p, (Exception, float))}
                 compiler_bound_s = ok["hcc"].figures.bound_s if "hcc" in ok else float("nan")
                 bound_s = cut_bound_s(emu, case.ranks, kind, size)
+                # the same cut bound over the arcs some route uses: on (b), routed by cost, no
+                # packet crosses the slow link, so its 1/10 capacity is in ``bound_s`` but
+                # cannot be used by any system (slow4: 3.247 s with it, 3.355 s without)
+                live_bound_s = cut_bound_s(model, case.ranks, kind, size)
                 # every wait must outlast the slowest system's slowest chunk: 4x the ring's
                 # predicted time (the slowest plan here), at least 60 s
                 ring_s = ok["hcc-ring"].figures.predicted_s if "hcc-ring" in ok else 30.0
                 timeout = max(60.0, 4 * ring_s)
                 for system in systems:
-                    row = {"topology": case.name, "case": case.key, "description": case.description,
+                    row = {} if rep is None else {"rep": rep}
+                    row |= {"topology": case.name, "case": case.key, "description": case.description,
                            "scale": case.scale, "ranks": len(case.ranks), "kind": kind, "size_bytes": size,
-                           "system": system, "bound_s": bound_s, "compiler_bound_s": compiler_bound_s,
+                           "system": system, "bound_s": bound_s, "live_bound_s": live_bound_s,
+                           "compiler_bound_s": compiler_bound_s,
                            "delay_mode": n.delay_mode, "relay_extra_s": n.relay_extra_s,
                            "routing": case.routing, "commit": commit, "iters": iters, "warmup": warmup,
                            "per_message_s": per_message_s}
@@ -457,7 +481,9 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
                     sink(rows)  # on disk after every run: an interrupted benchmark keeps its rows
                     pred = f" predicted {row['predicted_s']:.3f} s ({row['prediction_error']:+.0%})" if "predicted_s" in row else ""
                     print(f"{case.name:10} {size // MiB:4} MiB {system:9} {t:8.3f} s  busbw "
-                          f"{row['busbw_Bps'] / 1e6:7.2f} MB/s  measured/bound {bound_s / t:6.1%}{pred}  cpu/rank "
+                          f"{row['busbw_Bps'] / 1e6:7.2f} MB/s  measured/bound {bound_s / t:6.1%} "
+                          f"(live {live_bound_s / t:6.1%})"
+                          f"{pred}  cpu/rank "
                           f"{row['cpu_share_per_rank']:.2f} of wall, machine {row['machine_busy']:.0%} busy", flush=True)
         finally:
             netem.down(n.name, kill=True)
@@ -466,14 +492,69 @@ def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: l
 
 
 def _speedups(rows: list[dict], systems: list[str]) -> None:
-    """Speedup of hcc over every other system, per (topology, ranks, size)."""
-    by = {(r["topology"], r["size_bytes"], r["system"]): r for r in rows if "time_s" in r}
+    """Speedup of hcc over every other system, per (topology, ranks, size) and rep."""
+    by = {(r["topology"], r["size_bytes"], r.get("rep"), r["system"]): r for r in rows if "time_s" in r}
     for r in rows:
         if r["system"] == "hcc" and "time_s" in r:
             for other in systems:
-                o = by.get((r["topology"], r["size_bytes"], other))
+                o = by.get((r["topology"], r["size_bytes"], r.get("rep"), other))
                 if other != "hcc" and o:
                     r[f"speedup_vs_{other}"] = o["time_s"] / r["time_s"]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def message_cost_plan(n: int, kind: str, size: int, chunk: int):
+    """A ``kind`` collective on a line of ``n`` ranks joined by 100 GB/s links, compiled with
+    a fixed ``chunk`` and ``adaptive = off``: on loopback its time is the runtime's own costs
+    (copies, reductions, messages), the links' share being ~0."""
+    import hcc
+
+    nodes = ", ".join(f"r{i}" for i in range(n))
+    links = "\n".join(f"    r{i} <-> r{i + 1} : 100 GB/s" for i in range(n - 1))
+    return hcc.compile(f"topology line {{\n    node {nodes}\n{links}\n}}\n"
+                       f"collective c = {kind} on line {{\n    size = {size} B\n    dtype = float32\n"
+                       f"    chunk = {chunk} B\n    adaptive = off\n}}\n", "c")
+
+
+def bench_messages(backends: list[str], reps: int, iters: int) -> list[dict]:
+    """The per-message cost of hcc's runtime on loopback, in the cost model's own terms: run
+    the same bytes in small and in 1 MiB chunks; the time added, divided by the messages the
+    simulator counts on the critical path (d simulated time / d ``per_message_s``), is the
+    ``per_message_s`` that makes the model predict the difference. Cases: a 2-rank broadcast
+    (one sender, each rank on its own core) and a 4-rank allreduce (two ranks per core here)."""
+    import importlib
+
+    from hcc.backends.reference import make_inputs
+    from hcc.compiler.cost import CostModel, simulate
+
+    size, big = 16 * MiB, MiB
+    rows = []
+    for backend in backends:
+        mod = importlib.import_module(f"hcc.backends.{backend}")
+        for n, kind, smalls in ((2, "broadcast", (4096, 16384)), (4, "allreduce", (16384, 65536))):
+            plans = {c: message_cost_plan(n, kind, size, c) for c in (big, *smalls)}
+            # messages on the critical path: d(simulated time) / d(per_message_s), exact here
+            # (the model is linear in it and the links' share does not move)
+            weight = {c: (simulate(p, model=CostModel(per_message_s=1e-3)).time
+                          - simulate(p, model=CostModel(per_message_s=0.0)).time) / 1e-3
+                      for c, p in plans.items()}
+            for rep in range(reps):
+                t = {}
+                for c, p in plans.items():  # interleaved: the same load for every chunk size
+                    t[c] = statistics.median(mod.run_local(p, make_inputs(p, 0), iters=iters, warmup=1,
+                                                           timeout=120).times)
+                for c in smalls:
+                    per = (t[c] - t[big]) / (weight[c] - weight[big])
+                    rows.append({"backend": backend, "ranks": n, "kind": kind, "size_bytes": size,
+                                 "chunk_bytes": c, "rep": rep, "time_s": t[c], "time_1MiB_s": t[big],
+                                 "critical_messages": round(weight[c], 1),
+                                 "critical_messages_1MiB": round(weight[big], 1), "per_message_s": per})
+                    print(f"{backend:8} {n} ranks {kind:9} {c // 1024:3} KiB chunks: {t[c] * 1e3:8.1f} ms vs "
+                          f"{t[big] * 1e3:6.1f} ms in 1 MiB, {weight[c] - weight[big]:6.0f} more messages on the "
+                          f"critical path: {per * 1e6:7.1f} us per message", flush=True)
+    return rows
 
 
 # --------------------------------------------------------------------------- workers
@@ -589,7 +670,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_worker"]:
         return _worker(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["links", "collectives"])
+    ap.add_argument("part", choices=["links", "collectives", "messages"],
+                    help="messages: the runtime's per-message cost on loopback (no root)")
+    ap.add_argument("--backends", default="sockets,mpi", help="messages: backends to measure")
     ap.add_argument("--quick", action="store_true", help="a bounded few-minute run")
     ap.add_argument("--topologies", default="a,b,bh,c,d", help="subset of a,b,bh,c,d")
     ap.add_argument("--ranks", default=None, help="comma-separated rank counts (default 4,8; quick 4)")
@@ -599,16 +682,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
     ap.add_argument("--scale", type=float, default=None, help="override every case's emulation scale")
-    ap.add_argument("--per-message-us", type=float, default=PER_MESSAGE_S * 1e6,
-                    help="the runtime's cost per message given to the compiler's cost model (us)")
+    ap.add_argument("--per-message-us", type=float, default=None,
+                    help="the runtime's cost per message given to the compiler's cost model (us; "
+                         "default: `hcc run`'s for sockets, hcc.runner.SOCKETS_PER_MESSAGE_S)")
     ap.add_argument("--commit", default=os.environ.get("HCC_COMMIT", ""),
                     help="the commit measured, recorded in every row (default $HCC_COMMIT)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="collectives: run the whole grid this many times, each row tagged with its "
+                         "rep (the spread; plot.py --table summarises results/netem_reps_*.csv); "
+                         "messages: repetitions (default 3)")
     ap.add_argument("--budget", type=float, default=None,
                     help="skip a run whose predicted total exceeds this many seconds")
     ap.add_argument("--out", default=None, help="CSV path (default results/netem_<part>.csv)")
     ap.add_argument("--append", action="store_true",
                     help="keep the CSV's rows of topologies this run does not measure")
     a = ap.parse_args(argv)
+    if a.part == "messages":
+        rows = bench_messages(a.backends.split(","), a.reps or 3, a.iters or 5)
+        _write_csv(Path(a.out) if a.out else RESULTS / "netem_messages.csv", rows)
+        return 0
     if os.geteuid() != 0:
         print("netem_bench: needs root (hcc netem builds namespaces); run with sudo", file=sys.stderr)
         return 2
@@ -628,8 +720,9 @@ def main(argv: list[str] | None = None) -> int:
         size and system), so an interrupted run loses nothing it did not replace."""
         if a.part == "links":
             return before
-        done = {(r["topology"], str(r["size_bytes"]), r["system"]) for r in new_rows}
-        return [r for r in before if (r.get("topology"), r.get("size_bytes"), r.get("system")) not in done]
+        done = {(r["topology"], str(r["size_bytes"]), r["system"], str(r.get("rep", ""))) for r in new_rows}
+        return [r for r in before
+                if (r.get("topology"), r.get("size_bytes"), r.get("system"), r.get("rep", "")) not in done]
 
     import hcc
 
@@ -643,9 +736,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         iters = a.iters or (2 if a.quick else 3)
         budget = a.budget or (60.0 if a.quick else 600.0)
-        rows = bench_collectives(cases, a.kind, sizes, a.systems.split(","), iters, a.warmup, budget,
-                                 sink=lambda rs: _write_csv(out, kept(rs) + rs, quiet=True), commit=a.commit,
-                                 per_message_s=a.per_message_us * 1e-6)
+        rows = []
+        for rep in range(1, (a.reps or 1) + 1):  # one rep: rows without a rep column, as before
+            done_reps = list(rows)
+            rows += bench_collectives(cases, a.kind, sizes, a.systems.split(","), iters, a.warmup, budget,
+                                      sink=lambda rs: _write_csv(out, kept(done_reps + rs) + done_reps + rs,
+                                                                 quiet=True),
+                                      commit=a.commit, rep=rep if a.reps else None,
+                                      per_message_s=None if a.per_message_us is None else a.per_message_us * 1e-6)
     _write_csv(out, kept(rows) + rows)
     print(f"total {time.time() - t0:.0f} s")
     return 0

@@ -6,6 +6,8 @@
   size for every system, the compiler's bound as a dashed line, hcc's predicted busbw dotted.
 - ``netem_links.png``: measured against configured throughput per measured pair (the 15%
   band the test allows shaded), and measured against configured round trips.
+- ``--table``: the markdown tables of BENCHMARKS.md, and the spread over repeated runs
+  (``netem_reps_64MiB.csv``, :func:`reps_table`).
 Rows that carry an ``error`` (a failed or skipped run) are left out of the plots, not drawn
 as zero.
 """
@@ -213,6 +215,30 @@ def targets_table(coll: list[dict]) -> str:
     return "\n".join(out)
 
 
+def reps_table(rows: list[dict]) -> str:
+    """The repeated runs (``netem_reps_64MiB.csv``: every system of a topology in each rep, in
+    one run): per topology and system, the range over reps of the median time, of the
+    fraction of the cut bound over the arcs that carry traffic (``live_bound_s``; on (b)
+    routed by cost the slow link carries nothing) and of hcc's speedup over the system."""
+    by: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        if not r.get("error") and r.get("time_s"):
+            by.setdefault((r["topology"], r["ranks"], r["size_bytes"]), {}).setdefault(r["system"], []).append(r)
+    rng = lambda xs, fmt: fmt(min(xs)) if min(xs) == max(xs) else f"{fmt(min(xs))}–{fmt(max(xs))}"
+    out = ["| topology | size | system | reps | time s | measured / live bound | hcc speedup |",
+           "|---|---|---|---|---|---|---|"]
+    for (topo, ranks, size), systems in sorted(by.items(), key=lambda kv: (_topo_rank(kv[0][0]), kv[0])):
+        hcc = {r["rep"]: _f(r["time_s"]) for r in systems.get("hcc", [])}
+        for system in [s_ for s_ in COLOURS if s_ in systems]:
+            rs = systems[system]
+            times = [_f(r["time_s"]) for r in rs]
+            live = [_f(r.get("live_bound_s") or r["bound_s"]) / _f(r["time_s"]) for r in rs]
+            speed = [_f(r["time_s"]) / hcc[r["rep"]] for r in rs if r["rep"] in hcc and system != "hcc"]
+            out.append(f"| {topo} | {int(size) // MiB} MiB | {system} | {len(rs)} | {rng(times, '{:.3f}'.format)} | "
+                       f"{rng(live, '{:.1%}'.format)} | {rng(speed, '{:.3f}x'.format) if speed else ''} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="PNG plots from benchmarks/results/*.csv")
     ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
@@ -223,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         coll = _rows(res / "netem_collectives.csv") if (res / "netem_collectives.csv").exists() else []
         links = _rows(res / "netem_links.csv") if (res / "netem_links.csv").exists() else []
         print(markdown_tables(coll, links))
+        if (res / "netem_reps_64MiB.csv").exists():
+            print("\n" + reps_table(_rows(res / "netem_reps_64MiB.csv")))
         return 0
     done = 0
     if (res / "netem_collectives.csv").exists():

@@ -84,6 +84,35 @@ class CostModel:
 DEFAULT_MODEL = CostModel()
 
 
+def model_with(base: CostModel = DEFAULT_MODEL, *, per_message_us: float | None = None,
+               reduce_GBps: float | None = None, copy_GBps: float | None = None) -> CostModel:
+    """``base`` with the knobs a user set (``hcc compile|simulate|run --per-message-us
+    --reduce-GBps --copy-GBps``; None keeps ``base``'s value), in the units users quote.
+
+    >>> model_with(per_message_us=100).per_message_s, model_with(reduce_GBps=2.5).reduce_Bps
+    (0.0001, 2500000000.0)
+    """
+    for label, v in (("per-message cost", per_message_us), ("reduce rate", reduce_GBps), ("copy rate", copy_GBps)):
+        if v is not None and not (v >= 0 and v < float("inf")):
+            raise ValueError(f"{label} must be a finite number >= 0, not {v}")
+    return CostModel(
+        per_message_s=base.per_message_s if per_message_us is None else per_message_us / 1e6,
+        reduce_Bps=base.reduce_Bps if reduce_GBps is None else reduce_GBps * 1e9,
+        copy_Bps=base.copy_Bps if copy_GBps is None else copy_GBps * 1e9,
+    )
+
+
+def describe_model(model: CostModel) -> str:
+    """One line for tables: ``1 us per message, reductions free, copies free``.
+
+    >>> describe_model(CostModel(per_message_s=1e-4, reduce_Bps=2e9))
+    '100 us per message, reduce 2 GB/s, copies free'
+    """
+    reduce = f"reduce {model.reduce_Bps / 1e9:g} GB/s" if model.reduce_Bps > 0 else "reductions free"
+    copy = f"copy {model.copy_Bps / 1e9:g} GB/s" if model.copy_Bps > 0 else "copies free"
+    return f"{model.per_message_s * 1e6:g} us per message, {reduce}, {copy}"
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One chunk crossing one link (a trace-event of the timeline)."""

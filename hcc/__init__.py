@@ -17,6 +17,7 @@ from .ir.errors import PlanError, VerifyError
 from .ir.plan import Figures, Plan, Tree
 from .ir.topology import Topology
 from .compiler.program import CollectiveSpec, Program
+from .compiler.cost import CostModel
 from . import relax
 from .backends.base import (
     CollectiveTimeout,
@@ -29,7 +30,7 @@ from .backends.base import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "CollectiveSpec", "CollectiveTimeout", "Figures", "HccError", "PeerFailed", "Plan",
+    "CollectiveSpec", "CollectiveTimeout", "CostModel", "Figures", "HccError", "PeerFailed", "Plan",
     "PlanError", "Program", "RankFailed", "RootFailed", "RuntimeFault", "SourceError",
     "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "relax", "__version__",
 ]

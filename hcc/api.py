@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .compiler.program import Program
 from .ir.plan import Plan
+
+if TYPE_CHECKING:
+    from .compiler.cost import CostModel
 
 
 def load(path_or_source: str | os.PathLike) -> Program:
@@ -16,18 +20,23 @@ def load(path_or_source: str | os.PathLike) -> Program:
     return load_program(path_or_source)
 
 
-def compile(program: Program | str | os.PathLike, name: str | None = None) -> Plan:
+def compile(program: Program | str | os.PathLike, name: str | None = None, *,
+            model: "CostModel | None" = None) -> Plan:
     """Compile one collective of ``program`` (a Program, a path or source text) to a
-    verified :class:`Plan`. ``name`` may be omitted when the program has one collective."""
-    from .compiler.pipeline import compile_one
+    verified :class:`Plan`. ``name`` may be omitted when the program has one collective.
+    ``model`` (a :class:`~hcc.compiler.cost.CostModel`, e.g. ``CostModel(per_message_s=1e-4)``
+    for the sockets runtime) prices the candidates the chunk search compares; None is the
+    compiler's default, the same as ``hcc compile`` without cost flags."""
+    from .compiler.cost import DEFAULT_MODEL
+    from .compiler.pipeline import compile_unit
 
     if not isinstance(program, Program):
         program = load(program)
-    return compile_one(program, name)
+    return compile_unit(program, name, model=model or DEFAULT_MODEL).plan
 
 
-def compile_all(program: Program | str | os.PathLike) -> dict[str, Plan]:
-    """Compile every collective of ``program``, in declaration order."""
+def compile_all(program: Program | str | os.PathLike, *, model: "CostModel | None" = None) -> dict[str, Plan]:
+    """Compile every collective of ``program``, in declaration order, under ``model``."""
     if not isinstance(program, Program):
         program = load(program)
-    return {c.name: compile(program, c.name) for c in program.collectives}
+    return {c.name: compile(program, c.name, model=model) for c in program.collectives}

@@ -22,6 +22,19 @@ COMMANDS = {
 }
 
 
+def _cost_flags(s: argparse.ArgumentParser, run: bool = False) -> None:
+    """The cost model's knobs (compiler/cost.py ``CostModel``); unset flags keep the default
+    (``hcc compile``/``simulate``: the compiler's; ``hcc run``: the backend's measured one)."""
+    title = "cost model (default: the backend's measured costs, printed with the results)" if run else "cost model"
+    g = s.add_argument_group(title)
+    g.add_argument("--per-message-us", type=float, metavar="US",
+                   help="software cost of one message, microseconds (compiler default 1; the chunk "
+                        "search trades it against pipeline fill)")
+    g.add_argument("--reduce-GBps", type=float, metavar="GB/s",
+                   help="local reduction rate, GB/s of input (default: free)")
+    g.add_argument("--copy-GBps", type=float, metavar="GB/s", help="local copy rate, GB/s (default: free)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hcc", description="declarative collective schedule compiler")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -34,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", "--collective", metavar="NAME", help="compile only this collective")
     s.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan file (atomically)")
     s.add_argument("--json", action="store_true", help="print a JSON list, one object per collective")
+    _cost_flags(s)
 
     s = sub.add_parser("viz", help="draw the topology and trees, or a timeline")
     s.add_argument("file", help="plan.hcl or plan.json")
@@ -45,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="plan.hcl or plan.json")
     s.add_argument("-c", "--collective", metavar="NAME")
     s.add_argument("--json", action="store_true")
+    _cost_flags(s)
 
     s = sub.add_parser("run", help="run a plan on local ranks and check the results")
     s.add_argument("file", help="plan.hcl or plan.json")
@@ -56,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--netem", action="store_true", help="run each rank in its `hcc netem` namespace")
     s.add_argument("--seed", type=int, default=0)
+    _cost_flags(s, run=True)
 
     s = sub.add_parser("netem", help="emulate a topology with network namespaces (root)")
     s.add_argument("action", choices=["up", "down", "exec", "status"])

@@ -6,6 +6,14 @@ SourceError/PlanError (bad input, exit 2), HccError (a failed run, exit 1).
 ``hcc compile -o PLAN.json`` writes exactly one plan (the format ``Plan.load`` reads): with a
 program of several collectives it needs ``-c NAME``. Every collective is compiled and
 verified before the file is written, atomically, so a failing compile leaves no file.
+
+Cost model: ``hcc compile`` and ``hcc simulate`` price plans with the compiler's
+``CostModel`` (compiler/cost.py: 1 us per message, free local reductions and copies) unless
+``--per-message-us``, ``--reduce-GBps`` or ``--copy-GBps`` say otherwise. The chunk search
+minimises the predicted time under that model, so a costlier message gives larger chunks
+(fewer messages) and a longer prediction. Both print the model they used. A plan file does
+not record its model: ``hcc simulate plan.json`` prices it with the flags given (the chunk
+is the one it was compiled with).
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ from .ir.files import atomic_write_text
 from .ir.plan import Plan
 from .ir.serialize import summary
 
-__all__ = ["cmd_check", "cmd_compile", "cmd_viz", "cmd_simulate", "human_bytes", "human_time",
+__all__ = ["cmd_check", "cmd_compile", "cmd_viz", "cmd_simulate", "cost_model", "human_bytes", "human_time",
            "human_rate"]
 
 
@@ -86,8 +94,23 @@ def _cmdline_error(text: str, col: int, width: int, message: str) -> SourceError
     return SourceError(Span(Source("<command line>", text), 1, col, 1, col + width), message)
 
 
-def _plans_for(args) -> list[Plan]:
-    """The plans a viz/simulate command works on: a plan.json, or compiled from a .hcl."""
+def cost_model(args, base=None):
+    """The cost model a command uses: ``base`` (default: the compiler's, 1 us per message)
+    with whatever of ``--per-message-us``, ``--reduce-GBps``, ``--copy-GBps`` was given.
+    A negative or non-finite value is bad input (exit 2, pointing at the flag)."""
+    from .compiler.cost import DEFAULT_MODEL, model_with
+
+    knobs = {k: getattr(args, k, None) for k in ("per_message_us", "reduce_GBps", "copy_GBps")}
+    for k, v in knobs.items():
+        if v is not None and not (0 <= v < math.inf):
+            flag = "--" + k.replace("_", "-")
+            raise _cmdline_error(f"{flag} {v}", len(flag) + 2, len(str(v)), f"{flag} must be a finite number >= 0")
+    return model_with(base or DEFAULT_MODEL, **knobs)
+
+
+def _plans_for(args, model=None) -> list[Plan]:
+    """The plans a viz/simulate command works on: a plan.json, or compiled from a .hcl
+    (with ``model``, the compiler's default cost model when None)."""
     if _is_plan_file(args.file):
         from .ir.serialize import load
 
@@ -97,10 +120,11 @@ def _plans_for(args) -> list[Plan]:
             raise _cmdline_error(f"-c {name}", 4, len(name),
                                  f"{args.file} holds collective {plan.name!r}, not {name!r}")
         return [plan]
-    from .compiler.pipeline import compile_one
+    from .compiler.cost import DEFAULT_MODEL
+    from .compiler.pipeline import compile_unit
 
     program = _load_program(args.file)
-    return [compile_one(program, getattr(args, "collective", None))]
+    return [compile_unit(program, getattr(args, "collective", None), model=model or DEFAULT_MODEL).plan]
 
 
 # ---------------------------------------------------------------- check
@@ -111,6 +135,12 @@ def cmd_check(args) -> int:
 
 
 # ---------------------------------------------------------------- compile
+def _model_fields(model) -> dict:
+    """The cost model of a JSON row, in the flags' units."""
+    return {"per_message_us": model.per_message_s * 1e6, "reduce_GBps": model.reduce_Bps / 1e9,
+            "copy_GBps": model.copy_Bps / 1e9}
+
+
 def _json_safe(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -118,8 +148,10 @@ def _json_safe(v):
 
 
 def cmd_compile(args) -> int:
-    from .compiler.pipeline import compile_one, resolve
+    from .compiler.cost import describe_model
+    from .compiler.pipeline import compile_unit, resolve
 
+    model = cost_model(args)
     program = _load_program(args.file)
     if args.collective:
         names = [resolve(program, args.collective).name]
@@ -131,11 +163,11 @@ def cmd_compile(args) -> int:
             f"-o writes one plan but {args.file} declares {len(names)} collectives "
             f"({', '.join(names)}); choose one with -c NAME",
         )
-    plans = [compile_one(program, n) for n in names]
+    plans = [compile_unit(program, n, model=model).plan for n in names]
     if args.output:
         atomic_write_text(args.output, plans[0].to_json())
     if args.json:
-        rows = [{k: _json_safe(v) for k, v in summary(p).items()} for p in plans]
+        rows = [{**{k: _json_safe(v) for k, v in summary(p).items()}, **_model_fields(model)} for p in plans]
         print(json.dumps(rows, indent=2))
         return 0
     header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",
@@ -160,6 +192,7 @@ def cmd_compile(args) -> int:
                         f"{f.exact_predicted_s / f.predicted_s:.2f}x" if f.exact_predicted_s else "-"]
         rows.append(row)
     print(_table(header, rows))
+    print(f"cost model: {describe_model(model)}")
     if args.output:
         print(f"wrote {args.output}")
     return 0
@@ -183,14 +216,17 @@ def cmd_viz(args) -> int:
 
 # ---------------------------------------------------------------- simulate
 def cmd_simulate(args) -> int:
-    from .compiler.cost import simulate
+    from .compiler.cost import describe_model, simulate
 
-    plan = _plans_for(args)[0]
-    sim = simulate(plan)
+    model = cost_model(args)
+    plan = _plans_for(args, model)[0]
+    sim = simulate(plan, model=model)
     if args.json:
         print(json.dumps({
             "name": plan.name,
             "kind": plan.kind,
+            "chunk_bytes": plan.chunk_bytes,
+            **_model_fields(model),
             "predicted_s": sim.time,
             "messages": sim.messages,
             "wire_bytes": sim.wire_bytes,
@@ -202,6 +238,7 @@ def cmd_simulate(args) -> int:
     d = sim.digest(limit=8)  # every rank and link when few, else quantiles and the extremes
     print(f"{plan.name} ({plan.kind}, {plan.n} ranks, {human_bytes(plan.size_bytes)}, {plan.algorithm}): "
           f"predicted {human_time(sim.time)}, {sim.messages} messages, {human_bytes(sim.wire_bytes)} on the wire")
+    print(f"cost model: {describe_model(model)}; chunk {human_bytes(plan.chunk_bytes)}")
     print()
     if d.truncated:
         print("rank finish: " + ", ".join(f"{k} {human_time(t)}" for k, t in d.finish_quantiles))

@@ -1,6 +1,7 @@
 """hcc.runner — ``hcc run``: execute compiled plans on local ranks and check every result.
 
-    hcc run samples/demo.hcl [-c NAME] [--backend sockets|mpi|ray] [--iters N] [--json]
+    hcc run samples/demo.hcl [-c NAME] [--backend sockets|mpi|ray] [--iters N] [--json] [--netem]
+            [--per-message-us US] [--reduce-GBps R] [--copy-GBps R]
 
 For each collective (``-c NAME``, or every collective of the file; or the one plan of a
 ``plan.json``): draw random inputs (:func:`reference.make_inputs`, ``--seed``), run the plan
@@ -21,6 +22,15 @@ measured cost per crossing), so its predicted time and bound are those of the li
 exist. A ``plan.json`` cannot be recompiled: its prediction and bound are recomputed on the
 emulated topology (``compiler.cost.simulate``, ``compiler.bounds.time_bound``) instead.
 
+Cost model: the plans are compiled (a ``plan.json``: re-priced) with the cost model of the
+runtime that runs them, :data:`RUN_MODELS` per backend, unless ``--per-message-us``,
+``--reduce-GBps`` or ``--copy-GBps`` say otherwise; the chunk search minimises the predicted
+time under it. ``hcc compile`` keeps the compiler's default (1 us per message, an MPI/NCCL
+launch), so ``hcc run`` may pick larger chunks than ``hcc compile`` prints for the same
+source: the Python executor pays ~100 times more per message. ``hcc run --netem`` with the
+sockets default predicts exactly what ``benchmarks/netem_bench.py`` prints for the same case
+(the bench takes its per-message cost from here).
+
 Exit status: 0 when every result is verified; 1 when a result is wrong or a rank failed
 (printed as a typed error, never a traceback).
 """
@@ -33,8 +43,37 @@ import sys
 from dataclasses import replace
 
 from .backends.base import RuntimeFault
+from .compiler.cost import CostModel
 
-__all__ = ["cmd_run", "busbw_factor", "load_plans", "netem_for", "run_and_check"]
+__all__ = ["cmd_run", "busbw_factor", "load_plans", "netem_for", "run_and_check", "RUN_MODELS",
+           "compile_on"]
+
+# The cost model ``hcc run`` compiles with, per backend: what one message costs the runtime
+# that carries it. All three backends run the same Python executor (backends/executor.py);
+# what differs is the transport under it.
+# - sockets (and ray, whose actors exchange data over the sockets transport): 100 us. On the
+#   emulated 8-rank ring (10 MB/s links, netem_bench) the compiler's 1 us default chose 8 KiB
+#   chunks for a 16 MiB allreduce, 3584 messages per rank, and the run took 0.46 s longer
+#   than predicted: ~128 us per message on the critical path (the executor's ~30 us of CPU
+#   per message, ranks 4 to a core); at 100 us the compiler picked 64 KiB and the run landed
+#   within 1% of its prediction. On loopback (`netem_bench.py messages`: 16 MiB in small
+#   against 1 MiB chunks, the added time over the added critical-path messages) a 2-rank
+#   broadcast, a core per rank, costs 10-14 us per message; a 4-rank allreduce, two ranks
+#   per core, 64-134 us in 16 KiB chunks and 113-338 us in 64 KiB (3 reps, machine shared):
+#   100 us is the cost when ranks share cores, as they do on this 2-core machine.
+# - mpi: 300 us. MPICH's Isend/Irecv under the same executor, measured the same way: the
+#   4-rank allreduce 165-281 us per message in 64 KiB chunks, 574-689 us in 16 KiB (MPICH's
+#   ranks poll, two to a core, and its matching grows with the requests outstanding); the
+#   2-rank broadcast 37-43 us in 16 KiB, 146-358 us in 4 KiB. The model is linear in the
+#   message count, so the default is the cost near the chunks it then picks.
+# Both from `python benchmarks/netem_bench.py messages` (no root; results/netem_messages.csv).
+SOCKETS_PER_MESSAGE_S = 100e-6
+MPI_PER_MESSAGE_S = 300e-6
+RUN_MODELS: dict[str, CostModel] = {
+    "sockets": CostModel(per_message_s=SOCKETS_PER_MESSAGE_S),
+    "ray": CostModel(per_message_s=SOCKETS_PER_MESSAGE_S),
+    "mpi": CostModel(per_message_s=MPI_PER_MESSAGE_S),
+}
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -48,10 +87,23 @@ def busbw_factor(kind: str, n: int) -> float:
     return 1.0
 
 
-def load_plans(path: str, name: str | None = None, netem: bool = False) -> list:
-    """The plans ``hcc run`` works on: a plan.json, or every (or one) collective of a .hcl.
-    ``netem``: compiled against (a .json: re-priced on) the emulated topology that holds
-    each collective's ranks (:func:`netem_for`)."""
+def compile_on(program, name: str, topology=None, model: CostModel = RUN_MODELS["sockets"]):
+    """Collective ``name`` of ``program`` compiled with ``model``; on ``topology`` (an
+    emulation's :meth:`Netem.model_topology`) in place of the one it names, when given."""
+    from .compiler.pipeline import compile_unit, resolve
+
+    if topology is not None:
+        spec = resolve(program, name)
+        program = replace(program, topologies={**program.topologies, spec.topology: topology})
+    return compile_unit(program, name, model=model).plan
+
+
+def load_plans(path: str, name: str | None = None, netem: bool = False,
+               model: CostModel = RUN_MODELS["sockets"]) -> list:
+    """The plans ``hcc run`` works on: a plan.json, or every (or one) collective of a .hcl,
+    compiled with ``model`` (a .json is re-priced with it). ``netem``: compiled against (a
+    .json: re-priced on) the emulated topology that holds each collective's ranks
+    (:func:`netem_for`)."""
     from . import api
     from .ir.plan import Plan
 
@@ -59,22 +111,31 @@ def load_plans(path: str, name: str | None = None, netem: bool = False) -> list:
         plan = Plan.load(path)
         if name and name != plan.name:
             raise RuntimeFault(f"{path} holds collective {plan.name!r}, not {name!r}")
-        return [_repriced(plan, netem_for(plan.ranks, plan.topology.name)) if netem else plan]
+        if netem:
+            return [_repriced(plan, netem_for(plan.ranks, plan.topology.name), model)]
+        return [_with_prediction(plan, model)]
     program = api.load(path)
-    if not netem:
-        if name is not None:
-            return [api.compile(program, name)]
-        return list(api.compile_all(program).values())
-    if name is not None and all(c.name != name for c in program.collectives):
-        return [api.compile(program, name)]  # raises the compiler's "unknown collective" error
+    if name is not None:
+        names = [name]  # an unknown name raises the compiler's "unknown collective" error
+    else:
+        names = [c.name for c in program.collectives]
     plans = []
-    for spec in program.collectives:
-        if name is not None and spec.name != name:
-            continue
-        emu = netem_for(spec.ranks, spec.topology)
-        emulated = replace(program, topologies={**program.topologies, spec.topology: emu.model_topology()})
-        plans.append(api.compile(emulated, spec.name))
+    for nm in names:
+        topology = None
+        if netem:
+            spec = next((c for c in program.collectives if c.name == nm), None)
+            if spec is not None:
+                topology = netem_for(spec.ranks, spec.topology).model_topology()
+        plans.append(compile_on(program, nm, topology, model))
     return plans
+
+
+def _with_prediction(plan, model: CostModel):
+    """``plan`` with its predicted time under ``model`` (a plan file does not record the
+    model it was compiled with)."""
+    from .compiler.cost import simulate
+
+    return replace(plan, figures=replace(plan.figures, predicted_s=simulate(plan, model=model).time))
 
 
 def netem_for(ranks, topology_name: str = ""):
@@ -90,14 +151,15 @@ def netem_for(ranks, topology_name: str = ""):
     return next((nm for nm in chosen if nm.topology.name == topology_name), chosen[0])
 
 
-def _repriced(plan, emu):
-    """A compiled plan with its predicted time and bound recomputed on the emulated topology."""
+def _repriced(plan, emu, costs: CostModel):
+    """A compiled plan with its predicted time (under ``costs``) and bound recomputed on the
+    emulated topology."""
     from .compiler.bounds import time_bound
     from .compiler.cost import simulate
 
     model = emu.model_topology()
     try:
-        predicted = simulate(replace(plan, topology=model)).time
+        predicted = simulate(replace(plan, topology=model), model=costs).time
     except Exception as e:  # the plan's paths use a vertex or link the emulation lacks
         raise RuntimeFault(f"--netem: plan {plan.name!r} does not fit emulation {emu.name}: {e}") from None
     bound = time_bound(plan.kind, model.restricted(plan.ranks), plan.ranks, plan.root, plan.size_bytes,
@@ -115,6 +177,7 @@ def _row(plan, backend: str, iters: int) -> dict:
     return {
         "name": plan.name, "kind": plan.kind, "backend": backend, "ranks": plan.n,
         "size_bytes": plan.size_bytes, "dtype": plan.dtype, "iters": iters,
+        "algorithm": plan.algorithm, "chunk_bytes": plan.chunk_bytes,
         "predicted_s": plan.figures.predicted_s, "bound_s": plan.figures.bound_s,
     }
 
@@ -202,12 +265,13 @@ def _fmt_bw(b: float) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    header = ["collective", "backend", "ranks", "size", "iters", "median", "min", "algbw", "busbw",
+    header = ["collective", "backend", "ranks", "size", "chunk", "iters", "median", "min", "algbw", "busbw",
               "predicted", "bound", "verified"]
     body = []
     for r in rows:
         body.append([
-            r["name"], r["backend"], str(r["ranks"]), _fmt_size(r["size_bytes"]), str(r["iters"]),
+            r["name"], r["backend"], str(r["ranks"]), _fmt_size(r["size_bytes"]), _fmt_size(r["chunk_bytes"]),
+            str(r["iters"]),
             _fmt_s(r.get("time_median_s", 0)), _fmt_s(r.get("time_min_s", 0)), _fmt_bw(r.get("algbw_Bps", 0)),
             _fmt_bw(r.get("busbw_Bps", 0)), _fmt_s(r["predicted_s"]), _fmt_s(r["bound_s"]),
             "verified: ok" if r["verified"] else "verified: FAILED",
@@ -224,16 +288,24 @@ def _table(rows: list[dict]) -> str:
 def cmd_run(args) -> int:
     if args.iters < 1 or args.warmup < 0:
         raise RuntimeFault("--iters must be >= 1 and --warmup >= 0")
-    plans = load_plans(args.file, args.collective, netem=args.netem)
+    from .commands import cost_model
+    from .compiler.cost import describe_model
+
+    model = cost_model(args, base=RUN_MODELS[args.backend])
+    plans = load_plans(args.file, args.collective, netem=args.netem, model=model)
     if args.backend == "sockets" and not args.netem:
         rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed)
     else:
         rows = [run_and_check(p, args.backend, args.iters, args.warmup, args.timeout, args.seed, args.netem)
                 for p in plans]
+    for r in rows:
+        r["per_message_us"] = model.per_message_s * 1e6
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(_table(rows))
+        given = any(getattr(args, k, None) is not None for k in ("per_message_us", "reduce_GBps", "copy_GBps"))
+        print(f"predicted with {describe_model(model)} ({'as given' if given else args.backend + ' default'})")
     failed = [r for r in rows if not r["verified"]]
     if failed and args.json:
         for r in failed:

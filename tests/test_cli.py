@@ -140,3 +140,105 @@ def test_bad_plan_file_exits_2(tmp_path):
     p.write_text('{"version": 999}')
     r = hcc_cmd("simulate", p)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- the cost model's flags
+LINE = """topology line {
+    node g[0..4]
+    class hop = 1 GB/s, 2 us
+    g[0] <-> g[1] : hop
+    g[1] <-> g[2] : hop
+    g[2] <-> g[3] : hop
+    g[3] <-> g[4] : hop
+}
+collective b = broadcast on line {
+    size = 4 MiB
+    dtype = float32
+    algorithm = treepack    # one chain from the end of a line: the pipeline formula holds
+}
+"""
+
+
+def _chain_time(chunk: int, per_message_s: float, size: int = 4 << 20, hops: int = 4) -> float:
+    """The pipeline formula of a chain broadcast, (k + d - 1)(α + p + c / C): independent of
+    the simulator, for the line above (α = 2 us, C = 1 GB/s, d = 4 hops)."""
+    k = -(-size // chunk)
+    return (k + hops - 1) * (2e-6 + per_message_s + chunk / 1e9)
+
+
+def test_per_message_flag_moves_the_chunk_and_the_prediction(tmp_path):
+    from hcc.compiler.cost import chunk_candidates
+
+    src = tmp_path / "line.hcl"
+    src.write_text(LINE)
+    rows = {}
+    for us in (None, 50, 500):
+        r = hcc_cmd("compile", src, "--json", *(("--per-message-us", us) if us is not None else ()))
+        assert r.returncode == 0, r.stderr
+        (rows[us],) = json.loads(r.stdout)
+    assert rows[None]["per_message_us"] == pytest.approx(1.0)  # the compiler's default
+    for us, row in rows.items():
+        p = (1.0 if us is None else us) * 1e-6
+        best = min(chunk_candidates(4 << 20, 4), key=lambda c: _chain_time(c, p))
+        assert row["per_message_us"] == pytest.approx(p * 1e6)
+        assert row["chunk_bytes"] == best
+        assert row["predicted_s"] == pytest.approx(_chain_time(best, p), rel=1e-9)
+    assert rows[None]["chunk_bytes"] < rows[50]["chunk_bytes"] < rows[500]["chunk_bytes"]
+    assert rows[None]["predicted_s"] < rows[50]["predicted_s"] < rows[500]["predicted_s"]
+    r = hcc_cmd("compile", src, "--per-message-us", 500)
+    assert r.returncode == 0 and "cost model: 500 us per message" in r.stdout
+
+
+def test_simulate_prices_a_plan_file_with_the_flags(tmp_path):
+    src, plan_json = tmp_path / "line.hcl", tmp_path / "line.json"
+    src.write_text(LINE)
+    assert hcc_cmd("compile", src, "-o", plan_json).returncode == 0
+    chunk = Plan.load(plan_json).chunk_bytes
+    for us in (1, 300):
+        r = hcc_cmd("simulate", plan_json, "--json", "--per-message-us", us)
+        assert r.returncode == 0, r.stderr
+        sim = json.loads(r.stdout)
+        assert sim["chunk_bytes"] == chunk and sim["per_message_us"] == pytest.approx(us)
+        assert sim["predicted_s"] == pytest.approx(_chain_time(chunk, us * 1e-6), rel=1e-9)
+    # a .hcl is compiled with the flags: its chunk follows the model
+    r = hcc_cmd("simulate", src, "--json", "--per-message-us", 300)
+    assert json.loads(r.stdout)["chunk_bytes"] > chunk
+    r = hcc_cmd("simulate", src, "--per-message-us", 300, "--reduce-GBps", 2)
+    assert r.returncode == 0 and "cost model: 300 us per message, reduce 2 GB/s, copies free" in r.stdout
+
+
+def test_bad_cost_flags_exit_2():
+    for flag, value in (("--per-message-us", "-3"), ("--reduce-GBps", "nan"), ("--copy-GBps", "inf")):
+        r = hcc_cmd("compile", DEMO, flag, value)
+        assert r.returncode == 2, (flag, r.stderr)
+        assert f"{flag} must be a finite number >= 0" in r.stderr and "^" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_compiles_with_the_backends_model_unless_told(tmp_path):
+    # `hcc run` compiles with the cost model of the runtime that carries the plan
+    # (hcc.runner.RUN_MODELS), the flags override it; no rank is started here
+    from hcc import runner
+    from hcc.cli import build_parser
+    from hcc.commands import cost_model
+    from hcc.compiler.cost import chunk_candidates
+
+    src = tmp_path / "line.hcl"
+    src.write_text(LINE)
+    for backend in ("sockets", "mpi", "ray"):
+        args = build_parser().parse_args(["run", str(src), "--backend", backend])
+        assert cost_model(args, base=runner.RUN_MODELS[backend]) == runner.RUN_MODELS[backend]
+    assert runner.RUN_MODELS["sockets"].per_message_s == runner.SOCKETS_PER_MESSAGE_S
+    args = build_parser().parse_args(["run", str(src), "--per-message-us", "7", "--copy-GBps", "3"])
+    model = cost_model(args, base=runner.RUN_MODELS["sockets"])
+    assert (model.per_message_s, model.copy_Bps) == (pytest.approx(7e-6), 3e9)
+    for m in (runner.RUN_MODELS["sockets"], model):
+        (plan,) = runner.load_plans(str(src), model=m)
+        best = min(chunk_candidates(4 << 20, 4), key=lambda c: _chain_time(c, m.per_message_s))
+        assert plan.chunk_bytes == best
+        assert plan.figures.predicted_s == pytest.approx(_chain_time(best, m.per_message_s), rel=1e-9)
+    # a plan file keeps its chunk and is re-priced with the run's model
+    plan_json = tmp_path / "line.json"
+    assert hcc_cmd("compile", src, "-o", plan_json).returncode == 0
+    (plan,) = runner.load_plans(str(plan_json), model=runner.RUN_MODELS["sockets"])
+    assert plan.chunk_bytes == Plan.load(plan_json).chunk_bytes
+    assert plan.figures.predicted_s == pytest.approx(_chain_time(plan.chunk_bytes, runner.SOCKETS_PER_MESSAGE_S))

@@ -236,3 +236,112 @@ def test_extrapolate_fits_the_pipeline_curve_exactly():
     # ... nor from a concave fit
     flat = [(c, 1.0 - 1e-12 * c) for c in (1 << 22, 1 << 21, 1 << 20)]
     assert _extrapolate(flat, 1 << 19, ceiling=1 << 26) is None
+
+
+LINE_SOURCE = """topology line {{
+    node g[0..{last}]
+    class hop = 1 GB/s, {lat_us} us
+{links}
+}}
+collective b = broadcast on line {{
+    size = {size} B
+    dtype = float32
+    algorithm = treepack    # one chain from the end of a line: the pipeline formula holds
+}}
+"""
+
+
+def _line_program(n: int, lat_us: float, size: int):
+    import hcc
+
+    links = "\n".join(f"    g{i} <-> g{i + 1} : hop" for i in range(n - 1))
+    return hcc.load(LINE_SOURCE.format(last=n - 1, lat_us=lat_us, links=links, size=size))
+
+
+@pytest.mark.parametrize("per_message_us", [0.0, 1.0, 20.0, 200.0, 1000.0])
+def test_compiled_chunk_minimises_the_pipeline_formula_of_the_model(per_message_us):
+    # A broadcast from one end of a line is one chain whatever the algorithm: k chunks of c
+    # bytes over d hops take (k + d - 1)(α + p + c / C) (the pipeline formula, independent
+    # of the simulator). The compiler's choice must be the formula's argmin over its
+    # candidates for the per-message cost p it was given, and its prediction the formula's.
+    from hcc.compiler.pipeline import compile_unit
+
+    n, lat, cap, size = 5, 2e-6, 1e9, 1 << 22
+    model = CostModel(per_message_s=per_message_us * 1e-6)
+    plan = compile_unit(_line_program(n, lat * 1e6, size), "b", model=model).plan
+
+    def formula(chunk: int) -> float:
+        k = -(-size // chunk)
+        return (k + n - 2) * (lat + model.per_message_s + chunk / cap)
+
+    cands = chunk_candidates(size, 4)
+    best = min(cands, key=formula)
+    assert plan.chunk_bytes == best, [(c, formula(c)) for c in cands]
+    assert plan.figures.predicted_s == pytest.approx(formula(best), rel=1e-9)
+    assert simulate(plan, model=model).time == pytest.approx(plan.figures.predicted_s, rel=1e-12)
+
+
+def test_a_costlier_message_gives_larger_chunks_and_a_longer_prediction():
+    # the direction the model says: with p up, the formula's optimum k* = sqrt((d-1) M / (C (α+p)))
+    # falls (larger chunks), and the best time rises; monotone over 0 .. 1 ms
+    from hcc.compiler.pipeline import compile_unit
+
+    program = _line_program(5, 2.0, 1 << 22)
+    plans = [compile_unit(program, "b", model=CostModel(per_message_s=p * 1e-6)).plan for p in (0, 10, 100, 1000)]
+    chunks = [p.chunk_bytes for p in plans]
+    times = [p.figures.predicted_s for p in plans]
+    assert chunks == sorted(chunks) and chunks[0] < chunks[-1], chunks
+    assert times == sorted(times) and times[0] < times[-1], times
+
+
+def test_public_compile_takes_the_model_and_defaults_to_the_compilers():
+    # hcc.compile(..., model=) is the API twin of the CLI's cost flags: same plan as
+    # compile_unit under that model, and no model means the compiler's default
+    import hcc
+    from hcc.compiler.cost import DEFAULT_MODEL
+    from hcc.compiler.pipeline import compile_unit
+
+    program = _line_program(5, 2.0, 1 << 22)
+    costly = CostModel(per_message_s=5e-4)
+    for model in (None, costly):
+        via_api = hcc.compile(program, "b", model=model)
+        direct = compile_unit(program, "b", model=model or DEFAULT_MODEL).plan
+        assert via_api.chunk_bytes == direct.chunk_bytes
+        assert via_api.figures.predicted_s == pytest.approx(direct.figures.predicted_s, rel=1e-12)
+    assert hcc.compile(program, "b", model=costly).chunk_bytes > hcc.compile(program, "b").chunk_bytes
+    assert hcc.compile_all(program, model=costly)["b"].chunk_bytes == hcc.compile(program, "b", model=costly).chunk_bytes
+
+
+def test_model_with_takes_the_flags_units_and_refuses_nonsense():
+    from hcc.compiler.cost import DEFAULT_MODEL, describe_model, model_with
+
+    m = model_with(per_message_us=100, reduce_GBps=2.5)
+    assert (m.per_message_s, m.reduce_Bps, m.copy_Bps) == (pytest.approx(1e-4), 2.5e9, DEFAULT_MODEL.copy_Bps)
+    assert model_with(m, copy_GBps=4).per_message_s == m.per_message_s  # unset knobs keep the base
+    assert describe_model(model_with(m, copy_GBps=4)) == "100 us per message, reduce 2.5 GB/s, copy 4 GB/s"
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            model_with(per_message_us=bad)
+
+
+def test_local_op_rates_price_the_reductions_of_a_compiled_plan():
+    # an allreduce's combine ops cost bytes / reduce rate: a finite rate can only lengthen
+    # the prediction, and a slower rate more
+    import hcc
+    from hcc.compiler.pipeline import compile_unit
+
+    src = """topology tri {
+    node a, b, c
+    a <-> b : 1 GB/s
+    b <-> c : 1 GB/s
+    a <-> c : 1 GB/s
+}
+collective ar = allreduce on tri {
+    size = 4 MiB
+}
+"""
+    plan = compile_unit(hcc.load(src), "ar").plan
+    free = simulate(plan).time
+    fast = simulate(plan, model=CostModel(reduce_Bps=10e9)).time
+    slow = simulate(plan, model=CostModel(reduce_Bps=1e9)).time
+    assert free < fast < slow

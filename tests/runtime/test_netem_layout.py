@@ -140,7 +140,8 @@ def test_run_netem_compiles_against_the_emulated_topology(tmp_path, monkeypatch)
     from dataclasses import replace
 
     import hcc
-    from hcc.runner import load_plans
+    from hcc.compiler.pipeline import compile_unit
+    from hcc.runner import RUN_MODELS, load_plans
 
     src = tmp_path / "tri.hcl"
     src.write_text(TRI_HCL)
@@ -156,9 +157,11 @@ def test_run_netem_compiles_against_the_emulated_topology(tmp_path, monkeypatch)
 
     (plan,) = load_plans(str(src), netem=True)
     program = hcc.load(str(src))
-    want = hcc.compile(replace(program, topologies={"tri": model}), "ar")
-    unscaled = hcc.compile(program, "ar")
+    # compiled with the sockets runtime's cost model, as `hcc run` (sockets) does
+    want = compile_unit(replace(program, topologies={"tri": model}), "ar", model=RUN_MODELS["sockets"]).plan
+    unscaled = compile_unit(program, "ar", model=RUN_MODELS["sockets"]).plan
     assert plan.figures.predicted_s == pytest.approx(want.figures.predicted_s)
+    assert plan.chunk_bytes == want.chunk_bytes
     assert plan.figures.bound_s == pytest.approx(want.figures.bound_s)
     # half the capacity: the bandwidth terms (4 MB over 20 instead of 40 MB/s) double
     assert plan.figures.bound_s > 1.8 * unscaled.figures.bound_s
@@ -196,3 +199,40 @@ def test_model_topology_drops_the_arcs_no_route_uses():
     # routed by hops the slow link is a cable both neighbours use: nothing is dropped
     assert netem.layout(slow4, "m", routing="hops").model_topology() == slow4
     assert netem.layout(ring(4), "m").model_topology() == ring(4)
+
+
+@pytest.mark.parametrize("key", ["b", "c"])
+def test_run_netem_predicts_what_the_bench_prints(key, tmp_path, monkeypatch):
+    # `hcc run --netem` on the .hcl a user writes for a bench case (slow4, twohost4 at 64 MiB)
+    # compiles the same plan as benchmarks/netem_bench.py and predicts the same time: one
+    # compile function (hcc.runner.compile_on) and one per-message cost (RUN_MODELS)
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    import hcc
+    from hcc.compiler.cost import simulate
+    from hcc.runner import RUN_MODELS, load_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import netem_bench
+
+    case = netem_bench.make_case(key, 4)
+    size = 64 << 20
+    monkeypatch.setenv("HCC_NETEM_STATE_DIR", str(tmp_path / "state"))
+    netem.state_dir().mkdir()
+    emu = netem.scaled(case.topology, case.scale).restricted(case.ranks)
+    n = netem.layout(case.topology.restricted(case.ranks), case.name, scale=case.scale, routing=case.routing,
+                     delay_mode="delay-line")
+    n = replace(n, relay_extra_s=1e-4 if key == "c" else 0.0)  # as `up` measures it on twohost
+    netem.state_path(case.name).write_text(__import__("json").dumps(n.to_dict()))
+    model = n.model_topology()
+
+    src = tmp_path / "case.hcl"  # the user's file: the declared (unscaled) topology
+    src.write_text(netem_bench.program_source(case.topology, case.ranks, "allreduce", size, "treepack"))
+    (plan,) = load_plans(str(src), netem=True)
+    bench = netem_bench.compile_case(model, case.ranks, "allreduce", size, "treepack", RUN_MODELS["sockets"])
+    assert hcc.load(str(src)).collectives[0].size_bytes == size and emu.nodes == model.nodes
+    assert plan.chunk_bytes == bench.chunk_bytes and plan.algorithm == bench.algorithm
+    assert plan.figures.predicted_s == pytest.approx(bench.figures.predicted_s, rel=1e-9)
+    assert simulate(bench, model=RUN_MODELS["sockets"]).time == pytest.approx(plan.figures.predicted_s, rel=1e-9)

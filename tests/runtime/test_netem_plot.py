@@ -45,3 +45,16 @@ def test_speedups_targets_and_cpu_share(plot):
     assert "| slow8 | 8 | 81.0% | — / -10% / -5% | 1.50x | 2.00x |" in lines
     full = plot.markdown_tables(rows, [])
     assert "skipped" in full and full.index("| ring8 |") < full.index("| slow8 |")
+
+
+def test_reps_table_gives_the_range_over_reps_against_the_live_bound(plot):
+    # hcc's speedup is paired per rep (both from the same run), the bound is the live one
+    rows = [row("slow4", 64, "hcc", t, rep=k, bound_s=3.0, live_bound_s=3.3) for k, t in ((1, 3.4), (2, 3.5))]
+    rows += [row("slow4", 64, "gloo", t, rep=k, bound_s=3.0, live_bound_s=3.3) for k, t in ((1, 5.1), (2, 5.0))]
+    rows.append(row("slow4", 64, "mpich", 7.0, rep=1, bound_s=3.0, error="timeout"))
+    lines = plot.reps_table(rows).splitlines()
+    assert len(lines) == 4  # header, rule, hcc, gloo: the failed run is left out
+    assert lines[2] == f"| slow4 | 64 MiB | hcc | 2 | 3.400–3.500 | {3.3 / 3.5:.1%}–{3.3 / 3.4:.1%} |  |"
+    lo, hi = sorted((5.1 / 3.4, 5.0 / 3.5))
+    assert lines[3] == (f"| slow4 | 64 MiB | gloo | 2 | 5.000–5.100 | {3.3 / 5.1:.1%}–{3.3 / 5.0:.1%} | "
+                        f"{lo:.3f}x–{hi:.3f}x |")
