@@ -68,8 +68,12 @@ def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, time
         elif plan.n != world:
             raise RuntimeFault(f"case {i}: plan has {plan.n} ranks, the job {world}")
         plan.save(job / f"case{i}.plan.json")
+        opts = case[2] if len(case) > 2 else {}
+        unknown = set(opts) - {"inplace"}
+        if unknown:
+            raise RuntimeFault(f"case {i}: unknown case option(s) {', '.join(sorted(unknown))}")
         entry = {"plan": f"case{i}.plan.json", "iters": iters, "warmup": warmup, "step": step,
-                 "save_outputs": save_outputs}
+                 "save_outputs": save_outputs, "inplace": bool(opts.get("inplace", False))}
         if isinstance(inputs, (int, np.integer)):
             entry["seed"] = int(inputs)
         else:
@@ -107,7 +111,12 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             out = None
             times, cpu = [], []
             total = case["warmup"] + case["iters"]
+            inplace = case.get("inplace", False)
+            x0 = x.copy() if inplace else None
             for it in range(total):
+                if inplace:  # the output is the input: restore it outside the timed region
+                    np.copyto(x, x0)
+                    out = x
                 comm.barrier(f"c{i}/i{it}", timeout)
                 c0, t0 = time.process_time(), time.perf_counter()
                 out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
@@ -171,6 +180,11 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
                     kill_rank: tuple[int, float] | None = None,
                     max_message: int | None = None, pace_Bps: float = 0.0) -> list[RunResult]:
     """Run each ``(plan, inputs_or_seed)`` case, in order, on ``world`` local processes.
+
+    A case may carry a third element, its options: ``{"inplace": True}`` calls
+    ``run(plan, comm, x, out=x)`` (the output overwrites the input, as ``torch.distributed``'s
+    collectives do); each iteration starts from the original input, restored before its
+    barrier, so the last output is still checkable against the reference.
 
     ``wrap(rank, argv)`` may rewrite a rank's command line (e.g. ``hcc netem``'s namespace
     wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``

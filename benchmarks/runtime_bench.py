@@ -15,7 +15,8 @@ local ranks through shared memory, not the kernel's TCP stack.
 
 - hcc-sockets vs gloo (``torch.distributed``, CPU wheel; skipped with a message if torch is
   missing): allreduce, broadcast, allgather at each size (MiB, nccl-tests' per-rank output
-  buffer) on ``--ranks`` local processes over loopback.
+  buffer) on ``--ranks`` local processes over loopback. Allreduce and broadcast run in place on both sides
+  (gloo's calls are in place; :data:`INPLACE_KINDS`, ``--out-of-place`` for separate outputs).
 - hcc-mpi vs MPICH's own Allreduce/Bcast/Allgather through mpi4py, same mpiexec job
   (``hcc.backends.mpi.bench_pair``).
 - hcc-ray vs a Ray object-store broadcast (``ray.put`` once, every other actor ``ray.get``s).
@@ -107,6 +108,10 @@ MPI_PORT = "8 GB/s, 100 us"
 #   auto, but 0.73x in the 7-rep run, at 302 ms CPU against auto's 233-252 ms and gloo's
 #   224 ms: on a machine this loaded the CPU a schedule costs decides, so auto is kept. At
 #   16 MiB the chunked ring lost outright (1 MiB: 0.43x; 512 KiB: 0.54x; direct 0.70x).
+# Re-measured in place (session 3, 5-6 interleaved reps, load average 2-4): broadcast 16 MiB
+#   direct 1.05x, the compiler's ring 0.90x, 4 MiB chunks 0.93x; allreduce one chunk per ring
+#   step 0.98-1.04x at 64 MiB against 0.95-0.99x for 2, 4 or 8 MiB chunks (which cost up to
+#   30 ms more CPU) and 1.01x for direct. The table stands.
 SOCKETS_SETTINGS: dict[tuple[str, int], str] = {
     ("broadcast", 16): "algorithm = direct",
 }
@@ -141,12 +146,22 @@ def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
 
 
 # --------------------------------------------------------------------------- hcc over sockets
-def bench_sockets(plans: dict, iters: int) -> dict:
+# Kinds whose gloo call is in place (``dist.all_reduce(x)`` and ``dist.broadcast(x, 0)`` overwrite
+# x; ``all_gather`` writes separate outputs): hcc runs them in place too, ``plan.run(comm, x,
+# out=x)``, so both sides move and touch the same memory. It matters for allreduce: a ring
+# step out of place computes ``out = in + received`` (three streams), in place ``x += received``
+# (two); numpy, per 16 MiB in 256 KiB pieces on this machine: 1.35 ms against 0.61 ms, and a
+# 64 MiB 4-rank ring folds 48 MiB per rank per iteration. ``--out-of-place`` measures the other.
+INPLACE_KINDS = frozenset({"allreduce", "broadcast"})
+
+
+def bench_sockets(plans: dict, iters: int, inplace: frozenset = INPLACE_KINDS) -> dict:
     from hcc.backends.launch import run_cases_local
     from hcc.backends.reference import check, expected, make_inputs
 
     keys = list(plans)
-    results = run_cases_local("sockets", [(plans[k], 7) for k in keys], iters=iters, warmup=1, timeout=120)
+    results = run_cases_local("sockets", [(plans[k], 7, {"inplace": k[0] in inplace}) for k in keys],
+                              iters=iters, warmup=1, timeout=120)
     for k, res in zip(keys, results):  # the benchmark checks what it measures
         check(plans[k], res.outputs, expected(plans[k], make_inputs(plans[k], 7)))
     return ({k: r.times for k, r in zip(keys, results)},
@@ -221,7 +236,8 @@ def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
     return times, cpu
 
 
-def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool):
+def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool,
+                    inplace: frozenset = INPLACE_KINDS):
     """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
 
     The machine is shared, so its load drifts between minutes; a ratio of two figures taken
@@ -234,7 +250,7 @@ def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with
     gc: dict = {k: [] for k in keys}
     ratios: dict = {k: [] for k in keys}
     for rep in range(max(1, reps)):
-        h, h_cpu = bench_sockets(plans, iters)
+        h, h_cpu = bench_sockets(plans, iters, inplace)
         g = bench_gloo(n, keys, iters) if gl is not None else None
         if g is None:
             gl = None
@@ -397,6 +413,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pace", type=float, default=200e6,
                     help="bytes/s per link for the pipelining figure (0 = raw loopback)")
     ap.add_argument("--quick", action="store_true", help="1 and 16 MiB, 3 iterations, depths 1..3")
+    ap.add_argument("--out-of-place", action="store_true",
+                    help="hcc-sockets writes a separate output for every kind (default: allreduce and "
+                         "broadcast in place, as gloo's calls are; see INPLACE_KINDS)")
     ap.add_argument("--auto", action="store_true",
                     help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
     a = ap.parse_args(argv)
@@ -415,6 +434,7 @@ def main(argv=None) -> int:
         chosen = "" if a.auto else (settings if settings is not None else SOCKETS_SETTINGS).get((kind, mib), "")
         row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plan.algorithm,
                "chunk_bytes": plan.chunk_bytes, "settings": chosen or "auto",
+               "in_place": backend == "hcc-sockets" and not a.out_of_place and kind in INPLACE_KINDS,
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
         if cpu and cpu[0]:  # CPU seconds per iteration, all ranks together (median)
             row["hcc_cpu_s"] = statistics.median(cpu[0])
@@ -430,13 +450,15 @@ def main(argv=None) -> int:
         ratio = f"{row['ratio']:6.2f}x" if peer_t else "     -"
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
         print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}"
-              f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']})", flush=True)
+              f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']}"
+              + (", in place)" if row["in_place"] else ")"), flush=True)
 
     print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:
-        hs, gl, ratios, hc, gc = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers)
+        hs, gl, ratios, hc, gc = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
+                                                 frozenset() if a.out_of_place else INPLACE_KINDS)
         for k in keys:
             emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k),
                  cpu=(hc[k], gc.get(k)))
@@ -451,7 +473,7 @@ def main(argv=None) -> int:
             emit(*k, "hcc-ray", ht, "ray-object-store", ot)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
-        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "hcc_median_s", "hcc_busbw_GBps", "peer",
+        fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "in_place", "hcc_median_s", "hcc_busbw_GBps", "peer",
                   "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps", "hcc_cpu_s",
                   "peer_cpu_s"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:

@@ -1,0 +1,54 @@
+"""In-place runs over sockets (``plan.run(comm, x, out=x)``, what ``torch.distributed``'s
+collectives do and what benchmarks/runtime_bench.py measures against gloo): compiled plans give
+the numpy result when the output overwrites the input, and the launcher's ``inplace`` case
+option restores the input before every iteration."""
+from __future__ import annotations
+
+import pytest
+
+import hcc
+from hcc.backends.base import RuntimeFault
+from hcc.backends.launch import run_cases_local
+from hcc.backends.reference import check, expected, make_inputs
+
+pytestmark = pytest.mark.slow
+
+STAR = """topology loopback {
+    node r[0..3]
+    switch s
+    r[0..3] <-> s : 2 GB/s, 100 us
+}
+"""
+
+
+def _plans() -> list:
+    # sizes that do not divide by 4 ranks or by the chunks; the algorithms the bench uses
+    cases = [("allreduce", "float32", "sum", 4100, ""), ("allreduce", "float32", "sum", 3 << 20, ""),
+             ("allreduce", "int32", "max", 4100, "algorithm = direct"),
+             ("allreduce", "bfloat16", "avg", 2 << 20, ""),
+             ("broadcast", "float32", "sum", 1 << 20, ""),
+             ("broadcast", "float64", "sum", 4104, "algorithm = direct")]
+    src = STAR
+    for i, (kind, dtype, op, nbytes, extra) in enumerate(cases):
+        op_line = f"\n    op = {op}" if kind == "allreduce" else ""
+        src += (f"collective c{i} = {kind} on loopback {{\n    size = {nbytes} B\n    dtype = {dtype}{op_line}\n"
+                f"    adaptive = off\n    {extra}\n}}\n")
+    program = hcc.load(src)
+    return [hcc.compile(program, f"c{i}") for i in range(len(cases))]
+
+
+def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
+    plans = _plans()
+    # three timed iterations: without the restore, an allreduce's second iteration would
+    # reduce the first one's result (4x the expected sum), and the check below would fail
+    results = run_cases_local("sockets", [(p, 7, {"inplace": True}) for p in plans], iters=3, warmup=1,
+                              timeout=30)
+    for p, res in zip(plans, results):
+        assert len(res.times) == 3
+        check(p, res.outputs, expected(p, make_inputs(p, 7)))
+
+
+def test_unknown_case_option_is_refused_before_any_process_starts():
+    plan = _plans()[0]
+    with pytest.raises(RuntimeFault, match="unknown case option"):
+        run_cases_local("sockets", [(plan, 7, {"in_place": True})], iters=1, timeout=10)
