@@ -115,6 +115,14 @@ class Transport(ABC):
     def wake(self) -> None:
         """Make a thread blocked in :meth:`wait_change` re-check ``woken()`` now."""
 
+    def bind_plan(self, plan_id: int, max_message: int) -> None:
+        """The plan the next messages belong to, called by ``plan.run`` before it posts any:
+        ``plan_id`` is :meth:`Plan.wire_id`, ``max_message`` :meth:`Plan.largest_message_bytes`.
+        A transport that frames its messages (sockets) stamps the id on every data frame,
+        refuses a frame of another plan for a posted receive (the ranks run different plans)
+        and bounds an early frame of this plan by ``max_message``. This default ignores it:
+        MPI and Ray's object store carry no frames of hcc's own."""
+
     def close(self) -> None:
         pass
 

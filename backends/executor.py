@@ -417,6 +417,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     with ``peers = shift_one`` changes partners every step). Every check happens before any
     byte moves.
     """
+    comm.bind_plan(plan.wire_id(), plan.largest_message_bytes())
     adaptive = _adaptive_module()
     if adaptive is not None and adaptive.wants(plan, comm, options):
         # on_failure = continue, adaptive = on, or a quorum: the adaptive runtime (issue 4)

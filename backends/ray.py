@@ -447,11 +447,13 @@ class _WatchedTransport(Transport):
                        if p != self.rank}
         self._dead: set[int] = set()
         self._next_reap = 0.0  # wait_change looks at the watches at most every _SLICE_S
-        # optional inner features the executor looks for: the message size limit and the
-        # fused receive-and-reduce (SocketTransport.irecv_fold)
-        for attr in ("set_message_limit", "irecv_fold"):
-            if getattr(inner, attr, None) is not None:
-                setattr(self, attr, getattr(inner, attr))
+        # the optional inner feature the executor looks for: the fused receive-and-reduce
+        # (SocketTransport.irecv_fold)
+        if getattr(inner, "irecv_fold", None) is not None:
+            self.irecv_fold = inner.irecv_fold
+
+    def bind_plan(self, plan_id: int, max_message: int) -> None:
+        self.inner.bind_plan(plan_id, max_message)  # the sockets frames carry the plan id
 
     def arm(self, sends: int | None) -> None:
         """SIGKILL this process at the ``sends + 1``-th send from now (None: never)."""

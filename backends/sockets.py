@@ -16,13 +16,16 @@ Terms
   and → ``HMAC("hcc-peer-client" ‖ ranks ‖ nonce_l ‖ nonce_d)``; listener checks it and → ``OK``.
   The session id of the connection is the first 8 bytes of ``HMAC("hcc-session" ‖ nonce_d ‖
   nonce_l)``. A peer with another token is refused before it can send a byte of data.
-- frame: a fixed header :data:`FRAME` ``(magic "HCCF", kind, session, tag, length)`` followed
-  by ``length`` bytes. Kinds: DATA (a message), FAIL (``tag`` names a rank the sender saw
-  die; sent on to every other connection once, so every rank learns the dead rank's name
-  even when it never talked to it), BYE (clean close). A receiver checks the magic, the
-  session id and the kind; a DATA frame whose receive is posted must have exactly the posted
-  length, otherwise its length must not exceed ``max_message`` — a violation is a
-  :class:`ProtocolError` before anything is allocated. Never pickle.
+- frame: a fixed header :data:`FRAME` ``(magic "HCCF", kind, session, plan, tag, length)``
+  followed by ``length`` bytes. Kinds: DATA (a message), FAIL (``tag`` names a rank the sender
+  saw die; sent on to every other connection once, so every rank learns the dead rank's name
+  even when it never talked to it), BYE (clean close). ``plan`` is the 32-bit id of the plan
+  the message belongs to (:meth:`~hcc.ir.plan.Plan.wire_id`, set by ``plan.run`` through
+  :meth:`bind_plan`; 0 outside a plan). A receiver checks the magic, the session id and the
+  kind; a DATA frame whose receive is posted must carry that receive's plan id (otherwise the
+  ranks run different plans) and have exactly the posted length; an early one must not exceed
+  the largest message of its plan when it is the plan being run, else ``max_message`` — a
+  violation is a :class:`ProtocolError` before anything is allocated. Never pickle.
 - receive path: a reader thread per connection ``recv_into``'s each frame straight into the
   posted destination memoryview (the numpy buffer); a frame that arrives before its receive is
   posted goes to a holding buffer of exactly its length, taken from the process's
@@ -78,7 +81,7 @@ from .rendezvous import (
 
 __all__ = ["SocketTransport", "connect", "run_local", "ProtocolError", "AuthenticationError", "FRAME"]
 
-FRAME = struct.Struct("!4sB3x8sIQ")  # magic, kind, pad, session id, tag, length: 28 bytes
+FRAME = struct.Struct("!4sB3x8sIIQ")  # magic, kind, pad, session id, plan id, tag, length: 32 bytes
 MAGIC = b"HCCF"
 DATA, FAIL, BYE = 0, 1, 2
 HELLO = struct.Struct("!4sIII32s")  # magic, version, dialer rank, world, nonce
@@ -162,12 +165,12 @@ def accept_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
 
 
 class _Req(Request):
-    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent", "fold", "nbytes")
+    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent", "fold", "nbytes", "plan")
 
-    def __init__(self, peer: int, tag: int, buf: memoryview | None, is_send: bool,
+    def __init__(self, peer: int, tag: int, buf: memoryview | None, is_send: bool, plan: int,
                  fold: Callable[[int, memoryview], None] | None = None, nbytes: int = -1):
         self.done = False
-        self.peer, self.tag, self.buf, self.is_send = peer, tag, buf, is_send
+        self.peer, self.tag, self.buf, self.is_send, self.plan = peer, tag, buf, is_send, plan
         self.sent = 0  # bytes of the frame (header + data) already written by an inline send
         self.fold = fold  # irecv_fold: the callback that consumes the message piece by piece
         self.nbytes = buf.nbytes if buf is not None else nbytes
@@ -193,10 +196,11 @@ _U8 = np.dtype(np.uint8)
 class _Held:
     """A frame that arrived before its receive was posted."""
 
-    __slots__ = ("data", "complete", "waiter")
+    __slots__ = ("data", "complete", "waiter", "plan")
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, plan: int):
         self.data = STAGING.take(nbytes, _U8)  # pooled: no page faults per early frame
+        self.plan = plan
         self.complete = False
         self.waiter: _Req | None = None
 
@@ -228,6 +232,9 @@ class SocketTransport(Transport):
         self.rank, self.world, self.token = rank, world, token
         self.pace_Bps = pace_Bps  # > 0: emulate links of this many bytes/s per connection
         self.addresses, self.timeout, self.max_message = addresses, timeout, max_message
+        # the plan being run (bind_plan): its id goes on every data frame we send, and an early
+        # frame carrying it is bounded by its largest message; 0 = no plan (raw isend/irecv)
+        self._plan, self._plan_max = 0, max_message
         self.store, self._server, self.group = store, server, group
         self._listener = listener
         self._lock = threading.Lock()
@@ -346,11 +353,11 @@ class SocketTransport(Transport):
                 conn.busy = True
             try:
                 if item is None:
-                    sock.sendall(FRAME.pack(MAGIC, BYE, conn.session, 0, 0))
+                    sock.sendall(FRAME.pack(MAGIC, BYE, conn.session, 0, 0, 0))
                     sock.shutdown(socket.SHUT_WR)
                     return
                 if isinstance(item, tuple):  # ("fail", dead rank)
-                    sock.sendall(FRAME.pack(MAGIC, FAIL, conn.session, item[1], 0))
+                    sock.sendall(FRAME.pack(MAGIC, FAIL, conn.session, 0, item[1], 0))
                     continue
                 req: _Req = item
                 data = req.buf
@@ -359,7 +366,7 @@ class SocketTransport(Transport):
                     # seconds and arrives at the end of it (sleeping, so no CPU is used)
                     link_free = max(link_free, time.monotonic()) + data.nbytes / self.pace_Bps
                     time.sleep(max(0.0, link_free - time.monotonic()))
-                header = FRAME.pack(MAGIC, DATA, conn.session, req.tag, data.nbytes)
+                header = FRAME.pack(MAGIC, DATA, conn.session, req.plan, req.tag, data.nbytes)
                 off = req.sent  # > 0: an inline send in isend wrote the first bytes already
                 if off < len(header):
                     off += sock.sendmsg([header[off:], data])
@@ -401,7 +408,7 @@ class SocketTransport(Transport):
                     if k == 0:
                         raise ConnectionError("connection closed" if got == 0 else "connection closed mid-header")
                     got += k
-                magic, kind, session, tag, length = FRAME.unpack(hbuf)
+                magic, kind, session, plan, tag, length = FRAME.unpack(hbuf)
                 if magic != MAGIC or session != conn.session:
                     return self._protocol_error(conn, "bad frame header (magic or session id)")
                 if kind == BYE:
@@ -426,14 +433,19 @@ class SocketTransport(Transport):
                     q = self._posted.get(key)
                     if q:
                         req = q[0]
-                        if req.nbytes != length:
+                        if req.plan != plan:
+                            bad = (f"message tag {tag} belongs to plan {plan:08x}, the posted receive "
+                                   f"to plan {req.plan:08x}: the ranks are running different plans")
+                        elif req.nbytes != length:
                             bad = f"message tag {tag} has {length} bytes, the posted receive expects {req.nbytes}"
                         else:
                             q.popleft()
-                    elif length > self.max_message:  # checked before anything is allocated
-                        bad = f"frame length {length} exceeds the bound of {self.max_message} bytes"
+                    elif length > (bound := self._plan_max if plan == self._plan else self.max_message):
+                        # checked before anything is allocated
+                        bad = (f"frame length {length} exceeds the bound of {bound} bytes"
+                               + (f" (the largest message of plan {plan:08x})" if plan == self._plan else ""))
                     else:
-                        held = _Held(length)
+                        held = _Held(length, plan)
                         self._held.setdefault(key, deque()).append(held)
                 if bad:
                     return self._protocol_error(conn, bad)
@@ -509,7 +521,7 @@ class SocketTransport(Transport):
         buffer takes; the writer finishes the rest). The inline path saves two thread
         hand-offs per message: a 16 MiB chain broadcast in 256 KiB chunks sends 64 frames
         per hop, and each hand-off is a wake-up of a thread that must then win the GIL."""
-        req = _Req(peer, tag, self._bytes_view(data), True)
+        req = _Req(peer, tag, self._bytes_view(data), True, self._plan)
         with self._lock:
             conn = self._get_conn(peer)
             self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
@@ -517,7 +529,7 @@ class SocketTransport(Transport):
         with conn.cv:
             if (not conn.queue and not conn.busy and conn.session and not self.pace_Bps
                     and not self._closing):
-                header = FRAME.pack(MAGIC, DATA, conn.session, tag, req.buf.nbytes)
+                header = FRAME.pack(MAGIC, DATA, conn.session, req.plan, tag, req.buf.nbytes)
                 try:
                     req.sent = conn.sock.sendmsg([header, req.buf], (), socket.MSG_DONTWAIT)
                 except (BlockingIOError, InterruptedError):
@@ -538,7 +550,7 @@ class SocketTransport(Transport):
         buf = self._bytes_view(buf)
         if buf.readonly:
             raise RuntimeFault(f"rank {self.rank}: receive buffer for tag {tag} is read-only")
-        return self._post_recv(_Req(peer, tag, buf, False))
+        return self._post_recv(_Req(peer, tag, buf, False, self._plan))
 
     def irecv_fold(self, peer: int, tag: int, nbytes: int, fold: Callable[[int, memoryview], None]) -> Request:
         """Receive a message of ``nbytes`` bytes without a destination buffer: the connection's
@@ -554,7 +566,7 @@ class SocketTransport(Transport):
         reduction cannot overlap the transfer, and it reads the staging back from memory."""
         if nbytes < 0:
             raise RuntimeFault(f"rank {self.rank}: negative message size {nbytes} for tag {tag}")
-        return self._post_recv(_Req(peer, tag, None, False, fold, nbytes))
+        return self._post_recv(_Req(peer, tag, None, False, self._plan, fold, nbytes))
 
     def _post_recv(self, req: _Req) -> Request:
         peer, tag = req.peer, req.tag
@@ -564,6 +576,10 @@ class SocketTransport(Transport):
             self._get_conn(peer)
             for held in self._held.get(key, ()):
                 if held.waiter is None:
+                    if held.plan != req.plan:
+                        raise ProtocolError(
+                            f"rank {self.rank}: rank {peer} sent tag {tag} of plan {held.plan:08x}, this "
+                            f"rank receives it for plan {req.plan:08x}: the ranks are running different plans")
                     if held.data.nbytes != req.nbytes:
                         raise ProtocolError(
                             f"rank {self.rank}: rank {peer} sent {held.data.nbytes} bytes with tag {tag}, "
@@ -591,6 +607,16 @@ class SocketTransport(Transport):
         self._outstanding[req.peer] -= 1
         if self._track:
             self._completed.append(req)
+
+    def bind_plan(self, plan_id: int, max_message: int) -> None:
+        """Stamp ``plan_id`` on the data frames of the requests posted from now on and check it
+        on arrival (see :meth:`Transport.bind_plan`); an early frame of this plan must not
+        exceed ``max_message`` (nor the transport's own bound), one of another plan (a peer
+        already in its next run) the transport's bound."""
+        if not 0 <= plan_id < 1 << 32:
+            raise RuntimeFault(f"rank {self.rank}: plan id {plan_id} is not a 32-bit id")
+        with self._lock:
+            self._plan, self._plan_max = plan_id, min(int(max_message), self.max_message)
 
     def track_completions(self, on: bool) -> None:
         """Record completed requests for :meth:`wait_completed` (the executor's fast path)."""

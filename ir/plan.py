@@ -373,10 +373,31 @@ class Plan:
         return load(path)
 
     def digest(self) -> str:
-        """A short stable id of the plan (frames on the wire carry it)."""
-        from .serialize import digest
+        """A short stable id of the plan (sha256 of its canonical JSON without the figures,
+        16 hex digits); the sockets transport's frames carry its first 8 digits as the plan
+        id. Computed once per Plan object: a run asks for it every time."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            from .serialize import digest
 
-        return digest(self)
+            cached = digest(self)
+            object.__setattr__(self, "_digest", cached)
+        return cached
+
+    def wire_id(self) -> int:
+        """The 32-bit plan id frames carry: the first 8 hex digits of :meth:`digest`."""
+        return int(self.digest()[:8], 16)
+
+    def largest_message_bytes(self) -> int:
+        """An upper bound on any one message a run of this plan sends: its largest buffer on
+        any rank (a chunk never spans buffers; the adaptive runtime's pieces are slices of
+        them), at least 64 KiB for the adaptive runtime's control messages."""
+        cached = self.__dict__.get("_largest_message")
+        if cached is None:
+            elems = max(max(self.buffer_elems(r).values()) for r in range(self.n))
+            cached = max(elems * self.itemsize, 64 << 10)
+            object.__setattr__(self, "_largest_message", cached)
+        return cached
 
     def summary(self) -> dict:
         from .serialize import summary

@@ -89,7 +89,7 @@ def test_oversized_frame_is_a_protocol_error_without_allocation():
         try:
             req = comm.irecv(0, 7, memoryview(bytearray(16)))
             # 1 TiB claimed for an unposted tag: must be refused, not allocated
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 5, 1 << 40))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0, 5, 1 << 40))
             with pytest.raises(sockets.ProtocolError, match="exceeds the bound of 1048576 bytes"):
                 comm.wait_any([req], 5)
         finally:
@@ -102,7 +102,7 @@ def test_bad_header_and_wrong_length_are_protocol_errors():
         comm, sock, session = _fake_rank0(server)
         try:
             req = comm.irecv(0, 3, memoryview(bytearray(16)))
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 3, 17) + bytes(17))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0, 3, 17) + bytes(17))
             with pytest.raises(sockets.ProtocolError, match="17 bytes, the posted receive expects 16"):
                 comm.wait_any([req], 5)
         finally:
@@ -112,12 +112,68 @@ def test_bad_header_and_wrong_length_are_protocol_errors():
         comm, sock, session = _fake_rank0(server)
         try:
             req = comm.irecv(0, 3, memoryview(bytearray(16)))
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, b"whatever", 3, 16) + bytes(16))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, b"whatever", 0, 3, 16) + bytes(16))
             with pytest.raises(sockets.ProtocolError, match="session id"):
                 comm.wait_any([req], 5)
         finally:
             sock.close()
             comm.close()
+
+
+def test_frames_carry_the_plan_id_and_another_plans_frame_is_refused():
+    # bind_plan stamps the plan id on every data frame and checks it on arrival: a frame of
+    # another plan for a posted receive (the ranks run different plans) is a ProtocolError
+    # naming both ids; an early frame of the bound plan is bounded by its largest message
+    with StoreServer("tok") as server:
+        comm, sock, session = _fake_rank0(server)
+        try:
+            comm.bind_plan(0xABCD1234, 4096)
+            out = comm.isend(0, 9, memoryview(bytes(8)))
+            head = bytearray(sockets.FRAME.size)
+            sock.settimeout(5)
+            got = 0
+            while got < len(head):
+                got += sock.recv_into(memoryview(head)[got:])
+            _, kind, _, plan, tag, length = sockets.FRAME.unpack(head)
+            assert (kind, plan, tag, length) == (sockets.DATA, 0xABCD1234, 9, 8)
+            comm.wait_any([out], 5)
+            req = comm.irecv(0, 3, memoryview(bytearray(16)))
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0x0BAD0BAD, 3, 16) + bytes(16))
+            with pytest.raises(sockets.ProtocolError, match="plan 0bad0bad.*plan abcd1234.*different plans"):
+                comm.wait_any([req], 5)
+        finally:
+            sock.close()
+            comm.close()
+    with StoreServer("tok") as server:
+        comm, sock, session = _fake_rank0(server)
+        try:
+            comm.bind_plan(0xABCD1234, 4096)
+            req = comm.irecv(0, 7, memoryview(bytearray(16)))
+            # an unposted tag of this plan, larger than the plan's largest message
+            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0xABCD1234, 5, 8192))
+            with pytest.raises(sockets.ProtocolError, match="bound of 4096 bytes.*plan abcd1234"):
+                comm.wait_any([req], 5)
+        finally:
+            sock.close()
+            comm.close()
+
+
+def test_ranks_running_different_plans_fail_clearly_instead_of_mixing_data():
+    # same shape, same tags, different schedules' ids: rank 1 must refuse rank 0's frames
+    # rather than reduce them into its buffer as if they were its own plan's
+    a = ring_allreduce(2, 1024, "float32", "sum")
+    b = ring_allreduce(2, 1024, "float32", "max")
+    assert a.wire_id() != b.wire_id()
+    ins = make_inputs(a, 1)
+
+    def run_a(c):
+        return a.run(c, ins[0], timeout=5)
+
+    def run_b(c):
+        return b.run(c, ins[1], timeout=5)
+
+    res, errs = _pair(run_a, run_b, timeout=5)
+    assert any(isinstance(e, sockets.ProtocolError) and "different plans" in str(e) for e in errs), errs
 
 
 def _pair(fn0, fn1, timeout=10):
@@ -204,7 +260,7 @@ def test_failure_gossip_never_lands_inside_a_partly_written_frame():
     t = object.__new__(sockets.SocketTransport)
     t._lock, t._forwarded, t._closing = threading.Lock(), set(), False
     view = memoryview(bytearray(64))
-    started, fresh, waiting = (sockets._Req(1, 7, view, True) for _ in range(3))
+    started, fresh, waiting = (sockets._Req(1, 7, view, True, 0) for _ in range(3))
     started.sent = 10
     t._conns = {1: Conn([started, waiting]), 2: Conn([fresh]), 3: Conn([]), 4: Conn([])}
     t._gossip(4)

@@ -47,7 +47,7 @@ class _Recorder:
 
 
 def _frame(session: bytes, tag: int, payload: bytes) -> bytes:
-    return sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, tag, len(payload)) + payload
+    return sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0, tag, len(payload)) + payload
 
 
 def test_posted_fold_gets_consecutive_bounded_pieces_in_the_reader():
