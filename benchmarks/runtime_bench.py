@@ -108,7 +108,7 @@ MPI_PORT = "8 GB/s, 100 us"
 #   auto, but 0.73x in the 7-rep run, at 302 ms CPU against auto's 233-252 ms and gloo's
 #   224 ms: on a machine this loaded the CPU a schedule costs decides, so auto is kept. At
 #   16 MiB the chunked ring lost outright (1 MiB: 0.43x; 512 KiB: 0.54x; direct 0.70x).
-# Re-measured in place (session 3, 5-6 interleaved reps, load average 2-4): broadcast 16 MiB
+# Re-measured in place (commit 5eda763, 5-6 interleaved reps, load average 2-4): broadcast 16 MiB
 #   direct 1.05x, the compiler's ring 0.90x, 4 MiB chunks 0.93x; allreduce one chunk per ring
 #   step 0.98-1.04x at 64 MiB against 0.95-0.99x for 2, 4 or 8 MiB chunks (which cost up to
 #   30 ms more CPU) and 1.01x for direct. The table stands.
