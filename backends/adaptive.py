@@ -76,7 +76,7 @@ from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
 from .agreement import EventLog, Tail, log_group
 from .base import CollectiveTimeout, RankFailed, RootFailed, RuntimeFault, Transport
 from .kernels import STAGING, reduce_into, scale_into
-from .repair import arrival_parents, bfs_order, repair_parents, subtree
+from .repair import arrival_parents, bfs_order, relay_parents, repair_parents, subtree
 
 __all__ = ["AdaptiveResult", "run", "wants", "adaptive_on", "KINDS", "DEFAULT_ON", "close_session",
            "AdaptiveUnsupported"]
@@ -193,8 +193,10 @@ class _Session:
         # when the communicator goes, the session closes with it
         self._comm = weakref.ref(comm)
         group = log_group(getattr(comm, "group", None) or "hcc")
-        self.log = EventLog(store.address, token, group, timeout=min(getattr(comm, "timeout", 30.0), 30.0))
-        self.tail = Tail(self.log, token, wake=self.wake)
+        self.log = EventLog(store.address, token, group, timeout=min(getattr(comm, "timeout", 30.0), 30.0),
+                            world=comm.world)
+        # the tail reads as rank comm.rank: writers reuse a ring slot only once it has read it
+        self.tail = Tail(self.log, token, wake=self.wake, rank=comm.rank)
         self.runs = 0
         self.abort_runs = 0
         self.reported: set[int] = set()
@@ -246,7 +248,7 @@ def _wait(comm: Transport, session: _Session, reqs: list, timeout: float, seen: 
     (``Transport.wait_change``: unlike ``wait_any`` it does not raise for a dead peer)."""
     tail = session.tail
     return comm.wait_change(reqs, timeout, ignore=frozenset(known_dead),
-                            woken=lambda: len(tail.events) != seen or tail.error is not None)
+                            woken=lambda: tail.length != seen or tail.error is not None)
 
 
 # --------------------------------------------------------------------------- flows
@@ -266,11 +268,20 @@ class _Flow:
     have: np.ndarray = None  # down: contributor key of the valid value, -1 = none
     part: list = None  # up: int bitmask of ranks covered by the partial of chunk c, 0 = none
     acc: list = None  # up: the partial of chunk c (None: it is this rank's input itself)
+    # star flows over every member (allreduce in arrival order, _Run.star_all), kept across
+    # generations: a member's piece is its own input whatever the generation, so it moves once
+    # per owner, not once per generation
+    pieces: list = None  # owner, on_failure = continue: chunk c -> {rank: its piece}
+    rposted: list = None  # owner: chunk c -> ranks whose piece has a receive posted (or is in)
+    sent_to: list = None  # member: chunk c -> the owner its piece went to (-1: not sent)
 
     def __post_init__(self):
         self.have = np.full(len(self.chunks), -1, dtype=np.int64)
         self.part = [0] * len(self.chunks)
         self.acc = [None] * len(self.chunks)
+        self.pieces = [{} for _ in self.chunks]
+        self.rposted = [set() for _ in self.chunks]
+        self.sent_to = [-1] * len(self.chunks)
 
 
 def _split(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
@@ -395,6 +406,7 @@ class _View:
     arrivals: list[int] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
     dead_before_arrival: set[int] = field(default_factory=set)
+    arrived_at: dict[int, float] = field(default_factory=dict)  # rank -> its "at" (wall clock)
     done: dict[int, set] = field(default_factory=dict)  # generation -> ranks done in it
     finished: bool = False
     pos: int = 0  # events folded
@@ -423,7 +435,10 @@ class _Run:
         self.rooted = plan.kind in ROOTED_KINDS
         # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included
         self.flows = _flows(plan, static, ce, ce if explicit_chunk else None)
-        self.view = _View()
+        # the local copy of the log keeps only what this run can need: the deaths so far and
+        # the events from the first one not of a finished run (agreement.Tail.compact)
+        base, dead = session.tail.compact(self.run_id)
+        self.view = _View(dead=list(dead), dead_before_arrival=set(dead), pos=base)
         self.gen = -1
         self.first_gen = None
         self.pending: list[_Pending] = []
@@ -456,6 +471,8 @@ class _Run:
                     v.base_gen = len(v.dead)
                 if ev["rank"] not in v.arrivals and ev["rank"] not in v.dead:
                     v.arrivals.append(int(ev["rank"]))
+                    if "at" in ev:
+                        v.arrived_at[int(ev["rank"])] = float(ev["at"])
             elif t == "done":
                 v.done.setdefault(int(ev["gen"]), set()).add(int(ev["rank"]))
             g = len(v.dead)
@@ -491,12 +508,39 @@ class _Run:
         if self.kind != "allreduce" or f.static_parent is not None:
             return f.root
         cand = self.first_arrivals()
-        i = f.root  # the block index
+        r = self._block_owner(cand, f.root)
+        if r < 0 or not self.star_all(f) or r not in self.view.dead:
+            return r
+        return self.star_heir(cand, f)
+
+    def _block_owner(self, cand: list[int], i: int) -> int:
+        """The owner of block ``i`` before any death: the ``i``-th arrival."""
         if i < len(cand):
             return cand[i]
         if cand and self.up_complete():  # fewer ranks than blocks will ever arrive
             return cand[i % len(cand)]
         return -1
+
+    def star_heir(self, cand: list[int], f: _Flow) -> int:
+        """Who owns star block ``f`` now that its owner is dead: a live rank that owns no block
+        (with n-1 blocks, the last rank to arrive: it had only streamed its input up), so that no survivor's link carries two blocks' results; when none is
+        left, the live owners in turn. The ``j``-th block to lose its owner (in the order the
+        owners died) takes the ``j``-th such rank; -1 while that rank has not arrived yet.
+        A function of the log prefix, so every rank picks the same heir."""
+        dead = self.view.dead
+        blocks = [g for g in self.flows if g.star]
+        owner = {g.fid: self._block_owner(cand, g.root) for g in blocks}
+        orphans = sorted((g for g in blocks if owner[g.fid] in dead),
+                         key=lambda g: (dead.index(owner[g.fid]), g.fid))
+        j = [g.fid for g in orphans].index(f.fid)
+        owned = set(owner.values())
+        spare = [x for x in cand if x not in owned and x not in dead]
+        if j < len(spare):
+            return spare[j]
+        if not self.up_complete():
+            return -1  # a rank that owns nothing may still arrive
+        live = [x for x in cand if x not in dead]
+        return live[(j - len(spare)) % len(live)] if live else -1
 
     def up_complete(self) -> bool:
         """Every rank that will contribute has arrived (or died)."""
@@ -559,7 +603,10 @@ class _Run:
         if self.rooted and self.plan.root in dead:
             raise RootFailed(self.plan.root, by=self.rank, detail="the root died; on_failure = continue "
                              "cannot deliver a rooted collective without it")
-        self.pending = [p for p in self.pending if p.what == "send" and p.peer not in dead]
+        # a star piece is its sender's input in every generation: its receive (posted once per
+        # owner, member and chunk, with a generation-free tag) is kept while both live
+        self.pending = [p for p in self.pending if p.peer not in dead and (
+            p.what == "send" or (p.what == "up" and self.star_all(self.flows[p.flow])))]
         self.g = {}  # per-flow state of this generation
         for f in self.flows:
             self.g[f.fid] = {"root_dead": f.root in dead, "have_sent": False, "need_got": None,
@@ -587,8 +634,61 @@ class _Run:
                 st["kid_sub"] = {k: sum(1 << r for r in subtree(par, k)) for k in st["up_kids"]}
             if f.down:
                 par, root = self.shape(f, f.members, self.base_root(f))
+                if self.star_all(f) and root >= 0 and self.up_complete():
+                    par = self.star_down_parents().get(f.fid, par)
                 st["down_parent"], st["down_root"] = par, root
                 st["down_kids"] = [c for c, p in enumerate(par) if p == me]
+
+    def _uplinks(self) -> list[float]:
+        """Bytes/s each rank's vertex can send (the plan topology's links out of it)."""
+        if getattr(self, "_caps", None) is None:
+            out: dict[str, float] = {}
+            for link in self.plan.topology.links:
+                out[link.src] = out.get(link.src, 0.0) + link.capacity
+            self._caps = [out.get(v, 0.0) or 1.0 for v in self.plan.ranks]
+        return self._caps
+
+    def star_down_parents(self) -> dict[int, tuple[int, ...]]:
+        """The down trees of the star blocks once every rank has arrived: a star, except where
+        an owner's link would finish late. Late arrivals (Hoplite's case) leave an owner that
+        arrived shortly before the last rank with its own pieces still to push when the
+        results start; its link then carries those *and* n-1 copies of its block, and every
+        rank waits for it (measured on the emulated star: 1.33x of last arrival + one hop with
+        the last two ranks 0.01 s apart). So each rank's link is given a load in seconds after
+        the last arrival — what it still had to push (its pieces' bytes over its uplink,
+        less the time since it arrived) plus one block per direct child — and, while the most
+        loaded owner has a child ``y`` whose load stays below its own after taking one more
+        child, one of the owner's other children moves under ``y`` (``y`` relays the block to
+        it) — backends/repair.relay_parents. Each move shifts one block's copy from a busy
+        link to a less busy one (with nobody late, the rank that owns nothing relays a few).
+        A function of the log (arrival order, each arrival's clock) and the plan, so every
+        rank builds the same trees; cached per generation and arrival count. Measured
+        (fault_bench --netem, 3 staggered reps): 1.28x of ideal with 4 MiB chunks and 1.23x
+        with 1 MiB, against 1.24x / 1.24x before and 1.37x for static in the same run: the
+        byte-count model does not see that an early owner's link is itself saturated by its
+        own results while the last rank's pieces stream in, so the target (1.2x) is still
+        missed."""
+        v = self.view
+        key = (self.gen, len(v.arrivals), len(v.dead))
+        if getattr(self, "_relay_key", None) == key:
+            return self._relay
+        self._relay_key, self._relay = key, {}
+        dead = set(v.dead)
+        live = [r for r in range(self.n) if r not in dead]
+        flows = [f for f in self.flows if self.star_all(f)]
+        if any(r not in v.arrived_at for r in live) or len(live) < 3:
+            return self._relay
+        caps = self._uplinks()
+        item = self.plan.itemsize
+        size = [(f.chunks[-1][1] - f.chunks[0][0]) * item for f in flows]
+        roots = [self.base_root(f) for f in flows]
+        if any(r < 0 or r in dead for r in roots):
+            return self._relay
+        trees = relay_parents(roots, size, [caps[r] for r in range(self.n)], v.arrived_at, live, self.n)
+        for f, par in zip(flows, trees):
+            if par is not None:
+                self._relay[f.fid] = par
+        return self._relay
 
     # ---- helpers -------------------------------------------------------------------------
     def valid_mask(self, f: _Flow) -> np.ndarray:
@@ -646,8 +746,13 @@ class _Run:
             if st["root_dead"] and not f.up:
                 continue  # allgather/gather: the owner of this block is dead (missing)
             if f.up and self.rank in self.contrib:
-                self.step_up(f, st)
+                if self.star_all(f):
+                    self.step_up_star(f, st)
+                else:
+                    self.step_up(f, st)
             if f.down and self.rank in f.members:
+                if self.star_all(f) and not self.up_complete():
+                    continue  # a star block's down tree is fixed once everyone arrived
                 self.step_down(f, st)
 
     def step_down(self, f, st) -> None:
@@ -758,6 +863,75 @@ class _Run:
             if c not in st["up_sent"] and st["up_from"][c] >= kids:
                 self.deliver_up(f, st, c)
 
+    def star_tag(self, f, c) -> int:
+        # generation field 0 whatever the generation: a piece never changes, so a receive
+        # posted before a death still matches the piece sent before it (no re-send)
+        return tag(self.run_id, 0, PH_UP, f.fid, c)
+
+    def rereduce(self, f, c: int) -> None:
+        """Owner: rebuild partial ``c`` from this rank's input and the pieces it holds from
+        live contributors — a death costs local reductions, not a second trip of the pieces."""
+        a, b = f.chunks[c]
+        keep = {r: x for r, x in f.pieces[c].items() if (self.contrib_mask >> r) & 1}
+        for r in set(f.pieces[c]) - set(keep):
+            STAGING.give(f.pieces[c][r])
+        f.pieces[c] = keep
+        f.part[c] = 1 << self.rank
+        if not keep:
+            f.acc[c] = None
+            return
+        acc = f.acc[c] if f.acc[c] is not None else STAGING.take(b - a, self.inp.dtype)
+        acc[...] = self.inp[a:b]
+        for r in sorted(keep):
+            reduce_into(self.op, self.plan.dtype, acc, keep[r])
+            f.part[c] |= 1 << r
+        f.acc[c] = acc
+
+    def step_up_star(self, f, st) -> None:
+        """The up half of a star over every member (allreduce in arrival order). A member
+        sends each chunk of its input to the block's owner once per owner (again only when the
+        owner died and an heir took the block). The owner posts one receive per member and
+        chunk for the whole run, keeps the pieces (``on_failure = continue``; about M of
+        staging per owner: n-1 pieces of M/(n-1)), reduces them as they come, and after a death
+        re-reduces locally what it holds from the survivors (:meth:`rereduce`); a chunk is
+        final once its partial covers every contributor. No NEED messages in any generation."""
+        me, root = self.rank, st["up_root"]
+        if root < 0:
+            return
+        n_ch = len(f.chunks)
+        if me != root:
+            if st["my_need"] is None:
+                st["my_need"] = np.ones(n_ch, dtype=bool)
+            for c in range(n_ch):
+                if f.sent_to[c] != root:
+                    f.sent_to[c] = root
+                    a, b = f.chunks[c]
+                    req = self.comm.isend(root, self.star_tag(f, c), memoryview(self.inp[a:b]).cast("B"))
+                    self.pending.append(_Pending(req, "send", f.fid, c, root, None))
+                    self.stats["pieces_sent"] = self.stats.get("pieces_sent", 0) + 1
+                st["up_sent"].add(c)
+            return
+        if st["my_need"] is None:
+            for c in range(n_ch):
+                if f.part[c] == 0:
+                    f.part[c] = 1 << me  # nothing held yet: the partial is this rank's input
+                elif f.part[c] & ~self.contrib_mask:
+                    self.rereduce(f, c)  # it included a rank that died
+            st["my_need"] = ~self.valid_mask(f)
+        need = st["my_need"]
+        dead = set(self.view.dead)
+        for c in np.flatnonzero(need):
+            c = int(c)
+            for k in st["up_kids"]:
+                if k not in dead and k not in f.rposted[c] and not (f.part[c] >> k) & 1:
+                    f.rposted[c].add(k)
+                    a, b = f.chunks[c]
+                    staging = STAGING.take(b - a, self.inp.dtype)
+                    req = self.comm.irecv(k, self.star_tag(f, c), memoryview(staging).cast("B"))
+                    self.pending.append(_Pending(req, "up", f.fid, c, k, staging))
+            if c not in st["up_sent"] and f.part[c] == st["my_sub"]:
+                self.deliver_up(f, st, c)
+
     # ---- completions -----------------------------------------------------------------------
     def complete(self, p: _Pending) -> None:
         if p.what == "send":
@@ -779,6 +953,23 @@ class _Run:
             self.out[a:b] = p.staging
             STAGING.give(p.staging)
             f.have[p.chunk] = self.down_key(f)
+        elif self.star_all(f):  # a member's piece of a star block this rank owns
+            c, keep = p.chunk, not self.abort_mode
+            if (self.contrib_mask >> p.peer) & 1 and not (f.part[c] >> p.peer) & 1:
+                if keep:  # kept for a re-reduction after a death (rereduce)
+                    f.pieces[c][p.peer] = p.staging
+                if f.acc[c] is None:
+                    acc = p.staging
+                    if keep:
+                        acc = STAGING.take(b - a, self.inp.dtype)
+                        acc[...] = p.staging
+                    reduce_into(self.op, self.plan.dtype, acc, self.inp[a:b])
+                    f.acc[c] = acc
+                else:
+                    reduce_into(self.op, self.plan.dtype, f.acc[c], p.staging)
+                    if not keep:
+                        STAGING.give(p.staging)
+                f.part[c] |= 1 << p.peer
         else:  # "up": a child's partial
             if f.acc[p.chunk] is None:
                 # the first child's chunk becomes the partial: staging (op)= input, no copy
@@ -947,11 +1138,14 @@ class _Run:
             self.run_static()
             return
         self.s.greet(self.comm)
-        self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank})
+        # "t": this rank's wall clock at arrival — the star allreduce's down trees weigh how
+        # much of its input each rank still had to push when the last one arrived
+        # (_Run.star_down_parents; one machine's clock here, NTP-synchronised hosts elsewhere)
+        self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank, "at": time.time()})
         self.stats["path"] = "adaptive"
         last = time.monotonic()
         while True:
-            seen = len(self.s.tail.events)
+            seen = self.s.tail.length
             before = (len(self.view.arrivals), len(self.view.dead))
             self.fold()
             if "all_arrived_s" not in self.stats and len(self.view.arrivals) + len(self.view.dead) >= self.n:
@@ -992,7 +1186,7 @@ class _Run:
                 self.pending = [p for p in self.pending if id(p) not in ids]
                 for p in batch:
                     self.complete(p)
-            elif len(self.s.tail.events) != seen:
+            elif self.s.tail.length != seen:
                 last = now
             elif now - last > self.timeout:
                 waiting = [p for p in live if p.what != "send"] or live
@@ -1023,6 +1217,11 @@ class _Run:
         res.dead = tuple(sorted(dead))
         res.generation = self.gen
         res.stats = dict(self.stats)
+        if any(self.star_all(f) for f in self.flows):  # star blocks this rank owned at the end
+            res.stats["owns"] = sum(1 for f in self.flows if self.g[f.fid].get("up_root") == self.rank)
+            # blocks whose result this rank relayed to others (star_down_parents)
+            res.stats["relays"] = sum(1 for f in self.flows if self.g[f.fid].get("down_kids")
+                                      and self.g[f.fid].get("down_root") != self.rank)
         return res
 
 
@@ -1127,7 +1326,7 @@ class Outcome:
 
 def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 300.0,
               wrap: Callable[[int, list[str]], list[str]] | None = None, hosts: Sequence[str] | None = None,
-              store_host: str = "127.0.0.1") -> list[Outcome]:
+              store_host: str = "127.0.0.1", store_keys: list | None = None) -> list[Outcome]:
     """Run ``cases`` in order on ``plan.n`` local processes over sockets; SIGKILLed ranks are
     expected (the outcomes say who died), not errors.
 
@@ -1135,7 +1334,9 @@ def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 
     it listens on and ``store_host`` where the launcher serves the rendezvous store — the
     keywords of ``backends/launch.run_cases_local``, so ``Netem.launch_kwargs(plan.ranks)``
     runs every rank in its ``hcc netem`` namespace (call this inside
-    ``with emulation.inside(plan.ranks[0]):`` so the store's socket is made there)."""
+    ``with emulation.inside(plan.ranks[0]):`` so the store's socket is made there).
+    ``store_keys``: a list that receives every key the launcher's store holds when the job
+    ends (the agreement log's footprint, tests/runtime/test_late.py)."""
     import json
     import os
     import secrets
@@ -1187,6 +1388,11 @@ def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 
                     if p.poll() is None:
                         p.kill()
                     p.wait()
+                if store_keys is not None:
+                    # the store has no list operation (its clients only need named keys); the
+                    # launcher serves it in this process and reads its table directly
+                    with store._cond:
+                        store_keys.extend(sorted(store._data))
         results = []
         for r in range(world):
             path = job / f"result{r}.json"
@@ -1225,7 +1431,7 @@ def _barrier(comm: Transport, name: str, timeout: float) -> None:
         for d in _transport_dead(comm) - sess.reported:
             sess.reported.add(d)
             sess.log.report_dead(d)
-        dead = {e["rank"] for e in sess.tail.snapshot() if e.get("t") == "dead"}
+        dead = set(sess.tail.dead())
         try:
             sess.log.client.wait(key, comm.world - len(dead), 0.1)
             return

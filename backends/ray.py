@@ -712,7 +712,7 @@ class _GroupImpl:
             from .agreement import EventLog, log_group
 
             if self._log is None:
-                self._log = EventLog(self.server.address, self.token, log_group(_SOCKETS_GROUP))
+                self._log = EventLog(self.server.address, self.token, log_group(_SOCKETS_GROUP), world=self.world)
             self._log.report_dead(r)
 
     async def size(self) -> int:
@@ -873,7 +873,7 @@ class ActorGroup:
                       "replaces it")
         actors = self.actors[:n]
         session = uuid.uuid4().hex
-        with _Coordinator(gone) as coord:
+        with _Coordinator(gone, n) as coord:
             plan_ref = ray.put(plan)
             # Non-roots of broadcast and scatter own no input (the executor uses zeros): not
             # shipping theirs saves (n-1) x size of object store, 3.3 GiB for dgx1's broadcast.
@@ -977,8 +977,8 @@ class _Coordinator:
     Ranks known dead before the call get an address that refuses connections (a port bound
     and closed here), so the others' dials fail at once, and a ``dead`` event in the log."""
 
-    def __init__(self, gone: Sequence[int]):
-        self.gone = list(gone)
+    def __init__(self, gone: Sequence[int], world: int):
+        self.gone, self.world = list(gone), world  # world: the plan's ranks (sizes the log ring)
         self.address = self.token = None
         self._server = self._log = None
         self.first: list[int] = []  # deaths this driver appended before any rank did
@@ -991,7 +991,7 @@ class _Coordinator:
         self._server = StoreServer(self.token, "127.0.0.1", 0)
         self.address = self._server.address
         try:
-            self._log = EventLog(self.address, self.token, log_group(_SOCKETS_GROUP), timeout=30.0)
+            self._log = EventLog(self.address, self.token, log_group(_SOCKETS_GROUP), timeout=30.0, world=self.world)
             for d in self.gone:
                 self.report_dead(d)
             self.first.clear()  # those were known before the call, not noticed in it

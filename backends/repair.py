@@ -16,6 +16,9 @@ Terms
 - arrival tree (Hoplite sec. 4.2, late arrivals): the ranks in the order they became ready,
   the root first, laid out as a ``k``-ary heap: position ``i``'s parent is position
   ``(i-1)//k``. Ranks that arrive first take the interior positions; late ranks are leaves.
+- relay tree (late arrivals in a star allreduce): a block's owner sends the result to each
+  other rank directly (a star), except that a child ``y`` may relay it to some of the others
+  when the owner's link is the busier one (:func:`relay_parents`).
 - residual plan: the collective over the survivors only, lowered from the repaired trees by the
   compiler's own lowering (compiler/lower.py) — an ir Plan that ir/verify.py can check, which
   is how the tests show that a repair is still a correct schedule.
@@ -35,7 +38,7 @@ from ..ir.plan import Plan, Tree
 
 __all__ = [
     "RootLost", "repair_parents", "repair_tree", "arrival_parents", "subtree", "bfs_order",
-    "ancestors", "residual_plan",
+    "ancestors", "residual_plan", "relay_parents",
 ]
 
 
@@ -203,3 +206,65 @@ class _Spec:
     on_failure: str = "abort"
     adaptive: bool | None = None
     peers: str | None = None
+
+
+def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence[float],
+                  arrived_at: dict, live: Sequence[int], n: int) -> list[tuple[int, ...] | None]:
+    """Down trees for star blocks ``i`` (owner ``roots[i]``, ``sizes[i]`` bytes) once every
+    rank of ``live`` has arrived (``arrived_at[r]``: its clock, seconds): ``None`` where the
+    star stays, else a parent array in which some children receive the block from a relay.
+
+    Each rank's link gets a load, in seconds after the last arrival: what it still had to
+    push then (the bytes of its pieces of the blocks it does not own over ``uplink[r]``,
+    less the time since it arrived), plus one block per direct child. While an owner has a
+    direct child ``y`` whose load after taking one more child stays half a block below the
+    owner's, another of the owner's leaf children moves under ``y``: one copy of the block
+    leaves the owner's link for ``y``'s. Most loaded owners first; bounded by n² x blocks
+    moves. Even with nobody late a star is uneven — an owner pushes n-2 pieces and sends n-1
+    copies, the rank that owns nothing only pushes n-1 pieces — so that rank relays a copy:
+
+    >>> relay_parents([0, 1, 2], [100, 100, 100], [100.0] * 4, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0},
+    ...               [0, 1, 2, 3], 4)
+    [(-1, 0, 3, 0), None, None]
+
+    Ranks 2 and 3 arrive 3 s after 0 and 1: owner 2 still has 2 s of pieces to push, so rank
+    0, idle by then, relays its block to rank 3:
+
+    >>> relay_parents([0, 1, 2], [100, 100, 100], [100.0] * 4, {0: 0.0, 1: 0.0, 2: 3.0, 3: 3.0},
+    ...               [0, 1, 2, 3], 4)
+    [None, None, (2, 2, -1, 0)]
+    """
+    blocks = range(len(roots))
+    load = {}
+    last = max(arrived_at[r] for r in live)
+    for r in live:
+        push = sum(sizes[i] for i in blocks if roots[i] != r) / uplink[r]
+        load[r] = max(0.0, push - (last - arrived_at[r]))
+    parent = [{k: roots[i] for k in live if k != roots[i]} for i in blocks]
+    for i in blocks:
+        load[roots[i]] += len(parent[i]) * sizes[i] / uplink[roots[i]]
+    for _ in range(n * n * max(1, len(roots))):
+        moved = False
+        for o in sorted(set(roots), key=lambda r: (-load[r], r)):
+            for i in (j for j in blocks if roots[j] == o):
+                par = parent[i]
+                direct = [k for k, p in par.items() if p == o]
+                relays = {p for p in par.values() if p != o}
+                if len(direct) < 2:
+                    continue
+                y = min(direct, key=lambda r: (load[r], r))
+                leaves = [k for k in direct if k not in relays and k != y]
+                if not leaves or load[y] + sizes[i] / uplink[y] > load[o] - sizes[i] / uplink[o] / 2:
+                    continue
+                x = max(leaves, key=lambda r: (load[r], r))
+                par[x] = y
+                load[o] -= sizes[i] / uplink[o]
+                load[y] += sizes[i] / uplink[y]
+                moved = True
+                break
+            if moved:
+                break
+        if not moved:
+            break
+    return [tuple(parent[i].get(r, -1) for r in range(n)) if any(p != roots[i] for p in parent[i].values())
+            else None for i in blocks]

@@ -242,7 +242,7 @@ def _build_jobs(a, n: int, plans: dict, small: dict) -> tuple[list, list]:
     job: list = [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False))]
     for rep in range(a.reps):
         job.append(("hop", Case(plans["allreduce"], seed=rep, engine="hop", save=False)))
-        for kind in KINDS:
+        for kind in a.kinds:
             delays = tuple(float(d) for d in rng.uniform(0, a.stagger, n))
             for eng, kw in _engines(plans, kind, a.netem).items():
                 job.append((f"{kind}/none/{eng}", Case(seed=rep, save=False, **kw)))
@@ -251,18 +251,18 @@ def _build_jobs(a, n: int, plans: dict, small: dict) -> tuple[list, list]:
                 job.append((f"{kind}/stagger/{eng}", Case(seed=rep, delays=delays, save=rep == 0, **kw)))
     small_job: list = [(None, Case(small["allreduce_default"], seed=0, save=False))]
     for rep in range(a.small_reps):
-        for kind in KINDS:
+        for kind in a.kinds:
             small_job.append((f"{kind}/1MiB/default", Case(small[f"{kind}_default"], seed=rep, save=False)))
             small_job.append((f"{kind}/1MiB/static", Case(small[kind], seed=rep, engine="static", save=False)))
     return job, small_job
 
 
-def _kill_jobs(n: int, plans: dict, kill_at: dict, reps: int = 1) -> list:
+def _kill_jobs(n: int, plans: dict, kill_at: dict, reps: int = 1, kinds=KINDS) -> list:
     """Per rep, one job per kind (a killed rank stays dead for its job): warm-up, no failure,
     then the victim SIGKILLs itself after ``kill_at[kind] = (rank, data chunks)``."""
     jobs = []
     for rep in range(reps):
-        for kind, seed in (("allreduce", 99), ("broadcast", 98)):
+        for kind, seed in ((k, v) for k, v in (("allreduce", 99), ("broadcast", 98)) if k in kinds):
             seed += 1000 * rep
             jobs.append([(None, Case(plans[kind], seed=0, adaptive=True, save=False)),
                          (f"{kind}/none/adaptive-k", Case(plans[kind], seed=seed, adaptive=True)),
@@ -284,7 +284,7 @@ def _rows(a, med: dict, meta: dict) -> list[dict]:
         rows.append(dict(case=case, seconds=t, reference_s=ref, ratio=t / ref, target=target,
                          cpu_share=cpu(label), ref_cpu_share=cpu(ref_label) if ref_label else None))
 
-    for kind in KINDS:
+    for kind in a.kinds:
         if f"{kind}/kill/adaptive" in med:
             row(f"{kind}: one failure vs none (adaptive)", f"{kind}/kill/adaptive",
                 med[f"{kind}/none/adaptive-k"], "<= 1.5 + detection", f"{kind}/none/adaptive-k")
@@ -329,8 +329,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-reps", type=int, default=1, help="reps of the failure jobs (one job each)")
     ap.add_argument("--only-failure", action="store_true",
                     help="only the failure jobs (the kill point counted in a no-failure run first)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="comma-separated subset of broadcast,allreduce (default both)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    a.kinds = tuple(k for k in KINDS if k in a.kinds.split(","))
     n = a.ranks
     size = a.size_mib << 20
     if a.small_reps is None:
@@ -356,7 +359,7 @@ def main(argv=None) -> int:
 
     if a.only_failure:  # a short job that only counts the victims' data chunks
         job = [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False))] + [
-            (f"{k}/none/adaptive", Case(plans[k], seed=1, adaptive=True, save=False)) for k in KINDS]
+            (f"{k}/none/adaptive", Case(plans[k], seed=1, adaptive=True, save=False)) for k in a.kinds]
         small_job = []
 
     def run_all(emu) -> None:
@@ -370,9 +373,9 @@ def main(argv=None) -> int:
             # half-way through the victim's own data chunks (sent + received), counted in
             # this job's no-failure adaptive runs
             kill_at = {k: (v, max(1, int(statistics.median(
-                c[v] for c in meta[f"{k}/none/adaptive"]["data_chunks"]) // 2))) for k, v in victims.items()}
+                c[v] for c in meta[f"{k}/none/adaptive"]["data_chunks"]) // 2))) for k, v in victims.items() if k in a.kinds}
         info["kill_at"] = kill_at
-        for j in _kill_jobs(n, plans, kill_at, a.kill_reps):
+        for j in _kill_jobs(n, plans, kill_at, a.kill_reps, a.kinds):
             _run_job(j, results, meta, emu, jobs)
             print(f"job of {len(j)} cases done ({time.time() - t0:.0f} s)", flush=True)
 
@@ -406,6 +409,15 @@ def main(argv=None) -> int:
     if a.netem:
         print("cpu = the busiest rank's CPU time / its wall time (median over reps); refcpu the same for the "
               "reference case; machine busy per job: " + ", ".join(str(j["machine_busy"]) for j in jobs))
+    for kind in a.kinds:  # what a death costs in traffic: data chunks a survivor sent + received
+        none, kill = meta.get(f"{kind}/none/adaptive-k"), meta.get(f"{kind}/kill/adaptive")
+        if none and kill:
+            dead = set(kill.get("died", []))
+
+            def per_survivor(runs):
+                return statistics.median(c for run in runs for r, c in run.items() if int(r) not in dead)
+            print(f"{kind}: data chunks per survivor (median), no failure {per_survivor(none['data_chunks']):g}, "
+                  f"one failure {per_survivor(kill['data_chunks']):g}")
     fast = {k: v.get("paths") for k, v in meta.items() if "/default" in k}
     print("default runs' executor per rep (static = fast path taken):")
     for k, v in fast.items():

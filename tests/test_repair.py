@@ -12,6 +12,7 @@ from hcc.backends.repair import (
     ancestors,
     arrival_parents,
     bfs_order,
+    relay_parents,
     repair_parents,
     repair_tree,
     residual_plan,
@@ -169,3 +170,54 @@ def test_adaptive_defaults_on_for_sockets_and_ray_off_for_mpi_and_off_forces_sta
     assert not wants(big, Comm("sockets"), {})
     big.n = MAX_FLOWS
     assert wants(big, Comm("sockets"), {})
+
+
+def _link_loads(trees, roots, sizes, uplink, arrived_at, live):
+    """Seconds each live rank's link is busy after the last arrival: pieces it still had to
+    push (bytes of the blocks it does not own / uplink, less the time since it arrived) plus
+    one block per child it sends the block to — computed here from the trees themselves."""
+    last = max(arrived_at[r] for r in live)
+    load = {}
+    for r in live:
+        push = sum(s for i, s in enumerate(sizes) if roots[i] != r) / uplink[r]
+        load[r] = max(0.0, push - (last - arrived_at[r]))
+        load[r] += sum(sizes[i] * sum(1 for p in par if p == r) for i, par in enumerate(trees)) / uplink[r]
+    return load
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(3, 9), data=st.data())
+def test_relay_trees_span_the_live_ranks_and_never_raise_the_busiest_link(n, data):
+    dead = set(data.draw(st.lists(st.integers(0, n - 1), max_size=n - 3, unique=True)))
+    live = [r for r in range(n) if r not in dead]
+    roots = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=n - 1))
+    sizes = data.draw(st.lists(st.integers(1, 10**7), min_size=len(roots), max_size=len(roots)))
+    uplink = data.draw(st.lists(st.floats(1e6, 1e9), min_size=n, max_size=n))
+    arrived_at = {r: data.draw(st.floats(0, 10)) for r in live}
+    trees = relay_parents(roots, sizes, uplink, arrived_at, live, n)
+    stars = [tuple(-1 if (r == o or r in dead) else o for r in range(n)) for o in roots]
+    full = [t if t is not None else s for t, s in zip(trees, stars)]
+    for par, o in zip(full, roots):
+        assert sorted(bfs_order(par, o)) == live  # spans exactly the live ranks from the owner
+        assert all(par[r] == -1 for r in dead) and par[o] == -1
+        assert all(par[par[r]] in (-1, o) or par[r] == o for r in live if r != o)  # depth <= 2
+    before = _link_loads(stars, roots, sizes, uplink, arrived_at, live)
+    after = _link_loads(full, roots, sizes, uplink, arrived_at, live)
+    assert max(after.values()) <= max(before.values()) * (1 + 1e-9)
+
+
+def test_a_late_owner_hands_copies_of_its_block_to_early_ranks():
+    # the emulated 8-rank star (20 MB/s links, 64 MiB in 7 blocks): ranks arrive over 6 s,
+    # owner 6 only 0.1 s before the last: its pieces (6 blocks, 2.9 s) are still going up.
+    n, block = 8, (64 << 20) / 7
+    at = {0: 0.0, 1: 0.5, 2: 1.0, 3: 2.5, 4: 4.0, 5: 5.0, 6: 5.9, 7: 6.0}
+    roots, sizes, uplink = list(range(7)), [block] * 7, [20e6] * n
+    trees = relay_parents(roots, sizes, uplink, at, list(range(n)), n)
+    stars = [tuple(-1 if r == o else o for r in range(n)) for o in roots]
+    full = [t if t is not None else s for t, s in zip(trees, stars)]
+    assert trees[6] is not None and sum(1 for p in trees[6] if p == 6) < n - 1
+    before = _link_loads(stars, roots, sizes, uplink, at, list(range(n)))
+    after = _link_loads(full, roots, sizes, uplink, at, list(range(n)))
+    # the star's busiest link is owner 6's: 2.8 s of pieces + 7 copies (3.4 s)
+    assert max(before, key=before.get) == 6
+    assert max(after.values()) < 0.85 * max(before.values())

@@ -248,3 +248,33 @@ collective ar = allreduce on star {{ size = {size} B  on_failure = continue }}
     end = max(out.info[r]["seconds"] for r in range(n))
     assert end >= last + 0.9 * one_hop, f"{end:.2f} s: faster than the links allow after {last:.2f} s"
     assert end <= last + 2 * 2 * one_hop + 1.0, f"{end:.2f} s after a last arrival at {last:.2f} s"
+
+
+def test_allreduce_star_pieces_move_once_when_a_rank_dies(plans):
+    # Arrival order 0, 1, 2, 3, 4 (0.15 s apart): blocks 0..3 are owned by ranks 0..3, rank 4
+    # owns nothing (adaptive.py, allreduce in arrival order). 4 MB in 256 KiB chunks: 4
+    # chunks per block, so a rank that owns a block sends 3 blocks x 4 = 12 pieces up, and
+    # rank 4 sends 16. Owners keep the pieces they received, so a death costs local
+    # re-reductions, not a second trip of the pieces:
+    # - the non-owner (rank 4) dies after sending its pieces, while results come down: every
+    #   survivor sends each of its 12 pieces exactly once (before: every piece again);
+    # - an owner (rank 1) dies: its block goes to the rank that owned nothing (rank 4), so no
+    #   survivor owns two blocks, and only that block's pieces move again: at most 12 + 4.
+    plan = plans["allreduce"]
+    per_block = 4
+    delays = tuple(0.15 * r for r in range(N))
+    cases = [Case(plan, seed=31, kill=(4, 3 * per_block + 6), delays=delays, adaptive=True, chunk_bytes=CHUNK),
+             Case(plan, seed=32, kill=(1, 6), delays=delays, adaptive=True, chunk_bytes=CHUNK)]
+    outs = [run_local([c], timeout=10)[0] for c in cases]
+    for case, out in zip(cases, outs):
+        assert set(out.errors) == {case.kill[0]}, out.errors
+        _validate(case, out, set())
+    first, second = outs
+    for r in range(4):
+        stats = first.info[r]["stats"]
+        assert stats["owns"] == 1 and stats["pieces_sent"] == 3 * per_block, (r, stats)
+    owns = {r: second.info[r]["stats"]["owns"] for r in (0, 2, 3, 4)}
+    assert owns == {0: 1, 2: 1, 3: 1, 4: 1}, owns
+    for r in (0, 2, 3):
+        assert second.info[r]["stats"]["pieces_sent"] <= 3 * per_block + per_block, second.info[r]["stats"]
+    assert second.info[4]["stats"]["pieces_sent"] <= 4 * per_block

@@ -68,3 +68,57 @@ def test_a_tail_reports_a_lost_store_instead_of_hanging():
     finally:
         tail.close()
         log.close()
+
+
+def test_the_ring_reuses_its_slots_every_tail_sees_every_event_and_a_dead_reader_is_skipped():
+    from hcc.backends.agreement import capacity
+
+    world, cap = 3, 8  # a ring far smaller than the 120 events below
+    with StoreServer("tok") as srv:
+        logs = [EventLog(srv.address, "tok", "job", world=world, capacity=cap) for _ in range(world)]
+        tails = [Tail(log, "tok", rank=r) for r, log in enumerate(logs)]
+        try:
+            def writer(w):
+                for k in range(60):
+                    logs[w].append({"t": "x", "w": w, "k": k})
+
+            threads = [threading.Thread(target=writer, args=(w,)) for w in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(20)
+            assert _wait_for(lambda: all(t.length == 120 for t in tails), 10.0)
+            orders = [t.snapshot() for t in tails]
+            assert all(o == orders[0] for o in orders), "tails disagree on the order"
+            for w in (0, 1):  # each writer's events in its own order
+                assert [e["k"] for e in orders[0] if e["w"] == w] == list(range(60))
+            assert logs[0].capacity == cap
+            keys = [k for k in srv._data if k.startswith("job/ev/")]
+            assert len(keys) <= cap + 3 * world + 5, sorted(keys)
+            assert capacity(world) == 32 and capacity(8) == 64
+
+            # rank 2's reader stops advancing (published position frozen): a writer that must
+            # reuse a slot it has not read waits for it — until rank 2 is reported dead
+            tails[2].close()
+            logs[2].publish(2, 120)
+            done = threading.Event()
+
+            def late_writer():
+                for k in range(cap + 2):
+                    logs[0].append({"t": "y", "k": k})
+                done.set()
+
+            t = threading.Thread(target=late_writer)
+            t.start()
+            assert not done.wait(0.6), "a writer overwrote a slot a live reader had not read"
+            logs[1].report_dead(2)
+            assert done.wait(5.0), "a dead reader still held the writer back"
+            t.join(5)
+            assert _wait_for(lambda: all(t.length == 120 + cap + 3 for t in tails[:2]), 10.0)
+            assert tails[0].snapshot() == tails[1].snapshot()
+            assert tails[0].dead() == [2]
+        finally:
+            for t in tails:
+                t.close()
+            for log in logs:
+                log.close()
