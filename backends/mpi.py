@@ -30,6 +30,7 @@ Embedding, one call per rank inside the user's own ``mpiexec`` job::
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -286,15 +287,67 @@ def loopback_env() -> dict[str, str]:
     return env
 
 
+# MPICH's shared-memory segments: /dev/shm/mpich_shm_<hash>_<i>, unlinked by the ranks at
+# MPI_Finalize. A job that ends in MPI_Abort or with a SIGKILLed rank leaves them behind, and
+# a later job whose name hashes the same (gforker's names follow the launcher's pid, and this
+# machine's pid_max is 32768) then fails in MPI_Init with "MPIDI_POSIX_comm_bootstrap: Out of
+# memory" — seen once in a full test run after 76 segments had piled up over a day.
+_SHM_DIR = Path("/dev/shm")
+_SHM_PREFIX = "mpich_shm_"
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {p.name for p in _SHM_DIR.iterdir() if p.name.startswith(_SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def _mapped_segments() -> set[str]:
+    """Names of the MPICH segments some live process still maps (from /proc/PID/maps)."""
+    mapped: set[str] = set()
+    needle = f"{_SHM_DIR}/{_SHM_PREFIX}"
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        at = text.find(needle)
+        while at >= 0:
+            end = text.find("\n", at)
+            mapped.add(text[at + len(str(_SHM_DIR)) + 1:end if end >= 0 else None].split()[0])
+            at = text.find(needle, at + 1)
+    return mapped
+
+
+@contextlib.contextmanager
+def reaping_shm():
+    """Around one mpiexec job: afterwards, unlink the MPICH segments that appeared during it
+    and that no live process maps — what its own aborted or killed ranks left. Segments that
+    existed before, or that another running job maps, are never touched."""
+    before = _shm_segments()
+    try:
+        yield
+    finally:
+        new = _shm_segments() - before
+        if new:
+            for name in new - _mapped_segments():
+                try:
+                    (_SHM_DIR / name).unlink()
+                except OSError:
+                    pass
+
+
 def _launch(job: Path, world: int, extra: list[str], wall: float) -> tuple[int, str]:
     cmd = [*find_mpiexec(), "-n", str(world), sys.executable, "-m", "hcc.backends.mpi",
            "--job", str(job), *extra]
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, env=loopback_env(), timeout=wall)
-    except subprocess.TimeoutExpired as e:
-        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
-        return -9, out + f"\nhcc mpi: the mpiexec job did not end within {wall:g} s; killed"
+    with reaping_shm():
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, env=loopback_env(), timeout=wall)
+        except subprocess.TimeoutExpired as e:
+            out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
+            return -9, out + f"\nhcc mpi: the mpiexec job did not end within {wall:g} s; killed"
     return proc.returncode, proc.stdout.decode(errors="replace")
 
 

@@ -104,8 +104,9 @@ def _script(tmp_path: Path, body: str) -> Path:
 def _mpiexec(n: int, script: Path, *args: str, timeout: float = 120.0):
     cmd = [*mpi.find_mpiexec(), "-n", str(n), PY, str(script), *args]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=mpi.loopback_env(), cwd=ROOT)
+    with mpi.reaping_shm():  # the abort tests end in MPI_Abort: no MPI_Finalize unlinks
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=mpi.loopback_env(), cwd=ROOT)
     return proc, time.monotonic() - t0
 
 
@@ -193,6 +194,19 @@ def test_killed_rank_ends_the_job_with_a_clear_error():
     for r in (0, 2, 3):
         assert "MPICH cannot continue" in errs[r] or "rank 1" in errs[r], errs[r]
     assert elapsed < 30.0, f"took {elapsed:.1f} s"
+
+
+def test_an_aborted_job_leaves_no_shared_memory_behind():
+    """A SIGKILLed rank never reaches MPI_Finalize, so MPICH's /dev/shm segments outlive the
+    job; the launcher unlinks the ones that appeared during it and nobody maps any more (a
+    later job whose segment name collides would fail in MPI_Init: "Out of memory")."""
+    src, _ = grid_program(4)
+    plan = hcc.compile(src, "big_allreduce")
+    before = mpi._shm_segments()
+    with pytest.raises(RunFailed):
+        mpi.run_local(plan, make_inputs(plan, 0), timeout=30.0, kill=(1, 0))
+    left = mpi._shm_segments() - before - mpi._mapped_segments()
+    assert not left, f"segments left by the aborted job: {sorted(left)}"
 
 
 def test_embedding_example_under_mpiexec():
