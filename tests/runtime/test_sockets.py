@@ -83,41 +83,35 @@ def _fake_rank0(server):
     return comm, sock, session
 
 
-def test_oversized_frame_is_a_protocol_error_without_allocation():
+def _data_frame(session: bytes, plan: int, tag: int, length: int, payload: int = 0) -> bytes:
+    return sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, plan, tag, length) + bytes(payload)
+
+
+def _refused(frame, match: str, *, bind: tuple[int, int] | None = None, posted_tag: int = 3) -> None:
+    """Rank 1 posts a 16-byte receive of ``posted_tag`` from a fake rank 0 that sends
+    ``frame(session)``: rank 1's wait must raise a ProtocolError matching ``match``."""
     with StoreServer("tok") as server:
         comm, sock, session = _fake_rank0(server)
         try:
-            req = comm.irecv(0, 7, memoryview(bytearray(16)))
-            # 1 TiB claimed for an unposted tag: must be refused, not allocated
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0, 5, 1 << 40))
-            with pytest.raises(sockets.ProtocolError, match="exceeds the bound of 1048576 bytes"):
+            if bind is not None:
+                comm.bind_plan(*bind)
+            req = comm.irecv(0, posted_tag, memoryview(bytearray(16)))
+            sock.sendall(frame(session))
+            with pytest.raises(sockets.ProtocolError, match=match):
                 comm.wait_any([req], 5)
         finally:
             sock.close()
             comm.close()
+
+
+def test_oversized_frame_is_a_protocol_error_without_allocation():
+    # 1 TiB claimed for an unposted tag: must be refused, not allocated
+    _refused(lambda ses: _data_frame(ses, 0, 5, 1 << 40), "exceeds the bound of 1048576 bytes", posted_tag=7)
 
 
 def test_bad_header_and_wrong_length_are_protocol_errors():
-    with StoreServer("tok") as server:
-        comm, sock, session = _fake_rank0(server)
-        try:
-            req = comm.irecv(0, 3, memoryview(bytearray(16)))
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0, 3, 17) + bytes(17))
-            with pytest.raises(sockets.ProtocolError, match="17 bytes, the posted receive expects 16"):
-                comm.wait_any([req], 5)
-        finally:
-            sock.close()
-            comm.close()
-    with StoreServer("tok") as server:
-        comm, sock, session = _fake_rank0(server)
-        try:
-            req = comm.irecv(0, 3, memoryview(bytearray(16)))
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, b"whatever", 0, 3, 16) + bytes(16))
-            with pytest.raises(sockets.ProtocolError, match="session id"):
-                comm.wait_any([req], 5)
-        finally:
-            sock.close()
-            comm.close()
+    _refused(lambda ses: _data_frame(ses, 0, 3, 17, 17), "17 bytes, the posted receive expects 16")
+    _refused(lambda ses: _data_frame(b"whatever", 0, 3, 16, 16), "session id")
 
 
 def test_frames_carry_the_plan_id_and_another_plans_frame_is_refused():
@@ -137,25 +131,15 @@ def test_frames_carry_the_plan_id_and_another_plans_frame_is_refused():
             _, kind, _, plan, tag, length = sockets.FRAME.unpack(head)
             assert (kind, plan, tag, length) == (sockets.DATA, 0xABCD1234, 9, 8)
             comm.wait_any([out], 5)
-            req = comm.irecv(0, 3, memoryview(bytearray(16)))
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0x0BAD0BAD, 3, 16) + bytes(16))
-            with pytest.raises(sockets.ProtocolError, match="plan 0bad0bad.*plan abcd1234.*different plans"):
-                comm.wait_any([req], 5)
         finally:
             sock.close()
             comm.close()
-    with StoreServer("tok") as server:
-        comm, sock, session = _fake_rank0(server)
-        try:
-            comm.bind_plan(0xABCD1234, 4096)
-            req = comm.irecv(0, 7, memoryview(bytearray(16)))
-            # an unposted tag of this plan, larger than the plan's largest message
-            sock.sendall(sockets.FRAME.pack(sockets.MAGIC, sockets.DATA, session, 0xABCD1234, 5, 8192))
-            with pytest.raises(sockets.ProtocolError, match="bound of 4096 bytes.*plan abcd1234"):
-                comm.wait_any([req], 5)
-        finally:
-            sock.close()
-            comm.close()
+    bound = (0xABCD1234, 4096)
+    _refused(lambda ses: _data_frame(ses, 0x0BAD0BAD, 3, 16, 16),
+             "plan 0bad0bad.*plan abcd1234.*different plans", bind=bound)
+    # an unposted tag of this plan, larger than the plan's largest message
+    _refused(lambda ses: _data_frame(ses, 0xABCD1234, 5, 8192), "bound of 4096 bytes.*plan abcd1234",
+             bind=bound, posted_tag=7)
 
 
 def test_ranks_running_different_plans_fail_clearly_instead_of_mixing_data():
