@@ -67,15 +67,19 @@ def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(token, label + b"".join(parts), hashlib.sha256).digest()
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+def recv_into_exact(sock: socket.socket, view: memoryview, closed: str = "connection closed") -> None:
+    """Fill all of ``view`` (bytes) from ``sock``; ConnectionError(``closed``) on EOF first."""
+    got, n = 0, view.nbytes
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise ConnectionError("connection closed")
+            raise ConnectionError(closed)
         got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into_exact(sock, memoryview(buf))
     return bytes(buf)
 
 

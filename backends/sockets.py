@@ -77,6 +77,7 @@ from .rendezvous import (
     StoreServer,
     parse_address,
     recv_exact,
+    recv_into_exact,
 )
 
 __all__ = ["SocketTransport", "connect", "run_local", "ProtocolError", "AuthenticationError", "FRAME"]
@@ -454,12 +455,7 @@ class SocketTransport(Transport):
                         return
                 else:
                     target = req.buf if req is not None else memoryview(held.data)
-                    got = 0
-                    while got < length:
-                        k = sock.recv_into(target[got:], length - got)
-                        if k == 0:
-                            raise ConnectionError("connection closed mid-message")
-                        got += k
+                    recv_into_exact(sock, target[:length], "connection closed mid-message")
                 waiter = None
                 with self._cond:
                     if req is not None:
@@ -492,12 +488,7 @@ class SocketTransport(Transport):
         off = 0
         while off < length:
             want = min(FOLD_PIECE, length - off)
-            got = 0
-            while got < want:
-                k = sock.recv_into(scratch[got:want], want - got)
-                if k == 0:
-                    raise ConnectionError("connection closed mid-message")
-                got += k
+            recv_into_exact(sock, scratch[:want], "connection closed mid-message")
             try:
                 req.fold(off, scratch[:want])
             except Exception as e:
