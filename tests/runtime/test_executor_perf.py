@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +180,105 @@ def test_early_frames_are_held_in_pooled_memory_and_delivered_exactly():
         a.close()
         b.close()
 
+
+
+class _Staged:
+    """A sockets transport without ``irecv_fold``: the staged receive path MPI and Ray's
+    object store take, where whole chunks complete in the executor's thread."""
+
+    def __init__(self, comm):
+        self._comm = comm
+
+    def __getattr__(self, name):
+        if name == "irecv_fold":
+            raise AttributeError(name)
+        return getattr(self._comm, name)
+
+
+def _direct_allreduce(n: int, elems: int, dtype: str, op: str) -> Plan:
+    import hcc
+
+    src = (f"topology t {{ node r[0..{n - 1}]\n switch s\n r[0..{n - 1}] <-> s : 8 GB/s, 100 us }}\n"
+           f"collective a = allreduce on t {{ size = {elems * DTYPE_SIZES[dtype]} B\n dtype = {dtype}\n"
+           f" op = {op}\n algorithm = direct\n adaptive = off }}\n")
+    return hcc.compile(src, "a")
+
+
+def test_a_copy_with_several_reductions_of_its_block_is_fused_only_on_the_staged_path():
+    plan = _direct_allreduce(4, 4096, "float32", "sum")
+    dt = np_dtype(plan.dtype)
+    for r in range(plan.n):
+        prog = plan.programs[r]
+        copies = [k for k, o in enumerate(prog) if isinstance(o, Copy)]
+        rrs = [k for k, o in enumerate(prog) if isinstance(o, RecvReduce)]
+        assert len(copies) == 1 and len(rrs) == 3
+        bufs = {k: np.zeros(v, dt) for k, v in plan.buffer_elems(r).items()}
+        staged = RankExecution(plan, SimpleNamespace(rank=r), prog, bufs, 1.0)
+        assert staged.skip_copy == {copies[0]}
+        assert staged.fused == {k: prog[copies[0]].src for k in rrs}
+        assert set(staged.fuse_group.values()) == {copies[0]}
+        folding = RankExecution(plan, SimpleNamespace(rank=r, irecv_fold=lambda *a: None), prog, bufs, 1.0)
+        assert folding.fused == {} and folding.skip_copy == frozenset()
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float64", "max"), ("int32", "prod"),
+                                      ("bfloat16", "avg"), ("float16", "min")])
+def test_fused_direct_allreduce_on_the_staged_path_matches_numpy(dtype, op):
+    # every one of the three RecvReduces may complete first; whichever does starts the
+    # block from the input, the others reduce into it; two iterations: the second run must
+    # start from the input again, not from the first run's result
+    plan = _direct_allreduce(4, 3 * 4096 + 5, dtype, op)
+    ins = make_inputs(plan, 21)
+    want = expected(plan, ins)
+    port = free_port()
+    outs, errs = [None] * plan.n, [None] * plan.n
+
+    def body(r):
+        try:
+            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="staged", timeout=20.0) as c:
+                comm = _Staged(c)
+                for _ in range(2):
+                    outs[r] = plan.run(comm, ins[r], timeout=20.0)
+        except Exception as e:  # asserted below
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(plan.n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not any(t.is_alive() for t in ts) and errs == [None] * plan.n
+    check(plan, outs, want)
+
+
+class _CountingWrites(np.ndarray):
+    """An array that counts whole-slice assignments (``view[...] = source``) into it."""
+
+    writes: list = []
+
+    def __setitem__(self, key, value):
+        _CountingWrites.writes.append(key)
+        super().__setitem__(key, value)
+
+
+def test_an_in_place_copy_onto_itself_is_skipped_and_a_real_copy_is_not():
+    import hcc
+
+    src = ("topology t { node r[0..2]\n switch s\n r[0..2] <-> s : 8 GB/s, 100 us }\n"
+           "collective b = broadcast on t { size = 4 KiB\n dtype = float32\n algorithm = direct\n"
+           " adaptive = off }\n")
+    plan = hcc.compile(src, "b")
+    prog = plan.programs[plan.root]
+    copies = [k for k, o in enumerate(prog) if isinstance(o, Copy)]
+    assert copies and all(prog[k].src.buf == "in" and prog[k].dst.buf == "out" for k in copies)
+    elems = plan.buffer_elems(plan.root)
+    same = np.arange(elems["out"], dtype=np.float32).view(_CountingWrites)
+    for bufs, want in (({"in": same, "out": same}, 0),  # in place: out is the input
+                       ({"in": np.arange(elems["in"], dtype=np.float32),
+                         "out": np.zeros(elems["out"], np.float32).view(_CountingWrites)}, len(copies))):
+        _CountingWrites.writes = []
+        ex = RankExecution(plan, SimpleNamespace(rank=plan.root), prog, dict(bufs, tmp=np.zeros(0, np.float32)), 1.0)
+        for k in copies:
+            ex.post(k)
+        assert len(_CountingWrites.writes) == want
+        assert np.array_equal(bufs["out"], np.arange(elems["out"], dtype=np.float32))
