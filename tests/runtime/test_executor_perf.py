@@ -250,35 +250,3 @@ def test_fused_direct_allreduce_on_the_staged_path_matches_numpy(dtype, op):
     assert not any(t.is_alive() for t in ts) and errs == [None] * plan.n
     check(plan, outs, want)
 
-
-class _CountingWrites(np.ndarray):
-    """An array that counts whole-slice assignments (``view[...] = source``) into it."""
-
-    writes: list = []
-
-    def __setitem__(self, key, value):
-        _CountingWrites.writes.append(key)
-        super().__setitem__(key, value)
-
-
-def test_an_in_place_copy_onto_itself_is_skipped_and_a_real_copy_is_not():
-    import hcc
-
-    src = ("topology t { node r[0..2]\n switch s\n r[0..2] <-> s : 8 GB/s, 100 us }\n"
-           "collective b = broadcast on t { size = 4 KiB\n dtype = float32\n algorithm = direct\n"
-           " adaptive = off }\n")
-    plan = hcc.compile(src, "b")
-    prog = plan.programs[plan.root]
-    copies = [k for k, o in enumerate(prog) if isinstance(o, Copy)]
-    assert copies and all(prog[k].src.buf == "in" and prog[k].dst.buf == "out" for k in copies)
-    elems = plan.buffer_elems(plan.root)
-    same = np.arange(elems["out"], dtype=np.float32).view(_CountingWrites)
-    for bufs, want in (({"in": same, "out": same}, 0),  # in place: out is the input
-                       ({"in": np.arange(elems["in"], dtype=np.float32),
-                         "out": np.zeros(elems["out"], np.float32).view(_CountingWrites)}, len(copies))):
-        _CountingWrites.writes = []
-        ex = RankExecution(plan, SimpleNamespace(rank=plan.root), prog, dict(bufs, tmp=np.zeros(0, np.float32)), 1.0)
-        for k in copies:
-            ex.post(k)
-        assert len(_CountingWrites.writes) == want
-        assert np.array_equal(bufs["out"], np.arange(elems["out"], dtype=np.float32))
