@@ -457,13 +457,18 @@ def _codec(plan: Plan):
     return codec
 
 
+_ADAPTIVE: list = []  # [hcc.backends.adaptive or None], once imported
+
+
 def _adaptive_module():
     """hcc.backends.adaptive when it is installed (it is another part's module)."""
-    try:
-        from . import adaptive
-    except ImportError:
-        return None
-    return adaptive
+    if not _ADAPTIVE:
+        try:
+            from . import adaptive
+        except ImportError:
+            adaptive = None
+        _ADAPTIVE.append(adaptive)
+    return _ADAPTIVE[0]
 
 
 def caller_buffers(plan: Plan, comm: Transport, array: Any, out: Any, timeout: float, *,
@@ -521,7 +526,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
         # on_failure = continue, adaptive = on, or a quorum: the adaptive runtime (issue 4)
         # runs the plan's trees itself and survives deaths; this executor aborts on them
         return adaptive.run(plan, comm, array, out=out, timeout=timeout, step=step, **options)
-    unknown = sorted(set(options) - KNOWN_OPTIONS)
+    unknown = sorted(set(options) - KNOWN_OPTIONS) if options else ()
     if unknown:
         raise UnknownOption(
             f"unknown run option(s) {', '.join(unknown)}"

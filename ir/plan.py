@@ -341,8 +341,16 @@ class Plan:
         return self.size_bytes // self.itemsize
 
     def buffer_elems(self, rank: int) -> dict[str, int]:
-        i, o = buffer_layout(self.kind, self.elems, self.n, rank, self.root)
-        return {"in": i, "out": o, "tmp": self.tmp_elems[rank]}
+        # computed once per rank (a run asks twice before its first send); a new dict each call
+        cache = self.__dict__.get("_buffer_elems")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_buffer_elems", cache)
+        sizes = cache.get(rank)
+        if sizes is None:
+            i, o = buffer_layout(self.kind, self.elems, self.n, rank, self.root)
+            sizes = cache[rank] = {"in": i, "out": o, "tmp": self.tmp_elems[rank]}
+        return dict(sizes)
 
     # The heavy parts live in their own modules and are imported where used.
     def verify(self) -> None:
@@ -406,6 +414,11 @@ class Plan:
 
     def run(self, comm, array=None, **options):
         """Execute this plan on one rank over a backend communicator (see hcc.backends)."""
-        from ..backends.executor import run
+        if not _RUN:  # imported on first use: the IR does not depend on the backends
+            from ..backends.executor import run
 
-        return run(self, comm, array, **options)
+            _RUN.append(run)
+        return _RUN[0](self, comm, array, **options)
+
+
+_RUN: list = []  # [hcc.backends.executor.run], once Plan.run first needs it
