@@ -162,6 +162,52 @@ def test_timeout_aborts_the_job_with_a_message(tmp_path):
     assert elapsed < 30, f"the job took {elapsed:.1f} s; the sleeping rank was not aborted"
 
 
+TRACKED = """
+    import time, numpy as np
+    from mpi4py import MPI
+    from hcc.backends.base import CollectiveTimeout
+    from hcc.backends.mpi import MPIBackend
+    t = MPIBackend(MPI.COMM_WORLD)
+    r, n = t.rank, t.world
+    N = (1 << 20) + 3
+    a = (np.arange(N, dtype=np.uint8) + r).astype(np.uint8)
+    b = np.zeros(N, dtype=np.uint8)
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    t.track_completions(True)
+    posted = []
+    for c in range(8):
+        lo, hi = c * N // 8, (c + 1) * N // 8
+        posted.append(t.irecv(prv, 1000 + c, memoryview(b)[lo:hi]))
+        posted.append(t.isend(nxt, 1000 + c, memoryview(a)[lo:hi]))
+    seen = []
+    for _ in range(100):                        # bounded: 16 requests, at least one per call
+        if len(seen) == len(posted):
+            break
+        got = t.wait_completed(20.0)
+        assert got and all(q.done for q in got), "wait_completed returned nothing or undone"
+        seen += got
+    assert sorted(map(id, seen)) == sorted(map(id, posted)), "a request came back twice or never"
+    assert np.array_equal(b, (np.arange(N, dtype=np.uint8) + prv).astype(np.uint8)), "wrong bytes"
+    q = t.irecv(prv, 77, memoryview(b)[:16])    # nobody ever sends tag 77
+    t0 = time.monotonic()
+    try:
+        t.wait_completed(1.0)
+    except CollectiveTimeout as e:
+        print(f"rank {r}: tracked ok, timeout after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+    t.track_completions(False)
+    q.req.Cancel()
+    q.req.Wait()
+"""
+
+
+def test_tracked_completions_return_every_request_once_and_keep_the_deadline(tmp_path):
+    # the executor's fast path under MPI (MPIBackend.wait_completed)
+    proc, _ = _mpiexec(3, _script(tmp_path, TRACKED))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("tracked ok, timeout after 1.") == 3, proc.stdout
+    assert "waiting on rank" in proc.stdout and "recv tag 77, 16 B" in proc.stdout
+
+
 def test_tag_above_tag_ub_is_a_plan_error(tmp_path):
     body = """
         import numpy as np
