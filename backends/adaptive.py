@@ -15,18 +15,25 @@ Terms
   ``arrival`` (adaptive on) lays the flow's members out in the order they entered the run,
   the root first, so ready ranks are interior and late ranks are leaves
   (repair.arrival_parents): a chain for broadcast, a binary heap for reduce, allgather and
-  gather. An allreduce in arrival order runs n-1 *star* flows, one per block, flow ``i``
-  owned by the ``i``-th arrival: a direct reduce-scatter + allgather in which the last rank
-  to arrive owns nothing (it streams its input up and the result down, one hop each way) and
-  owners reduce the pieces of early ranks while they wait for the late ones. Either shape is
-  then repaired for the agreed dead set. Plans without usable trees and adaptive off get
-  heaps in rank order (allreduce: n flows, flow ``i`` rooted at rank ``i``).
+  gather. An allreduce in arrival order runs *star* flows over 8(n-1) sub-blocks (a direct
+  reduce-scatter + allgather: every rank sends a sub-block's owner its piece, the owner sends
+  back the sum). A sub-block is owned by the rank that *claimed* it through the log before
+  the last arrival — a rank claims while its link, were the last rank to arrive now, would
+  carry no more than 1.25 hops (its own pieces still queued plus n-1 copies of what it owns:
+  repair.claim_count) — and the sub-blocks nobody claimed go, at the last arrival, to the
+  ranks whose links would finish first (repair.share_by_load). Early ranks thus own most of
+  the buffer and a rank that arrives just before the last, its input still to push, owns
+  little or nothing; owners reduce the pieces of early ranks while they wait for the late
+  ones. Either shape is then repaired for the agreed dead set. Plans without usable trees
+  and adaptive off get heaps in rank order (allreduce: n flows, flow ``i`` rooted at rank
+  ``i``).
 - default and fast path: ``adaptive`` unsaid (``Plan.adaptive`` None) is on for sockets and
   ray (:func:`adaptive_on`). With ``on_failure = abort`` and no quorum, a run first decides on
   one store counter whether every rank arrived before any rank declared the run late
   (:meth:`_Run.decide`, 30 ms): if so it runs the plan's flattened program
   (backends/executor.py) — nobody late pays 3 store round trips, the log is not touched.
-- log, generation: the agreed event log of backends/agreement.py (arrivals, deaths, done).
+- log, generation: the agreed event log of backends/agreement.py (arrivals, deaths, done,
+  and the star allreduce's claims).
   Generation ``g`` = the number of deaths in the log so far; every message's tag carries
   ``g mod 16``, so a message of an older generation never matches a receive of this one.
 - valid chunk (down): a chunk of ``out`` that holds its final value. For broadcast, allgather
@@ -76,7 +83,8 @@ from ..ir.plan import FLOAT_DTYPES, ROOTED_KINDS, Plan, block_range
 from .agreement import EventLog, Tail, log_group
 from .base import CollectiveTimeout, RankFailed, RootFailed, RuntimeFault, Transport
 from .kernels import STAGING, reduce_into, scale_into
-from .repair import arrival_parents, bfs_order, relay_parents, repair_parents, subtree
+from .repair import (arrival_parents, bfs_order, claim_count, relay_parents, repair_parents, share_by_load,
+                     subtree)
 
 __all__ = ["AdaptiveResult", "run", "wants", "adaptive_on", "KINDS", "DEFAULT_ON", "close_session",
            "AdaptiveUnsupported"]
@@ -99,6 +107,20 @@ FANOUT = 2
 # each instead of 10; the per-chunk cost is what made adaptive allreduce 1.8x the static
 # direct plan, which moves whole 8 MiB blocks, on this loaded 2-core machine)
 STAR_CHUNK = 4 << 20
+# ...but no longer than STAR_CHUNK_S of the slowest rank link: an owner forwards a result
+# chunk only once the last rank's piece of it arrived, at B/(n-1) while the last rank feeds
+# n-1 owners at once, so the result stream lags (n-1) x chunk / B behind: 4 MiB chunks on
+# 20 MB/s links lag 1.47 s (0.44 of a 64 MiB hop), 50 ms of link (1 MB) lags 0.35 s
+STAR_CHUNK_S = 0.05
+# Sub-blocks per owner slot (claimed one by one, _Run.maybe_claim): 8 ranks -> 56 sub-blocks
+# of M/56, so a rank's share moves in steps of 1/8 of an equal share
+STAR_SPLIT = 8
+# A rank may claim at most CLAIM_CAP x an equal share (M/(n-1)) before the last arrival;
+# its results then leave its link in CLAIM_CAP x one hop, the budget every claim is held to
+CLAIM_CAP = 1.25
+# A rank claims only once it has been present CLAIM_WAIT_S: with nobody late every rank is
+# there within ~15 ms (LATE_WAIT_S) and the whole buffer is shared out once everyone is in
+CLAIM_WAIT_S = 0.1
 _WAIT_SLICE = 0.1
 # How long a rank waits, after its own arrival, for everyone else's before it declares the run
 # late (the fast path then gives way to the adaptive schedule). 8 processes released by one
@@ -125,7 +147,10 @@ class AdaptiveResult(np.ndarray):
     chunks this rank received and sent (in all, and in the run's first generation) and the
     plan's chunk count — a repaired broadcast receives each chunk once: it resumes — and
     ``path`` ("adaptive"), with seconds from this rank's entry to the moment it saw every
-    arrival (``all_arrived_s``), held its output (``output_s``) and returned (``finished_s``)."""
+    arrival (``all_arrived_s``), held its output (``output_s``) and returned (``finished_s``);
+    a star allreduce adds the sub-blocks this rank owned at the end (``owns``), how many of
+    them it inherited from a dead owner (``inherited``) and the claim events it appended
+    (``claims``)."""
 
     contributors: tuple[int, ...] = ()
     missing: tuple[int, ...] = ()
@@ -345,13 +370,21 @@ def _flows(plan: Plan, static: bool, ce: int, star_ce: int | None = None) -> lis
             # heaps: each byte crosses one hop each way, as in the compiler's direct plan
             # (8 ranks, 64 MiB, nobody late: binary heaps measured 0.87 s, the static direct
             # plan 0.58 s, on this 2-core loopback)
-            blocks = max(1, n - 1)
+            # Each of the n-1 owner slots is cut into STAR_SPLIT sub-blocks (at most MAX_FLOWS
+            # flows in all): a sub-block is owned by whoever *claims* it (_Run.maybe_claim),
+            # so ownership follows how early a rank arrived at the grain of 1/(q(n-1)) of the
+            # buffer. ``root`` is the slot (the arrival index a quorum run gives it).
+            slots = max(1, n - 1)
+            q = max(1, min(STAR_SPLIT, (MAX_FLOWS - 1) // slots))
             star_ce = star_ce or max(ce, STAR_CHUNK // plan.itemsize)
-            for i in range(blocks):
-                lo, hi = block_range(E, blocks, i)
+            for i in range(slots * q):
+                lo, hi = block_range(E, slots * q, i)
                 if hi > lo:
-                    flows.append(_Flow(len(flows), i, every, up, down,
-                                       _split(lo, hi, max(star_ce, -(-(hi - lo) // MAX_CHUNKS))), 0, None, True))
+                    # equal chunks no larger than star_ce (a 1.14 MiB sub-block in 1 MiB chunks
+                    # would leave a 0.14 MiB tail chunk: two messages for one's work)
+                    per = -(-(hi - lo) // max(star_ce, -(-(hi - lo) // MAX_CHUNKS)))
+                    flows.append(_Flow(len(flows), i // q, every, up, down,
+                                       _split(lo, hi, -(-(hi - lo) // per)), 0, None, True))
         else:
             root = plan.root
             parent = arrival_parents([root] + [r for r in every if r != root], n, FANOUT) if static else None
@@ -413,6 +446,11 @@ class _View:
     # the generation at this run's first arrival: in it HAVE/NEED are implied (nobody holds
     # anything yet), so the run's first generation sends no control message
     base_gen: int | None = None
+    # star allreduce: star flow id -> its owner, from ``claim`` events folded before the last
+    # arrival, then (``shared``) the rest given out by load at the last arrival
+    owner: dict[int, int] = field(default_factory=dict)
+    shared: bool = False
+    claims_folded: int = 0  # this rank's own claim events folded so far
 
 
 class _Run:
@@ -433,8 +471,13 @@ class _Run:
         self.op = plan.op or "sum"
         self.kind = plan.kind
         self.rooted = plan.kind in ROOTED_KINDS
-        # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included
-        self.flows = _flows(plan, static, ce, ce if explicit_chunk else None)
+        # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included;
+        # otherwise a star chunk is STAR_CHUNK_S of the slowest rank's link, within
+        # [MIN_CHUNK, STAR_CHUNK]
+        star_b = min(STAR_CHUNK, max(MIN_CHUNK, int(min(self._uplinks()) * STAR_CHUNK_S)))
+        self.flows = _flows(plan, static, ce, ce if explicit_chunk else max(ce, star_b // plan.itemsize))
+        self.claims_sent = 0  # claim events this rank appended (maybe_claim)
+        self.t_arrived = None
         # the local copy of the log keeps only what this run can need: the deaths so far and
         # the events from the first one not of a finished run (agreement.Tail.compact)
         base, dead = session.tail.compact(self.run_id)
@@ -475,12 +518,121 @@ class _Run:
                         v.arrived_at[int(ev["rank"])] = float(ev["at"])
             elif t == "done":
                 v.done.setdefault(int(ev["gen"]), set()).add(int(ev["rank"]))
+            elif t == "claim":
+                self.fold_claim(int(ev["rank"]), int(ev.get("count", 1)))
+            if not v.shared and len(set(v.arrivals) | set(v.dead)) >= self.n:
+                self.share_rest()
             g = len(v.dead)
             live = set(range(self.n)) - set(v.dead)
             if v.done.get(g, set()) >= live:
                 v.finished = True
         if self.s.tail.error is not None and not v.finished:
             raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({self.s.tail.error})")
+
+    # ---- star ownership: claims, then the rest by load --------------------------------------
+    def star_flows(self) -> list[_Flow]:
+        return [f for f in self.flows if self.star_all(f)]
+
+    def flow_bytes(self, f: _Flow) -> int:
+        return (f.chunks[-1][1] - f.chunks[0][0]) * self.plan.itemsize
+
+    def claim_cap(self) -> float:
+        """The most bytes one rank may own through claims: CLAIM_CAP x an equal share."""
+        total = sum(self.flow_bytes(f) for f in self.star_flows())
+        return CLAIM_CAP * total / max(1, self.n - 1) + 1e-6
+
+    def owned_bytes(self, r: int) -> int:
+        return sum(self.flow_bytes(self.flows[fid]) for fid, o in self.view.owner.items() if o == r)
+
+    def fold_claim(self, r: int, count: int) -> None:
+        """A ``claim(r, count)`` event: ``r`` takes the next ``count`` unowned star flows (in
+        flow order) while it stays within :meth:`claim_cap`. Void after the last arrival (the
+        rest is then shared by load, :meth:`share_rest`) or from a rank that is dead or not
+        arrived. A function of the log prefix: every rank folds the same owners."""
+        v = self.view
+        if r == self.rank:
+            v.claims_folded += 1
+        if v.shared or r in v.dead or r not in v.arrivals:
+            return
+        cap, mine = self.claim_cap(), self.owned_bytes(r)
+        for f in self.star_flows():
+            if count <= 0:
+                break
+            if f.fid in v.owner:
+                continue
+            if mine + self.flow_bytes(f) > cap:
+                break
+            v.owner[f.fid] = r
+            mine += self.flow_bytes(f)
+            count -= 1
+
+    def share_rest(self) -> None:
+        """At the log position where every rank has arrived (or died): the star flows nobody
+        claimed go, in flow order, to the live rank whose link would then finish first
+        (repair.share_by_load, from the arrival clocks and the plan's link capacities)."""
+        v = self.view
+        v.shared = True
+        flows = self.star_flows()
+        if not flows:
+            return
+        dead = set(v.dead)
+        live = [r for r in v.arrivals if r not in dead]
+        if not live:
+            return
+        v.owner.update(share_by_load(
+            [(f.fid, self.flow_bytes(f), v.owner.get(f.fid, -1)) for f in flows],
+            live, v.arrived_at, self._uplinks(), self.n))
+
+    def maybe_claim(self) -> None:
+        """Before the last arrival, claim the next star flows when this rank can absorb them
+        (:func:`repair.claim_count`: its link, if the last rank arrived now, would still carry
+        no more than CLAIM_CAP x one hop, and at most about one sub-block of pieces per present
+        rank is still on its way in). Claims go through the log (one event per claim, one claim
+        in flight per rank), so every rank agrees on the owners."""
+        v = self.view
+        if v.shared or self.t_arrived is None or self.claims_sent != v.claims_folded:
+            return
+        flows = self.star_flows()
+        if not flows or self.rank not in v.arrivals or self.rank in v.dead:
+            return
+        if time.monotonic() - self.t_arrived < CLAIM_WAIT_S:
+            return
+        dead = set(v.dead)
+        present = [r for r in v.arrivals if r not in dead]
+        if len(present) < 2:
+            return  # alone, nobody could send this rank a piece yet
+        free = [f for f in flows if f.fid not in v.owner]
+        if not free:
+            return
+        me = self.rank
+        item = self.plan.itemsize
+        # bytes of this rank's pieces still to leave its link (queued, or not yet sent to a known owner)
+        push = 0
+        for p in self.pending:
+            if p.what == "send" and p.staging is None and not p.req.done and self.flows[p.flow].star:
+                a, b = self.flows[p.flow].chunks[p.chunk]
+                push += (b - a) * item
+        backlog = 0  # pieces of flows this rank owns that present ranks still owe it
+        for f in flows:
+            o = v.owner.get(f.fid)
+            if o == me:
+                for a_b, part in zip(f.chunks, f.part):
+                    missing = sum(1 for k in present if k != me and not (part >> k) & 1)
+                    backlog += missing * (a_b[1] - a_b[0]) * item
+            elif o is not None and o not in dead:
+                push += sum((b - a) * item for (a, b), to in zip(f.chunks, f.sent_to) if to != o)
+        # ...or, where the link is faster than the plan says (loopback), what the plan's link
+        # would still hold: the model share_rest uses at the last arrival
+        others = sum(self.flow_bytes(f) for f in flows if v.owner.get(f.fid, me) != me
+                     and v.owner[f.fid] not in dead)
+        push = max(push, others - self._uplinks()[me] * (time.monotonic() - self.t_arrived))
+        up = self._uplinks()
+        m = claim_count([self.flow_bytes(f) for f in free], self.owned_bytes(me), int(push), backlog,
+                        len(present), self.n, self.claim_cap(), up[me] / max(up))
+        if m > 0:
+            self.claims_sent += 1
+            self.stats["claims"] = self.claims_sent  # log events this rank appended (tests count them)
+            self.s.log.append({"t": "claim", "run": self.run_id, "rank": me, "count": m})
 
     # ---- shapes --------------------------------------------------------------------------
     def contributors(self) -> list[int]:
@@ -508,8 +660,10 @@ class _Run:
         if self.kind != "allreduce" or f.static_parent is not None:
             return f.root
         cand = self.first_arrivals()
-        r = self._block_owner(cand, f.root)
-        if r < 0 or not self.star_all(f) or r not in self.view.dead:
+        if not self.star_all(f):
+            return self._block_owner(cand, f.root)  # quorum: slot i is the i-th arrival's
+        r = self.view.owner.get(f.fid, -1)
+        if r < 0 or r not in self.view.dead:
             return r
         return self.star_heir(cand, f)
 
@@ -522,14 +676,18 @@ class _Run:
         return -1
 
     def star_heir(self, cand: list[int], f: _Flow) -> int:
-        """Who owns star block ``f`` now that its owner is dead: a live rank that owns no block
-        (with n-1 blocks, the last rank to arrive: it had only streamed its input up), so that no survivor's link carries two blocks' results; when none is
-        left, the live owners in turn. The ``j``-th block to lose its owner (in the order the
-        owners died) takes the ``j``-th such rank; -1 while that rank has not arrived yet.
-        A function of the log prefix, so every rank picks the same heir."""
+        """Who owns star flow ``f`` now that its owner is dead: a live rank that owns none
+        (often the last rank to arrive: it had only streamed its input up), so that no
+        survivor's link carries a second share of results; when none is left, the live ranks
+        in arrival order, in turn — a dead owner's sub-blocks spread over the survivors. The
+        ``j``-th flow to lose its owner (in the order the owners died, then flow order) takes
+        the ``j``-th such rank. Decided only once every rank has arrived (-1 before: the
+        owners are final then). A function of the log prefix, so every rank picks the same."""
+        if not self.up_complete():
+            return -1
         dead = self.view.dead
-        blocks = [g for g in self.flows if g.star]
-        owner = {g.fid: self._block_owner(cand, g.root) for g in blocks}
+        blocks = self.star_flows()
+        owner = {g.fid: self.view.owner.get(g.fid, -1) for g in blocks}
         orphans = sorted((g for g in blocks if owner[g.fid] in dead),
                          key=lambda g: (dead.index(owner[g.fid]), g.fid))
         j = [g.fid for g in orphans].index(f.fid)
@@ -537,8 +695,6 @@ class _Run:
         spare = [x for x in cand if x not in owned and x not in dead]
         if j < len(spare):
             return spare[j]
-        if not self.up_complete():
-            return -1  # a rank that owns nothing may still arrive
         live = [x for x in cand if x not in dead]
         return live[(j - len(spare)) % len(live)] if live else -1
 
@@ -649,25 +805,19 @@ class _Run:
         return self._caps
 
     def star_down_parents(self) -> dict[int, tuple[int, ...]]:
-        """The down trees of the star blocks once every rank has arrived: a star, except where
-        an owner's link would finish late. Late arrivals (Hoplite's case) leave an owner that
-        arrived shortly before the last rank with its own pieces still to push when the
-        results start; its link then carries those *and* n-1 copies of its block, and every
-        rank waits for it (measured on the emulated star: 1.33x of last arrival + one hop with
-        the last two ranks 0.01 s apart). So each rank's link is given a load in seconds after
-        the last arrival — what it still had to push (its pieces' bytes over its uplink,
-        less the time since it arrived) plus one block per direct child — and, while the most
-        loaded owner has a child ``y`` whose load stays below its own after taking one more
-        child, one of the owner's other children moves under ``y`` (``y`` relays the block to
-        it) — backends/repair.relay_parents. Each move shifts one block's copy from a busy
-        link to a less busy one (with nobody late, the rank that owns nothing relays a few).
-        A function of the log (arrival order, each arrival's clock) and the plan, so every
-        rank builds the same trees; cached per generation and arrival count. Measured
-        (fault_bench --netem, 3 staggered reps): 1.28x of ideal with 4 MiB chunks and 1.23x
-        with 1 MiB, against 1.24x / 1.24x before and 1.37x for static in the same run: the
-        byte-count model does not see that an early owner's link is itself saturated by its
-        own results while the last rank's pieces stream in, so the target (1.2x) is still
-        missed."""
+        """The down trees of the star sub-blocks once every rank has arrived: a star, except
+        where an owner's link would finish late. Each rank's link is given a load in seconds
+        after the last arrival — what it still had to push (its pieces' bytes over its uplink,
+        less the time since it arrived) plus one sub-block per direct child — and, while the
+        most loaded owner has a child ``y`` whose load stays below its own after taking one
+        more child, one of the owner's other children moves under ``y`` (``y`` relays the
+        sub-block to it) — backends/repair.relay_parents. A function of the log (arrival
+        order, each arrival's clock) and the plan, so every rank builds the same trees; cached
+        per generation and arrival count. Relays were the first answer to a late owner (an
+        owner arriving just before the last with its pieces still queued): alone they left
+        the emulated star at 1.28x of ideal (4 MiB chunks) / 1.23x (1 MiB). Ownership by
+        claims (:meth:`maybe_claim`, :meth:`share_rest`) now keeps such a rank's share small
+        or empty; relays only even out what the share-out leaves uneven."""
         v = self.view
         key = (self.gen, len(v.arrivals), len(v.dead))
         if getattr(self, "_relay_key", None) == key:
@@ -1142,11 +1292,12 @@ class _Run:
         # much of its input each rank still had to push when the last one arrived
         # (_Run.star_down_parents; one machine's clock here, NTP-synchronised hosts elsewhere)
         self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank, "at": time.time()})
+        self.t_arrived = time.monotonic()
         self.stats["path"] = "adaptive"
         last = time.monotonic()
         while True:
             seen = self.s.tail.length
-            before = (len(self.view.arrivals), len(self.view.dead))
+            before = (len(self.view.arrivals), len(self.view.dead), len(self.view.owner))
             self.fold()
             if "all_arrived_s" not in self.stats and len(self.view.arrivals) + len(self.view.dead) >= self.n:
                 self.stats["all_arrived_s"] = time.monotonic() - t0
@@ -1161,10 +1312,11 @@ class _Run:
                         self.pending.remove(p)
                         self.complete(p)
                 self.new_generation()
-            elif (len(self.view.arrivals), len(self.view.dead)) != before:
+            elif (len(self.view.arrivals), len(self.view.dead), len(self.view.owner)) != before:
                 self.refresh_shapes()
             self.report_deaths()
             self.step()
+            self.maybe_claim()
             if self.gen not in self.done_posted and self.own_output_complete():
                 self.done_posted.add(self.gen)
                 self.stats["output_s"] = time.monotonic() - t0
@@ -1176,7 +1328,10 @@ class _Run:
                 return
             live = [p for p in self.pending if p.peer not in self.view.dead]
             reqs = [p.req for p in live]
-            done = _wait(self.comm, self.s, reqs, _WAIT_SLICE * 5, seen, self.known_dead)
+            # while claims are open, look again every _WAIT_SLICE (a claim may wait on nothing
+            # but CLAIM_WAIT_S or a piece send leaving this rank's link)
+            slice_s = _WAIT_SLICE if not self.view.shared and self.t_arrived is not None else _WAIT_SLICE * 5
+            done = _wait(self.comm, self.s, reqs, slice_s, seen, self.known_dead)
             now = time.monotonic()
             if done:
                 last = now
@@ -1219,6 +1374,9 @@ class _Run:
         res.stats = dict(self.stats)
         if any(self.star_all(f) for f in self.flows):  # star blocks this rank owned at the end
             res.stats["owns"] = sum(1 for f in self.flows if self.g[f.fid].get("up_root") == self.rank)
+            # ...of which this rank inherited from a dead owner (star_heir)
+            res.stats["inherited"] = sum(1 for f in self.flows if self.g[f.fid].get("up_root") == self.rank
+                                         and self.view.owner.get(f.fid, self.rank) != self.rank)
             # blocks whose result this rank relayed to others (star_down_parents)
             res.stats["relays"] = sum(1 for f in self.flows if self.g[f.fid].get("down_kids")
                                       and self.g[f.fid].get("down_root") != self.rank)

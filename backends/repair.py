@@ -19,6 +19,11 @@ Terms
 - relay tree (late arrivals in a star allreduce): a block's owner sends the result to each
   other rank directly (a star), except that a child ``y`` may relay it to some of the others
   when the owner's link is the busier one (:func:`relay_parents`).
+- claim, share-out (who owns a star allreduce's sub-blocks): before the last arrival a rank
+  claims sub-blocks while its link, were the last rank to arrive now, would carry no more
+  than an early owner's (:func:`claim_count`); at the last arrival the unclaimed ones go to
+  the ranks whose links would finish first (:func:`share_by_load`), a load model in bytes
+  after the last arrival built from the arrival clocks and the plan's link capacities.
 - residual plan: the collective over the survivors only, lowered from the repaired trees by the
   compiler's own lowering (compiler/lower.py) — an ir Plan that ir/verify.py can check, which
   is how the tests show that a repair is still a correct schedule.
@@ -37,6 +42,7 @@ from ..ir.errors import PlanError
 from ..ir.plan import Plan, Tree
 
 __all__ = [
+    "claim_count", "share_by_load",
     "RootLost", "repair_parents", "repair_tree", "arrival_parents", "subtree", "bfs_order",
     "ancestors", "residual_plan", "relay_parents",
 ]
@@ -268,3 +274,97 @@ def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence
             break
     return [tuple(parent[i].get(r, -1) for r in range(n)) if any(p != roots[i] for p in parent[i].values())
             else None for i in blocks]
+
+
+def claim_count(free: Sequence[int], owned: int, push: int, backlog: int, present: int, n: int,
+                cap: float, speed: float = 1.0) -> int:
+    """How many of the unowned star sub-blocks ``free`` (bytes each, in flow order) a rank
+    may claim now, before the last arrival (the *claim rule* of the star allreduce).
+
+    The model: if the last rank arrived now, this rank's link would still have to carry
+    ``push`` bytes of its own pieces (queued, or owed to known owners) plus ``n-1`` copies of
+    every sub-block it owns. A claim is allowed while that stays within ``(n-1) x cap`` — the
+    load of a rank that owns ``cap`` bytes and had pushed everything, i.e. what an early
+    owner's link carries after the last arrival — and while the rank owns at most ``cap``.
+    ``speed``: this rank's link over the fastest rank link of the plan (<= 1): a slower link
+    gets a budget that takes it as long to drain.
+    So a rank that arrives shortly before the last, with most of its input still to push,
+    claims little (on a slower link nothing) and ends like the last rank: pieces up, results
+    down. Pacing: at most about
+    one sub-block of pieces (from the ``present`` ranks) may be on its way in (``backlog``),
+    so what a rank cannot absorb before the last arrival stays unowned and is shared by load
+    then (:func:`share_by_load`).
+
+    Eight ranks, 56 sub-blocks of 1 unit, cap 10 units (1.25 equal shares): an early rank
+    with nothing queued takes two at once; one with 50 units of pieces still queued on a link
+    half as fast as the fastest takes none (50 + 7 > 7 x 10 x 0.5):
+
+    >>> claim_count([1] * 20, owned=0, push=0, backlog=0, present=3, n=8, cap=10)
+    2
+    >>> claim_count([1] * 20, owned=0, push=50, backlog=0, present=8, n=8, cap=10, speed=0.5)
+    0
+    """
+    per = max(1, present - 1)
+    budget = (n - 1) * cap * speed
+    m, mine = 0, owned
+    for size in free:
+        if mine + size > cap or push + (n - 1) * (mine + size) > budget:
+            break
+        if backlog + m * per * size > per * size:
+            break
+        m += 1
+        mine += size
+    return m
+
+
+def share_by_load(flows: Sequence[tuple[int, int, int]], live: Sequence[int], arrived_at: dict,
+                  uplink: Sequence[float], n: int) -> dict[int, int]:
+    """Owners for the star sub-blocks nobody claimed, at the last arrival: ``flows`` is
+    ``(flow id, bytes, owner or -1)`` in flow order, ``live`` the live ranks in arrival order,
+    ``arrived_at[r]`` rank r's clock at arrival (s), ``uplink[r]`` its link's bytes/s.
+
+    Each rank's link gets a load in bytes after the last arrival (time L): the pieces it
+    still had to push to the owners known before L (less what its link moved since it
+    arrived), every piece of the unowned sub-blocks, and ``n-1`` copies of each sub-block it
+    owns. Owning a sub-block of ``s`` bytes adds ``(n-2) s`` (``n-1`` copies out, its own
+    piece no longer goes up), so each unowned sub-block goes to the rank whose link would
+    then finish first (ties: the earlier arrival). Returns ``{flow id: owner}`` for the
+    unowned flows only (a flow whose owner is not in ``live`` keeps it: its heir is decided
+    elsewhere). Nobody late and nothing claimed: every rank gets an equal share, the last
+    one included (2(n-1)/n of a hop on every link, a direct reduce-scatter + allgather):
+
+    >>> share_by_load([(i, 1, -1) for i in range(6)], [2, 0, 1], {0: 0.0, 1: 0.0, 2: 0.0}, [1.0] * 3, 3)
+    {0: 2, 1: 0, 2: 1, 3: 2, 4: 0, 5: 1}
+
+    Rank 1 arrives 3 s after 0 and 2, which claimed 2 units each and pushed their pieces:
+    rank 1's 4 units of pieces still fill its link, so the rest goes to the early ranks:
+
+    >>> share_by_load([(0, 1, 0), (1, 1, 0), (2, 1, 2), (3, 1, 2), (4, 1, -1), (5, 1, -1)],
+    ...               [0, 2, 1], {0: 0.0, 2: 0.0, 1: 3.0}, [1.0] * 3, 3)
+    {4: 0, 5: 2}
+    """
+    live = list(live)
+    if not live:
+        return {}
+    last = max(arrived_at.get(r, float("-inf")) for r in live)
+    if last == float("-inf"):
+        last = 0.0
+    owned = {r: 0 for r in live}
+    for _, size, o in flows:
+        if o in owned:
+            owned[o] += size
+    known = sum(owned.values())
+    free = sum(size for _, size, o in flows if o < 0)
+    load = {}
+    for r in live:
+        since = last - arrived_at.get(r, last)
+        load[r] = max(0.0, (known - owned[r]) - uplink[r] * since) + free + (n - 1) * owned[r]
+    rank_pos = {r: i for i, r in enumerate(live)}
+    out = {}
+    for fid, size, o in flows:
+        if o >= 0:
+            continue
+        r = min(live, key=lambda x: ((load[x] + (n - 2) * size) / uplink[x], rank_pos[x]))
+        load[r] += (n - 2) * size
+        out[fid] = r
+    return out

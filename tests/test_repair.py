@@ -12,10 +12,12 @@ from hcc.backends.repair import (
     ancestors,
     arrival_parents,
     bfs_order,
+    claim_count,
     relay_parents,
     repair_parents,
     repair_tree,
     residual_plan,
+    share_by_load,
     subtree,
 )
 from hcc.ir.plan import Tree
@@ -221,3 +223,90 @@ def test_a_late_owner_hands_copies_of_its_block_to_early_ranks():
     # the star's busiest link is owner 6's: 2.8 s of pieces + 7 copies (3.4 s)
     assert max(before, key=before.get) == 6
     assert max(after.values()) < 0.85 * max(before.values())
+
+
+# --------------------------------------------------------------------------- star ownership
+# (backends/adaptive.py _Run.maybe_claim / share_rest: who owns the star allreduce's sub-blocks)
+
+def _loads(flows, owners, live, at, up, n):
+    """Each live rank's modelled bytes after the last arrival, computed here from the
+    definition (not from share_by_load): pieces owed to known owners less what its link moved
+    since it arrived, plus n-1 copies of everything it owns, plus pieces of what it does not."""
+    last = max(at[r] for r in live)
+    known = {fid for fid, _, o in flows if o >= 0}
+    size = {fid: s for fid, s, _ in flows}
+    out = {}
+    for r in live:
+        mine = [f for f, o in owners.items() if o == r]
+        before = sum(size[f] for f in known if owners[f] != r)
+        after = sum(size[f] for f in size if f not in known and owners[f] != r)
+        out[r] = max(0.0, before - up[r] * (last - at[r])) + after + (n - 1) * sum(size[f] for f in mine)
+    return out
+
+
+def test_a_late_arrival_claims_only_what_keeps_its_link_within_an_early_owners_load():
+    # 8 ranks, 56 sub-blocks of 1 MB, cap 1.25 equal shares = 10 MB, so the budget of any
+    # link after the last arrival is 7 x 10 = 70 MB (an early owner's results at the cap).
+    # The second-to-last arrival, with 50 MB of pieces for the sub-blocks others claimed still
+    # queued, may take two (50 + 14 <= 70; a third would make 71): its link then finishes no
+    # later than an early owner's
+    n, cap = 8, 10e6
+    assert claim_count([1e6] * 6, owned=0, push=50e6, backlog=0, present=8, n=n, cap=cap) == 2
+    # ... but if its link is half as fast as the fastest, the same bytes take twice as long:
+    # 50 + 7 > 35, it claims nothing and ends like the last rank (pieces up, results down).
+    # Before claims it owned a whole block: its link carried 1.86 hops after the last arrival
+    assert claim_count([1e6] * 6, owned=0, push=50e6, backlog=0, present=8, n=n, cap=cap, speed=0.5) == 0
+    assert claim_count([1e6] * 6, owned=0, push=20e6, backlog=0, present=8, n=n, cap=cap, speed=0.5) == 2
+    # an early rank with its link idle takes two at once, and never more than the cap
+    assert claim_count([1e6] * 20, owned=0, push=0, backlog=0, present=3, n=n, cap=cap) == 2
+    assert claim_count([1e6] * 20, owned=9e6, push=0, backlog=0, present=3, n=n, cap=cap) == 1
+    assert claim_count([1e6] * 20, owned=10e6, push=0, backlog=0, present=3, n=n, cap=cap) == 0
+    # pacing: while a sub-block of pieces from the present ranks is still on its way in, no
+    # second one is asked for
+    assert claim_count([1e6] * 20, owned=2e6, push=0, backlog=2e6 + 1, present=3, n=n, cap=cap) == 0
+
+
+def test_share_by_load_weighs_what_each_link_still_carries_after_the_last_arrival():
+    # 4 ranks, 12 sub-blocks of 1 MB on 1 MB/s links. Ranks 0 and 1 arrived 20 s early and
+    # claimed 3 each (their pieces left long ago); rank 2 arrived 0.1 s and rank 3 (the last)
+    # 0 s before the end, each with 6 MB of pieces for the claimed sub-blocks still to push.
+    # Early owners carry 3 copies of what they own (9 MB) + the free pieces (6 MB) = 15 MB,
+    # the late ranks 6 + 6 = 12 MB: the late links have room, the free sub-blocks go there
+    # first (owning one adds n-2 = 2 MB: 2, 3, 2, 3, then every link is at 16 MB)
+    flows = [(i, 1e6, 0 if i < 3 else 1 if i < 6 else -1) for i in range(12)]
+    at = {0: 0.0, 1: 0.0, 2: 19.9, 3: 20.0}
+    got = share_by_load(flows, [0, 1, 2, 3], at, [1e6] * 4, 4)
+    assert got == {6: 2, 7: 3, 8: 2, 9: 3, 10: 0, 11: 1}
+    # the same arrivals, but rank 2's link is 4x slower in the plan: 11.9 MB there take
+    # 47.6 s against 15-16 s elsewhere, so the second-to-last arrival owns nothing
+    up = [1e6, 1e6, 0.25e6, 1e6]
+    got = share_by_load(flows, [0, 1, 2, 3], at, up, 4)
+    assert set(got) == set(range(6, 12)) and 2 not in got.values(), got
+    owners = {fid: o for fid, _, o in flows} | got
+    loads = _loads(flows, owners, [0, 1, 2, 3], at, up, 4)
+    assert max(loads[r] / up[r] for r in (0, 1, 3)) < loads[2] / up[2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 9), st.data())
+def test_share_by_load_gives_every_free_sub_block_to_a_live_rank_and_keeps_claims(n, data):
+    k = data.draw(st.integers(1, 4 * (n - 1)))
+    live = data.draw(st.permutations(range(n)))[: data.draw(st.integers(1, n))]
+    flows = [(i, data.draw(st.integers(1, 10)) * 1000, data.draw(st.sampled_from([-1] + list(live))))
+             for i in range(k)]
+    at = {r: data.draw(st.floats(0, 10)) for r in live}
+    up = [data.draw(st.sampled_from([1e3, 1e4, 1e5])) for _ in range(n)]
+    got = share_by_load(flows, live, at, up, n)
+    assert set(got) == {fid for fid, _, o in flows if o < 0}
+    assert set(got.values()) <= set(live)
+    # greedy by load: the owner of each free sub-block had, when it was given out, the least
+    # finishing time after taking it (checked by replaying the definition)
+    owners = {fid: o for fid, _, o in flows}
+    for fid, s, o in flows:
+        if o >= 0:
+            continue
+        loads = _loads(flows, owners, live, at, up, n)
+        best = min((loads[r] + (n - 2) * s) / up[r] for r in live)
+        r = got[fid]
+        assert (loads[r] + (n - 2) * s) / up[r] <= best + 1e-9
+        owners[fid] = r
