@@ -19,10 +19,11 @@ Terms
   reduce-scatter + allgather: every rank sends a sub-block's owner its piece, the owner sends
   back the sum). A sub-block is owned by the rank that *claimed* it through the log before
   the last arrival — a rank claims while its link, were the last rank to arrive now, would
-  carry no more than 1.25 hops (its own pieces still queued plus n-1 copies of what it owns:
-  repair.claim_count) — and the sub-blocks nobody claimed go, at the last arrival, to the
-  ranks whose links would finish first (repair.share_by_load). Early ranks thus own most of
-  the buffer and a rank that arrives just before the last, its input still to push, owns
+  carry no more than 1.25 hops in either direction (out: its own pieces still queued plus
+  n-1 copies of what it owns; in: the pieces the absent ranks would send it plus the results
+  of the rest: repair.claim_count) — and the sub-blocks nobody claimed go, at the last
+  arrival, to the ranks whose links would finish first (repair.share_by_load). Early ranks
+  thus own most of the buffer and a rank that arrives just before the last, its input still to push, owns
   little or nothing; owners reduce the pieces of early ranks while they wait for the late
   ones. Either shape is then repaired for the agreed dead set. Plans without usable trees
   and adaptive off get heaps in rank order (allreduce: n flows, flow ``i`` rooted at rank
@@ -581,13 +582,14 @@ class _Run:
             return
         v.owner.update(share_by_load(
             [(f.fid, self.flow_bytes(f), v.owner.get(f.fid, -1)) for f in flows],
-            live, v.arrived_at, self._uplinks(), self.n))
+            live, v.arrived_at, self._uplinks(), self.n, self._downlinks()))
 
     def maybe_claim(self) -> None:
         """Before the last arrival, claim the next star flows when this rank can absorb them
         (:func:`repair.claim_count`: its link, if the last rank arrived now, would still carry
-        no more than CLAIM_CAP x one hop, and at most about one sub-block of pieces per present
-        rank is still on its way in). Claims go through the log (one event per claim, one claim
+        no more than CLAIM_CAP x one hop in either direction — out its pieces and results,
+        in the absent ranks' pieces and the other results —, and at most about one sub-block
+        of pieces per present rank is still on its way in). Claims go through the log (one event per claim, one claim
         in flight per rank), so every rank agrees on the owners."""
         v = self.view
         if v.shared or self.t_arrived is None or self.claims_sent != v.claims_folded:
@@ -626,9 +628,11 @@ class _Run:
         others = sum(self.flow_bytes(f) for f in flows if v.owner.get(f.fid, me) != me
                      and v.owner[f.fid] not in dead)
         push = max(push, others - self._uplinks()[me] * (time.monotonic() - self.t_arrived))
-        up = self._uplinks()
+        up, down = self._uplinks(), self._downlinks()
+        # the incoming side too: pieces the absent ranks would send in, results of the rest
         m = claim_count([self.flow_bytes(f) for f in free], self.owned_bytes(me), int(push), backlog,
-                        len(present), self.n, self.claim_cap(), up[me] / max(up))
+                        len(present), self.n, self.claim_cap(), up[me] / max(up),
+                        total=sum(self.flow_bytes(f) for f in flows), speed_in=down[me] / max(down))
         if m > 0:
             self.claims_sent += 1
             self.stats["claims"] = self.claims_sent  # log events this rank appended (tests count them)
@@ -803,6 +807,15 @@ class _Run:
                 out[link.src] = out.get(link.src, 0.0) + link.capacity
             self._caps = [out.get(v, 0.0) or 1.0 for v in self.plan.ranks]
         return self._caps
+
+    def _downlinks(self) -> list[float]:
+        """Bytes/s each rank's vertex can receive (the plan topology's links into it)."""
+        if getattr(self, "_caps_in", None) is None:
+            into: dict[str, float] = {}
+            for link in self.plan.topology.links:
+                into[link.dst] = into.get(link.dst, 0.0) + link.capacity
+            self._caps_in = [into.get(v, 0.0) or 1.0 for v in self.plan.ranks]
+        return self._caps_in
 
     def star_down_parents(self) -> dict[int, tuple[int, ...]]:
         """The down trees of the star sub-blocks once every rank has arrived: a star, except
@@ -1087,6 +1100,10 @@ class _Run:
         if p.what == "send":
             if p.staging is None:  # a data chunk, not a HAVE/NEED bitmap
                 self.stats["chunks_sent"] += 1
+                f = self.flows[p.flow]
+                if f.star:  # when this rank's last piece / result copy left (fault_bench's trace)
+                    own = self.g[f.fid].get("up_root") == self.rank
+                    self.stats["t_result_out" if own else "t_piece_out"] = time.monotonic()
                 if self.progress is not None:
                     self.progress()
             return
@@ -1099,6 +1116,8 @@ class _Run:
             st["need_got"] = self.unbits(f, p.staging)
             return
         a, b = f.chunks[p.chunk]
+        if f.star:  # when the last piece / result came in (clock of this machine, monotonic)
+            self.stats["t_result_in" if p.what == "down" else "t_piece_in"] = time.monotonic()
         if p.what == "down":
             self.out[a:b] = p.staging
             STAGING.give(p.staging)
@@ -1293,6 +1312,7 @@ class _Run:
         # (_Run.star_down_parents; one machine's clock here, NTP-synchronised hosts elsewhere)
         self.s.log.append({"t": "arr", "run": self.run_id, "rank": self.rank, "at": time.time()})
         self.t_arrived = time.monotonic()
+        self.stats["t_arrived"] = self.t_arrived
         self.stats["path"] = "adaptive"
         last = time.monotonic()
         while True:

@@ -24,6 +24,10 @@ Terms
   than an early owner's (:func:`claim_count`); at the last arrival the unclaimed ones go to
   the ranks whose links would finish first (:func:`share_by_load`), a load model in bytes
   after the last arrival built from the arrival clocks and the plan's link capacities.
+- both directions: a link is full duplex, so its load after the last arrival is
+  ``max(out / uplink, in / downlink)`` — out its pieces and the copies of what it owns, in
+  the pieces still to come to it and the results of what it does not own (the arithmetic:
+  docs/fault-tolerance.md, "Both directions of a link").
 - residual plan: the collective over the survivors only, lowered from the repaired trees by the
   compiler's own lowering (compiler/lower.py) — an ir Plan that ir/verify.py can check, which
   is how the tests show that a repair is still a correct schedule.
@@ -277,23 +281,34 @@ def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence
 
 
 def claim_count(free: Sequence[int], owned: int, push: int, backlog: int, present: int, n: int,
-                cap: float, speed: float = 1.0) -> int:
+                cap: float, speed: float = 1.0, *, total: int | None = None,
+                speed_in: float | None = None) -> int:
     """How many of the unowned star sub-blocks ``free`` (bytes each, in flow order) a rank
     may claim now, before the last arrival (the *claim rule* of the star allreduce).
 
-    The model: if the last rank arrived now, this rank's link would still have to carry
-    ``push`` bytes of its own pieces (queued, or owed to known owners) plus ``n-1`` copies of
-    every sub-block it owns. A claim is allowed while that stays within ``(n-1) x cap`` — the
-    load of a rank that owns ``cap`` bytes and had pushed everything, i.e. what an early
-    owner's link carries after the last arrival — and while the rank owns at most ``cap``.
-    ``speed``: this rank's link over the fastest rank link of the plan (<= 1): a slower link
-    gets a budget that takes it as long to drain.
+    The model: if the last rank arrived now, this rank's link would still have to carry, in
+    each direction (full duplex, so the slower direction sets the time):
+
+    - out: ``push`` bytes of its own pieces (queued, or owed to known owners) plus ``n-1``
+      copies of every sub-block it owns;
+    - in (when ``total``, the bytes of all star sub-blocks, is given): ``backlog`` — the
+      pieces the ``present`` ranks still owe it — plus one piece from each of the ``n -
+      present`` absent ranks for every byte it owns, plus the results of everything it does
+      not own (``total - owned``).
+
+    A claim is allowed while each direction stays within ``(n-1) x cap`` — the load of a rank
+    that owns ``cap`` bytes and had pushed everything, i.e. what an early owner's link
+    carries out after the last arrival — and while the rank owns at most ``cap``. Owning
+    ``s`` more bytes adds ``(n-1) s`` out and ``(n - present - 1) s`` in: while two or more
+    ranks are absent the incoming side bounds a claim before the outgoing one does, since
+    every absent rank may arrive last and send its pieces into this link then.
+    ``speed`` / ``speed_in``: this rank's link out / in over the fastest rank link of the
+    plan (<= 1): a slower link gets a budget that takes it as long to drain.
     So a rank that arrives shortly before the last, with most of its input still to push,
     claims little (on a slower link nothing) and ends like the last rank: pieces up, results
-    down. Pacing: at most about
-    one sub-block of pieces (from the ``present`` ranks) may be on its way in (``backlog``),
-    so what a rank cannot absorb before the last arrival stays unowned and is shared by load
-    then (:func:`share_by_load`).
+    down. Pacing: at most about one sub-block of pieces (from the ``present`` ranks) may be
+    on its way in (``backlog``), so what a rank cannot absorb before the last arrival stays
+    unowned and is shared by load then (:func:`share_by_load`).
 
     Eight ranks, 56 sub-blocks of 1 unit, cap 10 units (1.25 equal shares): an early rank
     with nothing queued takes two at once; one with 50 units of pieces still queued on a link
@@ -303,12 +318,25 @@ def claim_count(free: Sequence[int], owned: int, push: int, backlog: int, presen
     2
     >>> claim_count([1] * 20, owned=0, push=50, backlog=0, present=8, n=8, cap=10, speed=0.5)
     0
+
+    The incoming side: four of eight ranks present, one owning 4 units of 56: out it would
+    carry 7 x 5 = 35 <= 70 units with one more, but in 4 x 5 (the absent ranks' pieces) + 51
+    (results) = 71 > 70 — it waits until another rank arrives:
+
+    >>> claim_count([1] * 20, owned=4, push=0, backlog=0, present=4, n=8, cap=10)
+    2
+    >>> claim_count([1] * 20, owned=4, push=0, backlog=0, present=4, n=8, cap=10, total=56)
+    0
     """
     per = max(1, present - 1)
     budget = (n - 1) * cap * speed
+    budget_in = (n - 1) * cap * (speed if speed_in is None else speed_in)
+    absent = max(0, n - present)
     m, mine = 0, owned
     for size in free:
         if mine + size > cap or push + (n - 1) * (mine + size) > budget:
+            break
+        if total is not None and backlog + absent * (mine + size) + (total - mine - size) > budget_in:
             break
         if backlog + m * per * size > per * size:
             break
@@ -318,20 +346,34 @@ def claim_count(free: Sequence[int], owned: int, push: int, backlog: int, presen
 
 
 def share_by_load(flows: Sequence[tuple[int, int, int]], live: Sequence[int], arrived_at: dict,
-                  uplink: Sequence[float], n: int) -> dict[int, int]:
+                  uplink: Sequence[float], n: int,
+                  downlink: Sequence[float] | None = None) -> dict[int, int]:
     """Owners for the star sub-blocks nobody claimed, at the last arrival: ``flows`` is
     ``(flow id, bytes, owner or -1)`` in flow order, ``live`` the live ranks in arrival order,
-    ``arrived_at[r]`` rank r's clock at arrival (s), ``uplink[r]`` its link's bytes/s.
+    ``arrived_at[r]`` rank r's clock at arrival (s), ``uplink[r]`` / ``downlink[r]`` its
+    link's bytes/s out / in (``downlink`` defaults to ``uplink``).
 
-    Each rank's link gets a load in bytes after the last arrival (time L): the pieces it
-    still had to push to the owners known before L (less what its link moved since it
-    arrived), every piece of the unowned sub-blocks, and ``n-1`` copies of each sub-block it
-    owns. Owning a sub-block of ``s`` bytes adds ``(n-2) s`` (``n-1`` copies out, its own
-    piece no longer goes up), so each unowned sub-block goes to the rank whose link would
-    then finish first (ties: the earlier arrival). Returns ``{flow id: owner}`` for the
-    unowned flows only (a flow whose owner is not in ``live`` keeps it: its heir is decided
-    elsewhere). Nobody late and nothing claimed: every rank gets an equal share, the last
-    one included (2(n-1)/n of a hop on every link, a direct reduce-scatter + allgather):
+    Each rank's link gets two loads in bytes after the last arrival (time L), one per
+    direction of its full-duplex link; the slower to drain sets when it finishes:
+
+    - out: the pieces it still had to push to the owners known before L (``rem[r]``: their
+      bytes less what its link moved since it arrived), every piece of the unowned
+      sub-blocks, and ``n-1`` copies of each sub-block it owns;
+    - in: the results of every sub-block it does not own, plus the part of every other
+      rank's ``rem[k]`` that goes to it — ``rem[k]`` split over the known owners in
+      proportion to what they own (rank k pushes to all of them at once, TCP sharing its
+      link fairly). This is the term the out-only model missed: early owners at the claim
+      cap, with four ranks arriving in the last 0.82 s, take those ranks' pieces *and* the
+      results in (1.54 hops in seed 7's worst rep).
+
+    Owning a sub-block of ``s`` bytes adds ``(n-2) s`` to both directions (``n-1`` copies out
+    but its own piece no longer goes up; ``n-1`` pieces in but its result no longer comes
+    down), so each unowned sub-block goes to the rank whose link would then finish first,
+    ``max(out / uplink, in / downlink)`` (ties: the earlier arrival). Returns ``{flow id:
+    owner}`` for the unowned flows only (a flow whose owner is not in ``live`` keeps it: its
+    heir is decided elsewhere). Nobody late and nothing claimed: every rank gets an equal
+    share, the last one included (2(n-1)/n of a hop on every link, a direct reduce-scatter +
+    allgather):
 
     >>> share_by_load([(i, 1, -1) for i in range(6)], [2, 0, 1], {0: 0.0, 1: 0.0, 2: 0.0}, [1.0] * 3, 3)
     {0: 2, 1: 0, 2: 1, 3: 2, 4: 0, 5: 1}
@@ -346,6 +388,7 @@ def share_by_load(flows: Sequence[tuple[int, int, int]], live: Sequence[int], ar
     live = list(live)
     if not live:
         return {}
+    down = uplink if downlink is None else downlink
     last = max(arrived_at.get(r, float("-inf")) for r in live)
     if last == float("-inf"):
         last = 0.0
@@ -355,16 +398,27 @@ def share_by_load(flows: Sequence[tuple[int, int, int]], live: Sequence[int], ar
             owned[o] += size
     known = sum(owned.values())
     free = sum(size for _, size, o in flows if o < 0)
-    load = {}
+    total = known + free
+    rem = {}
     for r in live:
         since = last - arrived_at.get(r, last)
-        load[r] = max(0.0, (known - owned[r]) - uplink[r] * since) + free + (n - 1) * owned[r]
+        rem[r] = max(0.0, (known - owned[r]) - uplink[r] * since)
+    out_load, in_load = {}, {}
+    for r in live:
+        out_load[r] = rem[r] + free + (n - 1) * owned[r]
+        late = sum(rem[k] * owned[r] / (known - owned[k]) for k in live if k != r and known - owned[k] > 0)
+        in_load[r] = (total - owned[r]) + late
     rank_pos = {r: i for i, r in enumerate(live)}
+
+    def finish(x: int, add: float) -> float:
+        return max((out_load[x] + add) / uplink[x], (in_load[x] + add) / down[x])
+
     out = {}
     for fid, size, o in flows:
         if o >= 0:
             continue
-        r = min(live, key=lambda x: ((load[x] + (n - 2) * size) / uplink[x], rank_pos[x]))
-        load[r] += (n - 2) * size
+        r = min(live, key=lambda x: (finish(x, (n - 2) * size), rank_pos[x]))
+        out_load[r] += (n - 2) * size
+        in_load[r] += (n - 2) * size
         out[fid] = r
     return out

@@ -49,7 +49,13 @@ chunks were 4 MiB, sized for loopback's per-chunk CPU cost, which left an owner 
 whole 4 MiB chunk of the last rank's piece at B/(n-1) before it could forward anything; they
 are now 50 ms of the slowest link, 1 MB at 20 MB/s, so the two rows nearly coincide: the row
 stays for comparison with earlier runs). The failure runs kill their victim half-way through its own data chunks, counted
-in the same job's no-failure adaptive run. Before bringing the star up the script waits (at
+in the same job's no-failure adaptive run. ``--only-stagger`` keeps only the staggered cases and
+their one-hop reference (the per-seed comparison: ``--kinds allreduce --only-stagger --seed S``);
+``--seeds-table J1 J2 ... --out CSV`` tabulates such runs (per rep: ratio, hops after the last
+arrival, and the two-sided model's best for its arrivals, :func:`model_best_hops`). Staggered
+cases also record each rank's sub-blocks owned and a trace after the last arrival (``meta``:
+``owns``, ``trace``: when its last piece / result left and came in).
+Before bringing the star up the script waits (at
 most ``--wait-busy`` s) while another emulation runs processes: two emulations coexist
 (distinct namespaces), but would share the two cores. Writes fault_bench_netem.{json,csv}.
 
@@ -68,6 +74,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -151,6 +158,7 @@ def _run_job(job: list, results: dict, meta: dict, emu=None, jobs: list | None =
         m = meta.setdefault(label, {})
         if case.delays:
             m.setdefault("last_arrival", []).append(max(case.delays))
+            m.setdefault("delays", []).append(list(case.delays))
         paths = sorted({str((out.info[r].get("stats") or {}).get("path")) for r in out.info})
         m.setdefault("paths", []).append("/".join(paths))
         # CPU against wall per rank (ranks that did nothing, e.g. 2..n-1 of "hop", left out):
@@ -163,6 +171,19 @@ def _run_job(job: list, results: dict, meta: dict, emu=None, jobs: list | None =
         m.setdefault("data_chunks", []).append(
             {r: (i.get("stats") or {}).get("chunks_sent", 0) + (i.get("stats") or {}).get("chunks_received", 0)
              for r, i in out.info.items()})
+        if case.delays:  # who owned how many star sub-blocks, and each rank's own time (s)
+            m.setdefault("owns", []).append({r: (i.get("stats") or {}).get("owns") for r, i in out.info.items()})
+            m.setdefault("rank_seconds", []).append({r: round(i.get("seconds", 0.0), 3) for r, i in out.info.items()})
+            # the trace after the last arrival L (one machine's monotonic clock): per rank,
+            # seconds from L to its arrival and to when its last piece / result copy left and
+            # its last piece / result came in
+            st = {r: (i.get("stats") or {}) for r, i in out.info.items()}
+            arr = [v["t_arrived"] for v in st.values() if "t_arrived" in v]
+            if arr:
+                m.setdefault("trace", []).append(
+                    {r: {k[2:]: round(v[k] - max(arr), 3) for k in ("t_arrived", "t_piece_out", "t_piece_in",
+                                                                  "t_result_out", "t_result_in") if k in v}
+                     for r, v in st.items()})
         if died:
             m["died"] = sorted(died)
         if not case.save:
@@ -245,7 +266,8 @@ def _build_jobs(a, n: int, plans: dict, small: dict) -> tuple[list, list]:
         for kind in a.kinds:
             delays = tuple(float(d) for d in rng.uniform(0, a.stagger, n))
             for eng, kw in _engines(plans, kind, a.netem).items():
-                job.append((f"{kind}/none/{eng}", Case(seed=rep, save=False, **kw)))
+                if not a.only_stagger:
+                    job.append((f"{kind}/none/{eng}", Case(seed=rep, save=False, **kw)))
                 # outputs are checked for the first rep of the staggered runs only: 64 MiB x 8
                 # ranks = 512 MiB of .npy files per saved case
                 job.append((f"{kind}/stagger/{eng}", Case(seed=rep, delays=delays, save=rep == 0, **kw)))
@@ -301,6 +323,8 @@ def _rows(a, med: dict, meta: dict) -> list[dict]:
             if eng != "static":
                 row(f"{kind}: stagger {eng} vs static", f"{kind}/stagger/{eng}", static_t, "< 1",
                     f"{kind}/stagger/static")
+        if f"{kind}/none/static" not in med:  # --only-stagger
+            continue
         st = med[f"{kind}/none/static"]
         for eng in ("default", "adaptive", "adaptive-1MiB"):
             if f"{kind}/none/{eng}" not in med:
@@ -309,6 +333,96 @@ def _rows(a, med: dict, meta: dict) -> list[dict]:
                 "~1" if eng == "default" else "(reported)", f"{kind}/none/static")
         row(f"{kind}: 1 MiB nobody late, default vs adaptive=off", f"{kind}/1MiB/default",
             med[f"{kind}/1MiB/static"], "~1", f"{kind}/1MiB/static")
+    return rows
+
+
+def model_best_hops(arrivals: Sequence[float], hop: float, iters: int = 20000) -> float:
+    """The least post-last-arrival load, in hops, that any star ownership reaches in the
+    two-sided fluid model of repair.share_by_load (docs/fault-tolerance.md, "Both directions
+    of a link"): rank r owns a share x_r of the buffer, pushes its pieces from its arrival at
+    link speed, and after the last arrival its link carries max(out_r, in_r) with out_r =
+    rem_r + (n-1) x_r and in_r = (1 - x_r) + sum_k rem_k x_r / (1 - x_k). Found by moving
+    share from the most to the least loaded rank while the maximum drops (step halved
+    otherwise): an upper bound on the optimum, tight to about 0.01 hop on 8 ranks."""
+    a = np.asarray(arrivals, dtype=float)
+    n, last = len(a), float(np.max(a))
+
+    def loads(x):
+        rem = np.maximum(0.0, (1.0 - x) - (last - a) / hop)
+        out = rem + (n - 1) * x
+        share = rem / np.maximum(1.0 - x, 1e-12)
+        into = (1.0 - x) + x * (share.sum() - share)
+        return np.maximum(out, into)
+
+    x = np.full(n, 1.0 / n)
+    step = 0.05
+    for _ in range(iters):
+        cur = loads(x)
+        hi, lo = int(np.argmax(cur)), int(np.argmin(cur))
+        y = x.copy()
+        d = min(step, y[hi])
+        y[hi] -= d
+        y[lo] += d
+        if loads(y).max() < cur.max() - 1e-12:
+            x = y
+        else:
+            step /= 2
+            if step < 1e-7:
+                break
+    return float(loads(x).max())
+
+
+def _stagger_delays(d: dict, kind: str) -> list[tuple[float, ...]]:
+    """The staggered delays a run used, per rep: recorded, or drawn again as _build_jobs drew
+    them (one generator for the run, per rep one draw per kind in KINDS order)."""
+    rec = d["meta"].get(f"{kind}/stagger/static", {}).get("delays")
+    if rec:
+        return [tuple(x) for x in rec]
+    kinds = [k for k in KINDS if f"{k}/stagger/static" in d["times"]]
+    rng = np.random.default_rng(d["seed"])
+    out = []
+    for _ in range(d["reps"]):
+        for k in kinds:
+            dl = tuple(float(x) for x in rng.uniform(0, d["stagger_s"], d["ranks"]))
+            if k == kind:
+                out.append(dl)
+    return out
+
+
+def seeds_table(paths: Sequence[str], out: str, label: str = "") -> list[dict]:
+    """One row per (run file, staggered engine) of ``--only-stagger`` runs, for comparing
+    stagger seeds: the median time, ideal = median last arrival + median one hop, the ratio
+    (the row fault_bench prints), against static, and per rep its own ratio (its time over
+    its own last arrival + one hop), its hops after the last arrival and the model's best
+    for its arrivals (:func:`model_best_hops`). Written as CSV to ``out``."""
+    rows = []
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        hop = statistics.median(d["times"]["hop"])
+        for kind in KINDS:
+            st = d["times"].get(f"{kind}/stagger/static")
+            if not st:
+                continue
+            last = d["meta"][f"{kind}/stagger/static"]["last_arrival"]
+            ideal = statistics.median(last) + hop
+            best = [model_best_hops(dl, hop) for dl in _stagger_delays(d, kind)]
+            for eng in ("default", "adaptive", "adaptive-1MiB", "static"):
+                ts = d["times"].get(f"{kind}/stagger/{eng}")
+                if not ts:
+                    continue
+                t = statistics.median(ts)
+                rows.append(dict(seed=d["seed"], code=label, kind=kind, engine=eng, seconds=round(t, 3),
+                                 ideal_s=round(ideal, 3), ratio=round(t / ideal, 3),
+                                 vs_static=round(t / statistics.median(st), 3),
+                                 last_arrivals=" ".join(f"{x:.2f}" for x in last),
+                                 rep_ratios=" ".join(f"{x / (l + hop):.2f}" for x, l in zip(ts, last)),
+                                 post_last_hops=" ".join(f"{(x - l) / hop:.2f}" for x, l in zip(ts, last)),
+                                 model_best_hops=" ".join(f"{b:.2f}" for b in best)))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["seed"])
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(Path(out), buf.getvalue())
     return rows
 
 
@@ -329,12 +443,23 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-reps", type=int, default=1, help="reps of the failure jobs (one job each)")
     ap.add_argument("--only-failure", action="store_true",
                     help="only the failure jobs (the kill point counted in a no-failure run first)")
+    ap.add_argument("--only-stagger", action="store_true",
+                    help="only the staggered rows (and the one-hop reference): no nobody-late, "
+                         "1 MiB or failure jobs")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="comma-separated subset of broadcast,allreduce (default both)")
     ap.add_argument("--seed", type=int, default=42,
                     help="seed of the stagger delays (42: the figures in docs/fault-tolerance.md)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seeds-table", nargs="+", default=None, metavar="JSON",
+                    help="no run: tabulate the staggered rows of these --only-stagger result files "
+                         "into --out (CSV), one row per file and engine")
+    ap.add_argument("--label", default="", help="--seeds-table: the code column (which tree ran)")
     a = ap.parse_args(argv)
+    if a.seeds_table:
+        for r in seeds_table(a.seeds_table, a.out or "fault_bench_seeds.csv", a.label):
+            print(", ".join(f"{k}={v}" for k, v in r.items()))
+        return 0
     a.kinds = tuple(k for k in KINDS if k in a.kinds.split(","))
     n = a.ranks
     size = a.size_mib << 20
@@ -363,11 +488,15 @@ def main(argv=None) -> int:
         job = [(None, Case(plans["allreduce"], seed=0, adaptive=True, save=False))] + [
             (f"{k}/none/adaptive", Case(plans[k], seed=1, adaptive=True, save=False)) for k in a.kinds]
         small_job = []
+    if a.only_stagger:
+        small_job = []
 
     def run_all(emu) -> None:
         for j in (job, small_job) if small_job else (job,):
             _run_job(j, results, meta, emu, jobs)
             print(f"job of {len(j)} cases done ({time.time() - t0:.0f} s)", flush=True)
+        if a.only_stagger:
+            return
         if emu is None:
             chunks = a.size_mib  # 1 MiB adaptive chunks
             kill_at = {"allreduce": (n - 1, chunks), "broadcast": (n // 2, chunks // 2)}
@@ -426,7 +555,7 @@ def main(argv=None) -> int:
         print(f"  {k:28s} {', '.join(v)}")
     doc = {"ranks": n, "size_mib": a.size_mib, "reps": a.reps, "small_reps": a.small_reps, "stagger_s": a.stagger,
            "seed": a.seed,
-           "kill_reps": a.kill_reps, "only_failure": a.only_failure,
+           "kill_reps": a.kill_reps, "only_failure": a.only_failure, "only_stagger": a.only_stagger,
            "one_hop_s": one_hop, "times": results, "median": med, "meta": meta,
            "rows": rows if a.netem else [{k: r[k] for k in ("case", "seconds", "reference_s", "ratio", "target")}
                                          for r in rows]}

@@ -228,20 +228,32 @@ def test_a_late_owner_hands_copies_of_its_block_to_early_ranks():
 # --------------------------------------------------------------------------- star ownership
 # (backends/adaptive.py _Run.maybe_claim / share_rest: who owns the star allreduce's sub-blocks)
 
-def _loads(flows, owners, live, at, up, n):
-    """Each live rank's modelled bytes after the last arrival, computed here from the
-    definition (not from share_by_load): pieces owed to known owners less what its link moved
-    since it arrived, plus n-1 copies of everything it owns, plus pieces of what it does not."""
+def _loads(flows, owners, live, at, up, n, down=None):
+    """Each live rank's modelled time after the last arrival for the current ``owners``,
+    computed here from the definition (not from share_by_load), per direction of its link:
+    out, the pieces owed to known owners less what its link moved since it arrived, plus
+    n-1 copies of everything it owns, plus pieces of what it does not; in, the results of
+    everything it does not own, plus n-1 pieces of each sub-block it got at the last arrival,
+    plus, of each other rank's pieces still to push, the part for the sub-blocks it claimed
+    (in proportion to their bytes). Returns ``(finish, out, in)``: finish = the slower
+    direction, out / uplink against in / downlink."""
+    down = up if down is None else down
     last = max(at[r] for r in live)
     known = {fid for fid, _, o in flows if o >= 0}
     size = {fid: s for fid, s, _ in flows}
-    out = {}
+    owed = {r: sum(size[f] for f in known if owners[f] != r) for r in live}
+    rem = {r: max(0.0, owed[r] - up[r] * (last - at[r])) for r in live}
+    out, into = {}, {}
     for r in live:
         mine = [f for f, o in owners.items() if o == r]
-        before = sum(size[f] for f in known if owners[f] != r)
         after = sum(size[f] for f in size if f not in known and owners[f] != r)
-        out[r] = max(0.0, before - up[r] * (last - at[r])) + after + (n - 1) * sum(size[f] for f in mine)
-    return out
+        out[r] = rem[r] + after + (n - 1) * sum(size[f] for f in mine)
+        claimed = sum(size[f] for f in mine if f in known)
+        late = sum(rem[k] * claimed / owed[k] for k in live if k != r and owed[k] > 0)
+        into[r] = (sum(size.values()) - sum(size[f] for f in mine)
+                   + (n - 1) * sum(size[f] for f in mine if f not in known) + late)
+    finish = {r: max(out[r] / up[r], into[r] / down[r]) for r in live}
+    return finish, out, into
 
 
 def test_a_late_arrival_claims_only_what_keeps_its_link_within_an_early_owners_load():
@@ -283,8 +295,8 @@ def test_share_by_load_weighs_what_each_link_still_carries_after_the_last_arriva
     got = share_by_load(flows, [0, 1, 2, 3], at, up, 4)
     assert set(got) == set(range(6, 12)) and 2 not in got.values(), got
     owners = {fid: o for fid, _, o in flows} | got
-    loads = _loads(flows, owners, [0, 1, 2, 3], at, up, 4)
-    assert max(loads[r] / up[r] for r in (0, 1, 3)) < loads[2] / up[2]
+    finish = _loads(flows, owners, [0, 1, 2, 3], at, up, 4)[0]
+    assert max(finish[r] for r in (0, 1, 3)) < finish[2]
 
 
 @settings(max_examples=60, deadline=None)
@@ -296,7 +308,8 @@ def test_share_by_load_gives_every_free_sub_block_to_a_live_rank_and_keeps_claim
              for i in range(k)]
     at = {r: data.draw(st.floats(0, 10)) for r in live}
     up = [data.draw(st.sampled_from([1e3, 1e4, 1e5])) for _ in range(n)]
-    got = share_by_load(flows, live, at, up, n)
+    down = [data.draw(st.sampled_from([1e3, 1e4, 1e5])) for _ in range(n)]
+    got = share_by_load(flows, live, at, up, n, down)
     assert set(got) == {fid for fid, _, o in flows if o < 0}
     assert set(got.values()) <= set(live)
     # greedy by load: the owner of each free sub-block had, when it was given out, the least
@@ -305,8 +318,60 @@ def test_share_by_load_gives_every_free_sub_block_to_a_live_rank_and_keeps_claim
     for fid, s, o in flows:
         if o >= 0:
             continue
-        loads = _loads(flows, owners, live, at, up, n)
-        best = min((loads[r] + (n - 2) * s) / up[r] for r in live)
+        _, out, into = _loads(flows, owners, live, at, up, n, down)
+
+        def then(r):  # r's finishing time were it to own this sub-block
+            return max((out[r] + (n - 2) * s) / up[r], (into[r] + (n - 2) * s) / down[r])
+        best = min(then(r) for r in live)
         r = got[fid]
-        assert (loads[r] + (n - 2) * s) / up[r] <= best + 1e-9
+        assert then(r) <= best * (1 + 1e-9)
         owners[fid] = r
+
+
+def test_share_by_load_weighs_the_incoming_side_of_each_link():
+    # 4 ranks, 12 sub-blocks of 1 MB on 1 MB/s full-duplex links. Ranks 0 and 1 arrived at 0
+    # and claimed 4 each; rank 2 arrived 8 s before the last (rank 3, at 20 s) and has pushed
+    # all 8 MB of its pieces; rank 3 pushes its 8 MB after L. Out of each link after L:
+    # 0 and 1: 3 x 4 copies + 4 free pieces = 16 MB; 2: 4 free pieces; 3: 8 + 4 = 12 MB.
+    # Into each: 0 and 1: 8 MB of results + rank 3's 4 MB of pieces = 12 MB; 2 and 3: 12 MB
+    # of results. Counting only what leaves, rank 2 looks idle and would take all 4 free
+    # sub-blocks (out 4 -> 12 MB), but each one brings 3 pieces in for 1 result: its downlink
+    # would carry 12 + 4 x 2 = 20 MB. Counting both directions, ranks 2 and 3 take two each
+    # and no link carries more than the early owners' 16 MB.
+    flows = [(i, 1e6, 0 if i < 4 else 1 if i < 8 else -1) for i in range(12)]
+    at = {0: 0.0, 1: 0.0, 2: 12.0, 3: 20.0}
+    live = [0, 1, 2, 3]
+    got = share_by_load(flows, live, at, [1e6] * 4, 4)
+    assert got == {8: 2, 9: 3, 10: 2, 11: 3}
+    owners = {fid: o for fid, _, o in flows}
+    finish, out, into = _loads(flows, owners | got, live, at, [1e6] * 4, 4)
+    assert max(finish.values()) == pytest.approx(16.0)
+    # the out-only greedy (the rule before) gives rank 2 everything: its downlink then
+    # takes 20 s, 1.25x the early owners' 16 s
+    old = dict.fromkeys(got, 2)
+    finish_old, out_old, into_old = _loads(flows, owners | old, live, at, [1e6] * 4, 4)
+    assert out_old[2] == pytest.approx(12e6) and finish_old[2] == pytest.approx(20.0)
+    # a downlink the plan says is 4x slower keeps free sub-blocks away from that rank too
+    got = share_by_load(flows, live, at, [1e6] * 4, 4, [1e6, 1e6, 0.25e6, 1e6])
+    assert 2 not in got.values(), got
+
+
+def test_a_claim_waits_while_absent_ranks_could_still_flood_the_incoming_side():
+    # 8 ranks, 56 sub-blocks of 1 MB, cap 10 MB, budget 70 MB per direction. Four ranks are
+    # present, this one owns 4 MB and has pushed everything. Out, one more would make
+    # 7 x 5 = 35 MB. In, were the last rank to arrive now: each of the 4 absent ranks sends a
+    # piece of every sub-block it owns (4 x 5 MB) and 51 MB of results come down = 71 MB >
+    # 70: no claim. Counting only the outgoing side (no ``total``), it would take two.
+    n, cap = 8, 10e6
+    kw = dict(owned=4e6, push=0, backlog=0, present=4, n=n, cap=cap)
+    assert claim_count([1e6] * 20, **kw) == 2
+    assert claim_count([1e6] * 20, total=56e6, **kw) == 0
+    # one arrival later (3 absent) the same claim fits: 3 x 5 + 51 = 66 MB <= 70; up to
+    # 7 MB owned: 2 x 7 + 56 = 70
+    kw.update(present=5)
+    assert claim_count([1e6] * 20, total=56e6, **kw) == 2
+    assert claim_count([1e6] * 20, total=56e6, **{**kw, "owned": 6e6}) == 1
+    # pieces the present ranks still owe it count in too (backlog)
+    assert claim_count([1e6] * 20, total=56e6, **{**kw, "owned": 6e6, "backlog": 0.5e6}) == 0
+    # a downlink half as fast halves the incoming budget: 56 MB of results alone exceed 35
+    assert claim_count([1e6] * 20, total=56e6, speed_in=0.5, **kw) == 0
