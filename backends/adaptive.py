@@ -801,21 +801,23 @@ class _Run:
 
     def _uplinks(self) -> list[float]:
         """Bytes/s each rank's vertex can send (the plan topology's links out of it)."""
-        if getattr(self, "_caps", None) is None:
-            out: dict[str, float] = {}
-            for link in self.plan.topology.links:
-                out[link.src] = out.get(link.src, 0.0) + link.capacity
-            self._caps = [out.get(v, 0.0) or 1.0 for v in self.plan.ranks]
-        return self._caps
+        return self._link_caps("src")
 
     def _downlinks(self) -> list[float]:
         """Bytes/s each rank's vertex can receive (the plan topology's links into it)."""
-        if getattr(self, "_caps_in", None) is None:
-            into: dict[str, float] = {}
+        return self._link_caps("dst")
+
+    def _link_caps(self, end: str) -> list[float]:
+        """Per rank, the summed capacity of the topology's links whose ``end`` ("src" or
+        "dst") is the rank's vertex; computed once per run."""
+        caps = self.__dict__.setdefault("_caps_by_end", {})
+        if end not in caps:
+            total: dict[str, float] = {}
             for link in self.plan.topology.links:
-                into[link.dst] = into.get(link.dst, 0.0) + link.capacity
-            self._caps_in = [into.get(v, 0.0) or 1.0 for v in self.plan.ranks]
-        return self._caps_in
+                v = getattr(link, end)
+                total[v] = total.get(v, 0.0) + link.capacity
+            caps[end] = [total.get(v, 0.0) or 1.0 for v in self.plan.ranks]
+        return caps[end]
 
     def star_down_parents(self) -> dict[int, tuple[int, ...]]:
         """The down trees of the star sub-blocks once every rank has arrived: a star, except
