@@ -66,6 +66,11 @@ raises :class:`CollectiveTimeout` naming this rank, the peer and the op/tree/chu
 oldest outstanding receive (or send). A dead peer surfaces as :class:`RankFailed` (or
 :class:`RootFailed`) naming it. Never a hang.
 
+Bound runs: over a transport with persistent transfers (MPI), a call that passes ``out`` and
+plain numpy arrays is bound once (:class:`BoundRun`: persistent requests on the caller's
+memory, kept on the plan for the last few array sets per rank) and later calls with the same
+arrays only start requests and reduce — MPI-4's persistent collectives for any plan.
+
 The per-rank state lives in :class:`RankExecution`, whose ``pending``/``ready`` sets are
 explicit, so a later repair step can replace the remaining ops of a rank (design.md
 "Adaptive hooks") without re-running completed ones.
@@ -82,7 +87,7 @@ from ..ir.plan import Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send
 from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
 from .kernels import STAGING, combine_into, np_dtype, reduce_into, scale_into
 
-__all__ = ["run", "RankExecution", "InputMismatch", "UnknownOption", "CodecUnavailable"]
+__all__ = ["run", "RankExecution", "BoundRun", "InputMismatch", "UnknownOption", "CodecUnavailable"]
 
 # Options the executor understands; unknown ones are rejected (a later issue adds quorum etc.).
 KNOWN_OPTIONS: frozenset[str] = frozenset()
@@ -244,6 +249,7 @@ class RankExecution:
                 raise RuntimeFault(f"rank {self.rank}: the program reaches {name}[{end}], outside the buffer of {size}")
         self.kinds = sched.kinds
         self.dependents = sched.dependents
+        self.missing_at_start = sched.missing
         self.missing = list(sched.missing)  # deps not yet completed
         self.first = sched.first
         self.completed = 0
@@ -430,6 +436,189 @@ class RankExecution:
             )
 
 
+class BoundRun:
+    """One rank's program bound to one set of buffers over a transport with persistent
+    transfers (``send_init``/``recv_init``/``start_all``/``wait_some``/``free_all``: the MPI
+    backend), run again and again: MPI-4's persistent collectives (``MPI_Allreduce_init``)
+    for any plan.
+
+    Built from a :class:`RankExecution` whose buffers are checked, it holds per op what a
+    run would otherwise recompute: a persistent request per Send, Recv and RecvReduce (one
+    ``MPI_Startall`` posts all that become ready together), the slices of every buffer, and a
+    staging chunk per RecvReduce of its own. A run is then the dependency count and the
+    reductions. With 4 ranks on 2 cores each microsecond of Python a rank spends outside
+    ``MPI_Testsome`` stalls its peers' copies (MPICH moves a large message when the receiver
+    polls), and per transfer the general loop makes a slice, two memoryviews, two request
+    objects and two dict entries. Measured (4 ranks, 1 MiB direct allreduce, median of 140
+    runs per variant in one mpiexec job, three jobs, load 3.3-4.0): general loop
+    1.67 / 2.90 / 5.08 ms, bound 1.23 / 2.07 / 4.85 ms, MPICH ``Allreduce`` 1.31 / 2.91 / 5.62
+    ms; at load 0.8-1.1 the bound run took 0.81-1.0 ms against 0.75-0.91 ms for the same
+    exchange written inline with mpi4py and 0.78-1.22 ms for MPICH.
+
+    Semantics are the executor's: the same dependency order, Copy fusion, reductions on the
+    main thread, the per-wait deadline naming the rank, peer and chunk."""
+
+    def __init__(self, ex: RankExecution, key: tuple):
+        comm = ex.comm
+        self.ex, self.comm, self.key = ex, comm, key
+        self.generation = getattr(comm, "generation", 0)
+        self.busy = False
+        program, kinds = ex.program, ex.kinds
+        n_ops = len(program)
+        self.handles: list[Any] = [None] * n_ops
+        self.local: list[Any] = [None] * n_ops
+        self.reduce: list[Any] = [None] * n_ops
+        made = []
+        try:
+            for k, op in enumerate(program):
+                kind = kinds[k]
+                if kind == SEND:
+                    h = comm.send_init(op.peer, op.tag, memoryview(ex.view(op.src)).cast("B"))
+                elif kind == RECV:
+                    h = comm.recv_init(op.peer, op.tag, memoryview(ex.view(op.dst)).cast("B"))
+                elif kind == RECV_REDUCE:
+                    dst = ex.view(op.dst)
+                    staging = np.empty(dst.size, dtype=dst.dtype)
+                    src = ex.fused.get(k)
+                    self.reduce[k] = (dst, staging, None if src is None else ex.view(src), ex.fuse_group.get(k))
+                    h = comm.recv_init(op.peer, op.tag, memoryview(staging).cast("B"))
+                else:
+                    if kind == COPY and k not in ex.skip_copy:
+                        self.local[k] = (COPY, ex.view(op.dst), ex.view(op.src))
+                    elif kind == REDUCE:
+                        self.local[k] = (REDUCE, ex.view(op.dst), ex.view(op.src))
+                    elif kind == SCALE:
+                        self.local[k] = (SCALE, ex.view(op.dst), op.divisor)
+                    continue
+                self.handles[k] = h
+                made.append(h)
+        except BaseException:
+            comm.free_all(made)
+            raise
+        self.made = made
+
+    def free(self) -> None:
+        if self.made and getattr(self.comm, "generation", 0) == self.generation:
+            self.comm.free_all(self.made)
+        self.made = []
+
+    def _post(self, order: list[int], missing: list[int], active: list, owner: list[int]) -> int:
+        """Post the ops of ``order`` and, depth first, what each releases (the executor's
+        order): transfers gathered into one ``start_all``, flushed before any local op that
+        has work (a receive is never left unposted behind a copy). Returns how many local
+        ops completed."""
+        handles, local, deps, ex, comm = self.handles, self.local, self.ex.dependents, self.ex, self.comm
+        starts: list = []
+        done = 0
+        for first in order:
+            stack = [first]
+            while stack:
+                k = stack.pop()
+                h = handles[k]
+                if h is not None:
+                    starts.append(h)
+                    active.append(h)
+                    owner.append(k)
+                    continue
+                work = local[k]
+                if work is not None:
+                    if starts:
+                        comm.start_all(starts)
+                        starts = []
+                    what, dst, arg = work
+                    if what == COPY:
+                        dst[...] = arg
+                    elif what == REDUCE:
+                        reduce_into(ex.op_name, ex.plan.dtype, dst, arg)
+                    else:
+                        scale_into(ex.plan.dtype, dst, arg)
+                done += 1
+                for j in deps[k]:
+                    missing[j] -= 1
+                    if missing[j] == 0:
+                        stack.append(j)
+        if starts:
+            comm.start_all(starts)
+        return done
+
+    def run(self, timeout: float) -> None:
+        ex, comm = self.ex, self.comm
+        deps, reduce = ex.dependents, self.reduce
+        op_name, dtype_name = ex.op_name, ex.plan.dtype
+        missing = list(ex.missing_at_start)
+        active: list = []
+        owner: list[int] = []
+        started: set[int] = set()
+        completed = self._post(ex.first, missing, active, owner)
+        while active:
+            try:
+                idx = comm.wait_some(active, timeout)
+            except CollectiveTimeout:
+                recvs = [k for k in owner if ex.kinds[k] != SEND]
+                k = min(recvs or owner)
+                raise CollectiveTimeout(ex.rank, ex.program[k].peer, ex.describe(k), timeout) from None
+            finished = [owner[i] for i in idx]
+            for i in reversed(idx):
+                del active[i]
+                del owner[i]
+            ready: list[int] = []
+            for k in finished:
+                red = reduce[k]
+                if red is not None:
+                    dst, staging, src, group = red
+                    if src is None or group in started:
+                        reduce_into(op_name, dtype_name, dst, staging)
+                    else:  # the first of the block's RecvReduces: dst = source (op) received
+                        combine_into(op_name, dtype_name, dst, src, staging)
+                        started.add(group)
+                for j in deps[k]:
+                    missing[j] -= 1
+                    if missing[j] == 0:
+                        ready.append(j)
+            completed += len(finished)
+            if ready:
+                completed += self._post(ready, missing, active, owner)
+        if completed != len(ex.program):
+            raise RuntimeFault(f"rank {ex.rank}: {len(ex.program) - completed} ops never became ready; "
+                               "is the plan verified?")
+
+
+_BOUND_KEEP = 4  # bound runs kept per plan and rank (least recently used first out)
+
+
+def _bound_run(plan: Plan, comm: Transport, array, out, timeout: float, make) -> BoundRun | None:
+    """The :class:`BoundRun` of this plan, rank, communicator and caller arrays, made by
+    ``make()`` (a checked :class:`RankExecution`) on first use and kept on the plan, or None
+    when the call cannot be bound. Only exact numpy arrays are bound, held by reference: a
+    held array cannot be resized under the requests (numpy refuses to resize an array
+    something else references), and its identity names its memory. The output must be given
+    (a new result per call has new memory every time); the input may be None."""
+    cache = plan.__dict__.get("_bound")
+    if cache is None:
+        cache = []
+        object.__setattr__(plan, "_bound", cache)
+    key = (comm.rank, comm, array, out)
+    for i, b in enumerate(cache):
+        k = b.key
+        if k[1] is comm and k[2] is array and k[3] is out and k[0] == comm.rank:
+            if b.busy:
+                return None
+            if b.generation != getattr(comm, "generation", 0):  # the communicator was closed
+                del cache[i]
+                break
+            if i:
+                cache.insert(0, cache.pop(i))
+            return b
+    b = BoundRun(make(), key)
+    cache.insert(0, b)
+    mine = [x for x in cache if x.key[0] == comm.rank]
+    if len(mine) > _BOUND_KEEP:
+        old = mine[-1]
+        cache.remove(old)
+        old.free()
+    return b
+
+
 def _programs(plan: Plan, step: int):
     if plan.kind == "neighbor_average" and step != 0:
         from ..compiler.lower_relax import programs_for_step
@@ -537,6 +726,28 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
                                                  input_read=array is not None or _reads_input(program))
     dtype, sizes = np_dtype(plan.dtype), plan.buffer_elems(rank)
     codec = _codec(plan)
-    bufs = {"in": inp, "out": out_flat, "tmp": np.empty(sizes["tmp"], dtype=dtype)}
-    RankExecution(plan, comm, program, bufs, float(timeout), codec).execute()
+
+    def execution() -> RankExecution:
+        bufs = {"in": inp, "out": out_flat, "tmp": np.empty(sizes["tmp"], dtype=dtype)}
+        return RankExecution(plan, comm, program, bufs, float(timeout), codec)
+
+    # a transport with persistent transfers, the plan's own program, plain numpy arrays, and
+    # an output given: bind this call once and reuse it (BoundRun)
+    if (codec is None and type(out) is np.ndarray and (array is None or type(array) is np.ndarray)
+            and program is plan.programs[rank] and getattr(comm, "send_init", None) is not None):
+        bound = _bound_run(plan, comm, array, out, timeout, execution)
+        if bound is not None:
+            bound.busy = True
+            try:
+                bound.run(float(timeout))
+            except BaseException:
+                # requests may still be active: drop the binding without reusing them
+                cache = plan.__dict__.get("_bound", [])
+                if bound in cache:
+                    cache.remove(bound)
+                raise
+            finally:
+                bound.busy = False
+            return result
+    execution().execute()
     return result

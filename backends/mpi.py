@@ -30,6 +30,7 @@ Embedding, one call per rank inside the user's own ``mpiexec`` job::
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -133,6 +134,12 @@ class MPIBackend(Transport):
         # MPI request in a parallel list that Testsome reads as it is (wait_completed)
         self._live: list[MPIRequest] | None = None
         self._live_reqs: list = []
+        # persistent requests made by send_init/recv_init, freed by close() or at exit (MPICH
+        # warns about every persistent request still allocated at MPI_Finalize); ``generation``
+        # counts the closes, so a bound run made before one knows its requests are gone
+        self._persistent: list[MPIRequest] = []
+        self.generation = 0
+        self._atexit = False
 
     @classmethod
     def available(cls) -> bool:
@@ -167,6 +174,59 @@ class MPIBackend(Transport):
             self._live.append(r)
             self._live_reqs.append(req)
         return r
+
+    # -- persistent transfers: the executor's bound runs (backends/executor.py, BoundRun) ------
+    def send_init(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
+        """A persistent send of ``data`` (``MPI_Send_init``): posted by :meth:`start_all`, any
+        number of times, until :meth:`free_all` or :meth:`close`."""
+        self._check(peer, tag)
+        mv = _as_bytes(data)
+        return self._keep(MPIRequest(self.comm.Send_init([mv, self._MPI.BYTE], dest=peer, tag=tag),
+                                     peer, tag, "send", mv))
+
+    def recv_init(self, peer: int, tag: int, buf: memoryview) -> MPIRequest:
+        """A persistent receive into ``buf`` (``MPI_Recv_init``); see :meth:`send_init`."""
+        self._check(peer, tag)
+        mv = _as_bytes(buf)
+        if mv.readonly:
+            raise ValueError("hcc mpi: receive buffer is read-only")
+        return self._keep(MPIRequest(self.comm.Recv_init([mv, self._MPI.BYTE], source=peer, tag=tag),
+                                     peer, tag, "recv", mv))
+
+    def _keep(self, r: MPIRequest) -> MPIRequest:
+        if not self._atexit:  # before mpi4py's own exit hook (registered at import) finalizes
+            atexit.register(self.close)
+            self._atexit = True
+        self._persistent.append(r)
+        return r
+
+    def start_all(self, requests: Sequence[MPIRequest]) -> None:
+        """Post persistent requests (``MPI_Startall``), in the given order."""
+        if self._die_armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._MPI.Prequest.Startall([r.req for r in requests])
+
+    def wait_some(self, requests: Sequence[MPIRequest], timeout: float) -> list[int]:
+        """Sorted indices of the started ``requests`` that completed (at least one); the
+        polling and deadline of :meth:`wait_any`. A persistent request is inactive again
+        once it completed: the caller drops it from the list it passes next."""
+        return self._poll(requests, [r.req for r in requests], timeout)
+
+    def free_all(self, requests: Sequence[MPIRequest]) -> None:
+        """Free persistent requests that are not active (``MPI_Request_free``)."""
+        gone = {id(r) for r in requests}
+        for r in requests:
+            r.req.Free()
+        self._persistent = [r for r in self._persistent if id(r) not in gone]
+
+    def close(self) -> None:
+        """Free every persistent request this communicator made; bound runs made before
+        see ``generation`` change and bind again."""
+        if self._persistent and not self._MPI.Is_finalized():
+            for r in self._persistent:
+                r.req.Free()
+        self._persistent = []
+        self.generation += 1
 
     def track_completions(self, on: bool) -> None:
         """Keep every request posted from now on for :meth:`wait_completed` (the executor's

@@ -325,3 +325,136 @@ def test_no_mpi_process_listens_beyond_loopback(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     listens = [l.split()[1] for l in proc.stdout.splitlines() if l.startswith("LISTEN")]
     assert all(a.startswith("127.0.0.1:") for a in listens), listens
+
+
+BOUND = """
+    import os, sys, numpy as np
+    from mpi4py import MPI
+    import hcc
+    from hcc.ir.plan import Plan
+    from hcc.backends.mpi import MPIBackend
+    from hcc.backends.reference import check, expected, make_input
+    t = MPIBackend(MPI.COMM_WORLD)
+    r, n = t.rank, t.world
+    names = sys.argv[2:]
+    plans = [Plan.load(os.path.join(sys.argv[1], f"{nm}.json")) for nm in names]
+    for plan in plans:
+        sizes = plan.buffer_elems(r)
+        x = make_input(plan, 0, r).copy()
+        outs = [np.empty(sizes["out"], x.dtype), np.empty(sizes["out"], x.dtype)]
+        for it in range(6):
+            # new values in the same input array, garbage in the output: a bound run must
+            # read the memory as it is now and write every element it owns
+            x[...] = make_input(plan, it + 1, r)
+            out = outs[it % 2]
+            out[...] = make_input(plan, 99, r)[:1].repeat(out.size) if out.size else out
+            got = plan.run(t, x, out=out)
+            assert got is out
+            want = expected(plan, [make_input(plan, it + 1, q) for q in range(n)])
+            check(plan, [out if q == r else None for q in range(n)],
+                  [want[q] if q == r else None for q in range(n)])
+        bound = plan.__dict__.get("_bound", [])
+        assert len(bound) == 2, f"{plan.name}: {len(bound)} bindings, want one per output buffer"
+        if plan.kind == "allreduce":  # in place: the output is the input
+            for it in range(3):
+                x[...] = make_input(plan, it + 7, r)
+                plan.run(t, x, out=x)
+                want = expected(plan, [make_input(plan, it + 7, q) for q in range(n)])
+                check(plan, [x if q == r else None for q in range(n)],
+                      [want[q] if q == r else None for q in range(n)])
+            assert len(plan.__dict__["_bound"]) == 3
+    made = len(t._persistent)
+    t.close()                                   # frees every persistent request; later runs bind again
+    assert not t._persistent and made > 0
+    plan = plans[0]
+    x = make_input(plan, 5, r).copy()
+    out = np.zeros(plan.buffer_elems(r)["out"], x.dtype)
+    plan.run(t, x, out=out)
+    want = expected(plan, [make_input(plan, 5, q) for q in range(n)])
+    check(plan, [out if q == r else None for q in range(n)], [want[q] if q == r else None for q in range(n)])
+    print(f"rank {r}: bound ok, {made} persistent requests", flush=True)
+"""
+
+BOUND_SRC = """
+topology t4 {
+    node r[0..3]
+    class fast = 1 GB/s, 10 us
+    r[0..3] <-> r[0..3] : fast
+}
+collective ar_direct = allreduce on t4 { size = 4000 B
+ algorithm = direct }
+collective ar_ring = allreduce on t4 { size = 100004 B
+ dtype = int32
+ op = max
+ algorithm = ring
+ chunk = 8 KiB }
+collective ar_pack = allreduce on t4 { size = 262148 B
+ algorithm = treepack
+ chunk = 32 KiB }
+collective bc = broadcast on t4 { size = 40008 B
+ dtype = float64
+ root = r2
+ chunk = 8 KiB }
+collective ag = allgather on t4 { size = 4004 B }
+collective rs = reduce_scatter on t4 { size = 8000 B
+ op = avg }
+collective a2a = alltoall on t4 { size = 4000 B
+ dtype = float16 }
+"""
+
+
+def test_bound_runs_reuse_persistent_requests_and_stay_exact(tmp_path):
+    """plan.run with the same arrays again binds once (persistent MPI requests, executor.BoundRun)
+    and stays exact when the input changes between runs and the output holds garbage;
+    in-place runs and a closed communicator bind anew."""
+    names = ["ar_direct", "ar_ring", "ar_pack", "bc", "ag", "rs", "a2a"]
+    for nm in names:
+        hcc.compile(BOUND_SRC, nm).save(tmp_path / f"{nm}.json")
+    proc, _ = _mpiexec(4, _script(tmp_path, BOUND), str(tmp_path), *names)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("bound ok") == 4, proc.stdout
+    assert "persistent request" not in proc.stderr, proc.stderr  # MPICH's warning at finalize
+
+
+BOUND_TIMEOUT = """
+    import time, numpy as np
+    from mpi4py import MPI
+    import hcc
+    from hcc.backends.base import CollectiveTimeout
+    from hcc.backends.mpi import MPIBackend
+    t = MPIBackend(MPI.COMM_WORLD)
+    r = t.rank
+    plan = hcc.compile('''
+    topology t2 { node r[0..1]
+     r0 <-> r1 : 1 GB/s, 10 us }
+    collective bc = broadcast on t2 { size = 4 MiB
+     root = r0 }
+    ''', "bc")
+    x = np.arange(plan.buffer_elems(r)["in"], dtype=np.float32)
+    out = np.zeros(plan.buffer_elems(r)["out"], np.float32)
+    plan.run(t, x, out=out)                     # binds
+    plan.run(t, x, out=out)                     # reuses the binding
+    assert len(plan.__dict__["_bound"]) == 1
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            plan.run(t, x, out=out, timeout=1.0)
+        except CollectiveTimeout as e:
+            print(f"rank 0: bound timeout after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+        assert plan.__dict__["_bound"] == [], "a run that failed must drop its binding"
+    else:
+        time.sleep(2.0)                         # the root's bound run times out meanwhile
+    if r == 1:
+        plan.run(t, x, out=out)                 # drains the root's abandoned sends
+        assert np.array_equal(out, x)
+    t.barrier("end", 30.0)
+    print(f"rank {r}: done", flush=True)
+"""
+
+
+def test_a_bound_run_keeps_the_deadline(tmp_path):
+    proc, _ = _mpiexec(2, _script(tmp_path, BOUND_TIMEOUT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0: bound timeout after 1." in proc.stdout, proc.stdout + proc.stderr
+    assert "waiting on rank 1" in proc.stdout and "Send" in proc.stdout, proc.stdout
+    assert proc.stdout.count("done") == 2, proc.stdout
