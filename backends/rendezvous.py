@@ -67,11 +67,19 @@ def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(token, label + b"".join(parts), hashlib.sha256).digest()
 
 
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
+
 def recv_into_exact(sock: socket.socket, view: memoryview, closed: str = "connection closed") -> None:
-    """Fill all of ``view`` (bytes) from ``sock``; ConnectionError(``closed``) on EOF first."""
+    """Fill all of ``view`` (bytes) from ``sock``; ConnectionError(``closed``) on EOF first.
+
+    ``MSG_WAITALL``: on a blocking socket the kernel keeps copying as segments arrive and
+    returns once ``view`` is full (or on EOF, an error or a signal: the loop goes on), instead
+    of returning to Python, and taking the GIL, for every batch of segments. A socket with a
+    timeout is non-blocking underneath and gets what is there, as before."""
     got, n = 0, view.nbytes
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, _WAITALL)
         if k == 0:
             raise ConnectionError(closed)
         got += k
