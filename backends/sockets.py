@@ -726,11 +726,16 @@ class SocketTransport(Transport):
         self.store.add(key, 1)
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        first = True
         while True:
             # wait in 0.2 s slices so a peer's death (seen by a reader thread) ends the barrier
-            # at once instead of after the whole deadline
-            if self._launched:
+            # at once instead of after the whole deadline. The launcher's list of dead ranks is
+            # read only once a slice passed: before the first wait it is one more store round
+            # trip for the last rank to arrive, which every timed region after a barrier pays
+            # (the others are released by its add and start that much earlier)
+            if self._launched and not first:
                 self._poll_launcher()
+            first = False
             with self._lock:
                 dead = next(iter(self._dead.items()), None)
             if dead is not None:
