@@ -321,6 +321,12 @@ class Plan:
     peers: str | None = None  # neighbor_average only: ring | all | shift_one
     version: int = PLAN_VERSION
 
+    def __getstate__(self) -> dict:
+        # Pickled (Ray ships plans to its actors) without what a process caches on the object
+        # under "_" names — the digest, buffer sizes, the executor's schedules and its bound
+        # MPI runs (persistent requests, which cannot cross processes)
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
     @property
     def n(self) -> int:
         return len(self.ranks)

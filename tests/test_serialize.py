@@ -234,3 +234,25 @@ def test_figures_read_as_plan_attributes():
     assert 0 < plan.efficiency <= 1 and plan.bound_s <= plan.predicted_s
     with pytest.raises(AttributeError):
         plan.no_such_figure
+
+
+@pytest.mark.parametrize("plan", list(plans())[:3], ids=lambda p: f"{p.kind}-{p.algorithm}")
+def test_pickle_leaves_the_process_caches_behind(plan):
+    """A plan pickles (Ray ships plans to actors) without its per-process caches: the executor's
+    schedules and bound MPI runs hold objects that cannot cross processes."""
+    import pickle
+    import threading
+
+    from hcc.backends.executor import schedule
+
+    plan.digest()
+    plan.buffer_elems(0)
+    schedule(plan, 0, plan.programs[0], 2)
+    object.__setattr__(plan, "_bound", [threading.Lock()])  # what a bound run holds cannot pickle
+    cached = sorted(k for k in vars(plan) if k.startswith("_"))
+    assert {"_bound", "_digest", "_schedules"} <= set(cached)
+    back = pickle.loads(pickle.dumps(plan))
+    assert back == plan and dumps(back) == dumps(plan)
+    assert not [k for k in vars(back) if k.startswith("_")]
+    assert back.digest() == plan.digest()
+    assert "_bound" in vars(plan)  # the original keeps its caches
