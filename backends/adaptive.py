@@ -451,14 +451,19 @@ class _View:
     # arrival, then (``shared``) the rest given out by load at the last arrival
     owner: dict[int, int] = field(default_factory=dict)
     shared: bool = False
+    late_owned: frozenset = frozenset()  # star flow ids whose owner the share-out chose
     claims_folded: int = 0  # this rank's own claim events folded so far
 
 
 class _Run:
     def __init__(self, plan: Plan, comm: Transport, session: _Session, inp: np.ndarray, out: np.ndarray,
                  timeout: float, static: bool, quorum: int | None, ce: int, progress: Callable | None,
-                 fast: bool = False, explicit_chunk: bool = False):
+                 fast: bool = False, explicit_chunk: bool = False, trace: bool = False):
         self.plan, self.comm, self.s = plan, comm, session
+        # star allreduce event trace (run(trace=True), fault_bench --trace): per data chunk,
+        # (monotonic s, kind, flow, chunk, peer) — kinds: "ps"/"rs" piece/result send posted,
+        # "pc"/"rc" the transport took it all, "pi"/"ri" piece/result received whole
+        self.trace: list | None = [] if trace else None
         self.fast, self.ran_static = fast, False
         # on_failure = abort without a quorum: no repair, no agreement on contributors, so a
         # rank returns as soon as its own part is done (served_all) instead of at the log's end
@@ -580,9 +585,11 @@ class _Run:
         live = [r for r in v.arrivals if r not in dead]
         if not live:
             return
-        v.owner.update(share_by_load(
+        given = share_by_load(
             [(f.fid, self.flow_bytes(f), v.owner.get(f.fid, -1)) for f in flows],
-            live, v.arrived_at, self._uplinks(), self.n, self._downlinks()))
+            live, v.arrived_at, self._uplinks(), self.n, self._downlinks())
+        v.owner.update(given)
+        v.late_owned = frozenset(given)
 
     def maybe_claim(self) -> None:
         """Before the last arrival, claim the next star flows when this rank can absorb them
@@ -832,7 +839,9 @@ class _Run:
         owner arriving just before the last with its pieces still queued): alone they left
         the emulated star at 1.28x of ideal (4 MiB chunks) / 1.23x (1 MiB). Ownership by
         claims (:meth:`maybe_claim`, :meth:`share_rest`) now keeps such a rank's share small
-        or empty; relays only even out what the share-out leaves uneven."""
+        or empty; relays only even out what the share-out leaves uneven, and only through a
+        rank with no piece left to push — counting the pieces of the sub-blocks the share-out
+        gave away, which could not leave before the last arrival (``late_owned``)."""
         v = self.view
         key = (self.gen, len(v.arrivals), len(v.dead))
         if getattr(self, "_relay_key", None) == key:
@@ -849,7 +858,8 @@ class _Run:
         roots = [self.base_root(f) for f in flows]
         if any(r < 0 or r in dead for r in roots):
             return self._relay
-        trees = relay_parents(roots, size, [caps[r] for r in range(self.n)], v.arrived_at, live, self.n)
+        trees = relay_parents(roots, size, [caps[r] for r in range(self.n)], v.arrived_at, live, self.n,
+                              [f.fid in v.late_owned for f in flows])
         for f, par in zip(flows, trees):
             if par is not None:
                 self._relay[f.fid] = par
@@ -883,6 +893,8 @@ class _Run:
         t = tag(self.run_id, self.gen, ph, f.fid, c if ph != PH_CTRL else c)
         req = self.comm.isend(peer, t, memoryview(arr).cast("B"))
         self.pending.append(_Pending(req, "send", f.fid, c, peer, arr if ph == PH_CTRL else None))
+        if self.trace is not None and ph != PH_CTRL and f.star:
+            self.trace.append((time.monotonic(), "rs" if ph == PH_DOWN else "us", f.fid, c, peer))
 
     def bits(self, f, pred) -> np.ndarray:
         return np.packbits(np.array([bool(pred(c)) for c in range(len(f.chunks))], dtype=bool))
@@ -1073,6 +1085,8 @@ class _Run:
                     a, b = f.chunks[c]
                     req = self.comm.isend(root, self.star_tag(f, c), memoryview(self.inp[a:b]).cast("B"))
                     self.pending.append(_Pending(req, "send", f.fid, c, root, None))
+                    if self.trace is not None:
+                        self.trace.append((time.monotonic(), "ps", f.fid, c, root))
                     self.stats["pieces_sent"] = self.stats.get("pieces_sent", 0) + 1
                 st["up_sent"].add(c)
             return
@@ -1106,6 +1120,8 @@ class _Run:
                 if f.star:  # when this rank's last piece / result copy left (fault_bench's trace)
                     own = self.g[f.fid].get("up_root") == self.rank
                     self.stats["t_result_out" if own else "t_piece_out"] = time.monotonic()
+                    if self.trace is not None:
+                        self.trace.append((time.monotonic(), "rc" if own else "pc", f.fid, p.chunk, p.peer))
                 if self.progress is not None:
                     self.progress()
             return
@@ -1120,6 +1136,8 @@ class _Run:
         a, b = f.chunks[p.chunk]
         if f.star:  # when the last piece / result came in (clock of this machine, monotonic)
             self.stats["t_result_in" if p.what == "down" else "t_piece_in"] = time.monotonic()
+            if self.trace is not None:
+                self.trace.append((time.monotonic(), "ri" if p.what == "down" else "pi", f.fid, p.chunk, p.peer))
         if p.what == "down":
             self.out[a:b] = p.staging
             STAGING.give(p.staging)
@@ -1394,6 +1412,11 @@ class _Run:
         res.dead = tuple(sorted(dead))
         res.generation = self.gen
         res.stats = dict(self.stats)
+        if self.trace is not None:
+            res.stats["events"] = [[round(t, 4), k, fid, c, peer] for t, k, fid, c, peer in self.trace]
+            res.stats["chunk_bytes"] = {f.fid: [(b - a) * self.plan.itemsize for a, b in f.chunks]
+                                        for f in self.flows if f.star}
+            res.stats["owner"] = {f.fid: self.g[f.fid].get("up_root") for f in self.flows if f.star}
         if any(self.star_all(f) for f in self.flows):  # star blocks this rank owned at the end
             res.stats["owns"] = sum(1 for f in self.flows if self.g[f.fid].get("up_root") == self.rank)
             # ...of which this rank inherited from a dead owner (star_heir)
@@ -1407,7 +1430,7 @@ class _Run:
 
 def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
         adaptive: bool | None = None, quorum: int | None = None, chunk_bytes: int | None = None,
-        progress: Callable[[], None] | None = None) -> AdaptiveResult:
+        progress: Callable[[], None] | None = None, trace: bool = False) -> AdaptiveResult:
     """Run ``plan`` on rank ``comm.rank`` with the adaptive executor; returns the output as an
     :class:`AdaptiveResult` (an ndarray with ``contributors``/``missing``/``late``/``dead``) —
     or, when the static program ran (adaptive off, or the fast path), exactly what
@@ -1423,7 +1446,9 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     schedule. ``quorum=K`` (reduce, allreduce): reduce the first K inputs that arrive
     (reduce: the root's and the first K-1 others'); the others are reported in ``late``.
     ``timeout``: the longest the run may make no progress. ``progress``: called after every
-    data chunk this rank sends or receives (fault injection; it turns the fast path off)."""
+    data chunk this rank sends or receives (fault injection; it turns the fast path off).
+    ``trace``: a star allreduce records every data chunk's send post, send completion and
+    receive in ``stats["events"]`` (benchmarks/fault_bench.py --trace)."""
     from .executor import InputMismatch, caller_buffers
 
     if plan.kind not in KINDS:
@@ -1450,7 +1475,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     session = _session(comm)
     r = _Run(plan, comm, session, inp, out_flat, float(timeout), not on,
              None if quorum is None else int(quorum), ce, progress, fast=on and plain and adaptive is None,
-             explicit_chunk=chunk_bytes is not None)
+             explicit_chunk=chunk_bytes is not None, trace=trace)
     if plan.kind in ("allgather", "gather"):
         if plan.kind == "allgather" or rank == plan.root:
             lo, hi = block_range(plan.elems, plan.n, rank)
@@ -1490,6 +1515,7 @@ class Case:
     adaptive: bool | None = None
     engine: str = "adaptive"
     chunk_bytes: int | None = None
+    trace: bool = False  # record the star allreduce's per-chunk events (run(trace=True))
     save: bool = True  # write the outputs back (64 MiB x ranks per case: benchmarks save few)
 
 
@@ -1542,7 +1568,7 @@ def run_local(cases: Sequence[Case], *, timeout: float = 20.0, overall: float = 
             spec.append({"plan": f"case{i}.plan.json", "plan_adaptive": c.plan.adaptive, "seed": c.seed,
                          "kill": c.kill, "delays": list(c.delays),
                          "quorum": c.quorum, "adaptive": c.adaptive, "engine": c.engine,
-                         "chunk_bytes": c.chunk_bytes, "save": c.save})
+                         "chunk_bytes": c.chunk_bytes, "trace": c.trace, "save": c.save})
         atomic_write_text(job / "job.json", json.dumps({"timeout": timeout, "cases": spec}))
         env = dict(os.environ, HCC_TOKEN=token)
         procs = []
@@ -1689,7 +1715,8 @@ def _worker(job_dir: str, rank: int, world: int, store: str, host: str = "127.0.
                 else:
                     # progress only when this case kills: a progress hook turns the fast path off
                     out = run(plan, comm, x, timeout=timeout, quorum=case["quorum"], adaptive=case["adaptive"],
-                              chunk_bytes=case["chunk_bytes"], progress=progress if kill is not None else None)
+                              chunk_bytes=case["chunk_bytes"], progress=progress if kill is not None else None,
+                              trace=bool(case.get("trace")))
                     if isinstance(out, AdaptiveResult):
                         rec.update(contributors=list(out.contributors), missing=list(out.missing),
                                    late=list(out.late), dead=list(out.dead), stats=out.stats,

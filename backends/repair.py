@@ -219,23 +219,33 @@ class _Spec:
 
 
 def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence[float],
-                  arrived_at: dict, live: Sequence[int], n: int) -> list[tuple[int, ...] | None]:
+                  arrived_at: dict, live: Sequence[int], n: int,
+                  late_owned: Sequence[bool] | None = None) -> list[tuple[int, ...] | None]:
     """Down trees for star blocks ``i`` (owner ``roots[i]``, ``sizes[i]`` bytes) once every
     rank of ``live`` has arrived (``arrived_at[r]``: its clock, seconds): ``None`` where the
     star stays, else a parent array in which some children receive the block from a relay.
 
     Each rank's link gets a load, in seconds after the last arrival: what it still had to
     push then (the bytes of its pieces of the blocks it does not own over ``uplink[r]``,
-    less the time since it arrived), plus one block per direct child. While an owner has a
-    direct child ``y`` whose load after taking one more child stays half a block below the
-    owner's, another of the owner's leaf children moves under ``y``: one copy of the block
-    leaves the owner's link for ``y``'s. Most loaded owners first; bounded by n² x blocks
-    moves. Even with nobody late a star is uneven — an owner pushes n-2 pieces and sends n-1
-    copies, the rank that owns nothing only pushes n-1 pieces — so that rank relays a copy:
+    less the time since it arrived — except for the blocks ``late_owned[i]``, whose owner
+    was decided only at the last arrival (the star allreduce's share-out): none of their
+    pieces could leave before it, so all of them count), plus one block per direct child.
+    Without that exception an early rank looked idle and was made a relay while it still
+    pushed its pieces of the shared-out blocks: in a seed-42 trace (8 ranks, 64 MiB, 20 MB/s)
+    23 of 56 sub-blocks were shared out, and the two earliest ranks each relayed 18 MB on
+    top of 31 MB of such pieces and 67 MB of their own results — their uplinks ended last,
+    0.9 s after every other link.
+
+    While an owner has a direct child ``y`` with no piece left to push (load 0 before any
+    relay) whose load after taking one more child stays half a block below the owner's,
+    another of the owner's leaf children moves under ``y``: one copy of the block leaves the
+    owner's link for ``y``'s. Most loaded owners first; bounded by n² x blocks moves. A rank
+    still pushing pieces never relays, however light its load looks: with nobody late the
+    rank that owns nothing pushes n-1 pieces, and every owner's results wait for them:
 
     >>> relay_parents([0, 1, 2], [100, 100, 100], [100.0] * 4, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0},
     ...               [0, 1, 2, 3], 4)
-    [(-1, 0, 3, 0), None, None]
+    [None, None, None]
 
     Ranks 2 and 3 arrive 3 s after 0 and 1: owner 2 still has 2 s of pieces to push, so rank
     0, idle by then, relays its block to rank 3:
@@ -245,11 +255,19 @@ def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence
     [None, None, (2, 2, -1, 0)]
     """
     blocks = range(len(roots))
+    late = [bool(late_owned[i]) if late_owned is not None else False for i in blocks]
     load = {}
     last = max(arrived_at[r] for r in live)
     for r in live:
-        push = sum(sizes[i] for i in blocks if roots[i] != r) / uplink[r]
-        load[r] = max(0.0, push - (last - arrived_at[r]))
+        push = sum(sizes[i] for i in blocks if roots[i] != r and not late[i]) / uplink[r]
+        after = sum(sizes[i] for i in blocks if roots[i] != r and late[i]) / uplink[r]
+        load[r] = max(0.0, push - (last - arrived_at[r])) + after
+    # only a rank with no piece left to push may relay: every owner's results wait for the
+    # pieces, and a relayed copy takes its fair share of the relay's uplink from them. In a
+    # seed-42 trace the last rank (67 MB of pieces) and the one before it relayed 9.6 and
+    # 8.4 MB: the last piece landed 3.9 s after the last arrival instead of ~3.4 s
+    # (docs/fault-tolerance.md, "Where the time after the last arrival went")
+    idle = {r for r in live if load[r] <= 0.0}
     parent = [{k: roots[i] for k in live if k != roots[i]} for i in blocks]
     for i in blocks:
         load[roots[i]] += len(parent[i]) * sizes[i] / uplink[roots[i]]
@@ -262,7 +280,10 @@ def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence
                 relays = {p for p in par.values() if p != o}
                 if len(direct) < 2:
                     continue
-                y = min(direct, key=lambda r: (load[r], r))
+                idle_direct = [k for k in direct if k in idle]
+                if not idle_direct:
+                    continue
+                y = min(idle_direct, key=lambda r: (load[r], r))
                 leaves = [k for k in direct if k not in relays and k != y]
                 if not leaves or load[y] + sizes[i] / uplink[y] > load[o] - sizes[i] / uplink[o] / 2:
                     continue

@@ -55,6 +55,12 @@ their one-hop reference (the per-seed comparison: ``--kinds allreduce --only-sta
 arrival, and the two-sided model's best for its arrivals, :func:`model_best_hops`). Staggered
 cases also record each rank's sub-blocks owned and a trace after the last arrival (``meta``:
 ``owns``, ``trace``: when its last piece / result left and came in).
+``--trace`` makes the staggered adaptive cases record every star data chunk's send post, send
+completion and receive (``meta[...]["events"]``, seconds from the last arrival) and
+``--trace-report JSON`` prints, per rank, what its link carried after the last arrival L:
+bytes in and out, the out side split into pieces, results of its own sub-blocks and results
+it relayed, and when its last byte came in and left (receivers' clocks; one machine).
+``--engines default`` (with ``static``, which always runs) shortens such a run.
 Before bringing the star up the script waits (at
 most ``--wait-busy`` s) while another emulation runs processes: two emulations coexist
 (distinct namespaces), but would share the two cores. Writes fault_bench_netem.{json,csv}.
@@ -184,6 +190,15 @@ def _run_job(job: list, results: dict, meta: dict, emu=None, jobs: list | None =
                     {r: {k[2:]: round(v[k] - max(arr), 3) for k in ("t_arrived", "t_piece_out", "t_piece_in",
                                                                   "t_result_out", "t_result_in") if k in v}
                      for r, v in st.items()})
+                if any("events" in v for v in st.values()):
+                    # --trace: every star data chunk's events, seconds from L (trace_report)
+                    L = max(arr)
+                    anyst = next(v for v in st.values() if "events" in v)
+                    m.setdefault("events", []).append({
+                        "ranks": {r: [[round(e[0] - L, 4)] + e[1:] for e in v.get("events", [])]
+                                  for r, v in st.items()},
+                        "arrived": {r: round(v["t_arrived"] - L, 4) for r, v in st.items() if "t_arrived" in v},
+                        "chunk_bytes": anyst["chunk_bytes"], "owner": anyst["owner"]})
         if died:
             m["died"] = sorted(died)
         if not case.save:
@@ -266,11 +281,14 @@ def _build_jobs(a, n: int, plans: dict, small: dict) -> tuple[list, list]:
         for kind in a.kinds:
             delays = tuple(float(d) for d in rng.uniform(0, a.stagger, n))
             for eng, kw in _engines(plans, kind, a.netem).items():
+                if a.engines and eng not in a.engines and eng != "static":
+                    continue  # --engines (static stays: the rows' last arrival comes from it)
                 if not a.only_stagger:
                     job.append((f"{kind}/none/{eng}", Case(seed=rep, save=False, **kw)))
                 # outputs are checked for the first rep of the staggered runs only: 64 MiB x 8
                 # ranks = 512 MiB of .npy files per saved case
-                job.append((f"{kind}/stagger/{eng}", Case(seed=rep, delays=delays, save=rep == 0, **kw)))
+                job.append((f"{kind}/stagger/{eng}", Case(seed=rep, delays=delays, save=rep == 0,
+                                                          trace=a.trace and eng != "static", **kw)))
     small_job: list = [(None, Case(small["allreduce_default"], seed=0, save=False))]
     for rep in range(a.small_reps):
         for kind in a.kinds:
@@ -426,6 +444,38 @@ def seeds_table(paths: Sequence[str], out: str, label: str = "") -> list[dict]:
     return rows
 
 
+def trace_report(path: str, label: str = "allreduce/stagger/default") -> list[str]:
+    """Lines describing each traced rep of ``label`` in a ``--trace`` result file: per rank
+    (in arrival order) its arrival, sub-blocks owned, and the MB its link carried after the
+    last arrival L — in, out, and out split into pieces / own results / relayed results —
+    with seconds from L to its last byte in and out (a byte is counted when its chunk's
+    receive completes; the link rate is the reader's to apply: 20 MB/s is 0.05 s per MB)."""
+    d = json.loads(Path(path).read_text())
+    m = d["meta"][label]
+    lines = []
+    for rep, (E, t, last) in enumerate(zip(m.get("events", []), d["times"][label], m["last_arrival"])):
+        cb = {int(k): v for k, v in E["chunk_bytes"].items()}
+        owner = {int(k): v for k, v in E["owner"].items()}
+        arr = {int(r): a for r, a in E["arrived"].items()}
+        ev = {int(r): v for r, v in E["ranks"].items()}
+        recv = [(t_, fid, c, p, q, k) for q, v in ev.items() for t_, k, fid, c, p in v if k in ("pi", "ri")]
+        lines.append(f"rep {rep}: {t:.3f} s, last arrival {last:.3f} s, {t - last:.3f} s after it")
+        for r in sorted(arr, key=arr.get):
+            def mb(sel):
+                return sum(cb[fid][c] for t_, fid, c, p, q, k in recv if t_ > 0 and sel(fid, p, q, k)) / 1e6
+            into = mb(lambda fid, p, q, k: q == r)
+            pieces = mb(lambda fid, p, q, k: p == r and k == "pi")
+            own = mb(lambda fid, p, q, k: p == r and k == "ri" and owner[fid] == r)
+            relayed = mb(lambda fid, p, q, k: p == r and k == "ri" and owner[fid] != r)
+            last_in = max((t_ for t_, fid, c, p, q, k in recv if q == r), default=0.0)
+            last_out = max((t_ for t_, fid, c, p, q, k in recv if p == r), default=0.0)
+            lines.append(f"  r{r} arrived {arr[r]:6.2f} owns {sum(1 for o in owner.values() if o == r):2d}: "
+                         f"in {into:6.1f} MB, out {pieces + own + relayed:6.1f} MB (pieces {pieces:5.1f}, "
+                         f"own results {own:5.1f}, relayed {relayed:5.1f}); last in {last_in:5.2f} s, "
+                         f"last out {last_out:5.2f} s")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=8)
@@ -450,17 +500,28 @@ def main(argv=None) -> int:
                     help="comma-separated subset of broadcast,allreduce (default both)")
     ap.add_argument("--seed", type=int, default=42,
                     help="seed of the stagger delays (42: the figures in docs/fault-tolerance.md)")
+    ap.add_argument("--engines", default="",
+                    help="comma-separated engines to run (default all; static always runs)")
+    ap.add_argument("--trace", action="store_true",
+                    help="staggered adaptive cases record every star chunk's send and receive "
+                         "(meta[...]['events'])")
+    ap.add_argument("--trace-report", default=None, metavar="JSON",
+                    help="no run: print what every link carried after the last arrival in a --trace result file")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seeds-table", nargs="+", default=None, metavar="JSON",
                     help="no run: tabulate the staggered rows of these --only-stagger result files "
                          "into --out (CSV), one row per file and engine")
     ap.add_argument("--label", default="", help="--seeds-table: the code column (which tree ran)")
     a = ap.parse_args(argv)
+    if a.trace_report:
+        print("\n".join(trace_report(a.trace_report)))
+        return 0
     if a.seeds_table:
         for r in seeds_table(a.seeds_table, a.out or "fault_bench_seeds.csv", a.label):
             print(", ".join(f"{k}={v}" for k, v in r.items()))
         return 0
     a.kinds = tuple(k for k in KINDS if k in a.kinds.split(","))
+    a.engines = tuple(e for e in a.engines.split(",") if e)
     n = a.ranks
     size = a.size_mib << 20
     if a.small_reps is None:

@@ -225,6 +225,58 @@ def test_a_late_owner_hands_copies_of_its_block_to_early_ranks():
     assert max(after.values()) < 0.85 * max(before.values())
 
 
+
+def test_a_rank_still_pushing_pieces_of_shared_out_blocks_is_no_relay():
+    # The seed-42 trace (docs/fault-tolerance.md, "Where the time after the last arrival
+    # went"): rank 0 arrived 10 s before the others, but the blocks were shared out only at
+    # the last arrival (``late_owned``), so none of its pieces could leave before then: it
+    # still has 3 blocks (3 s) to push and must not relay owner 1's results. Without the
+    # shared-out flags it looks idle (10 s since it arrived) and is made owner 1's relay.
+    n, at = 4, {0: 0.0, 1: 10.0, 2: 10.0, 3: 10.0}
+    roots, sizes, uplink = [1, 1, 2], [100.0] * 3, [100.0] * n
+    blind = relay_parents(roots, sizes, uplink, at, list(range(n)), n)
+    assert blind[0] is not None and 0 in [p for r, p in enumerate(blind[0]) if r != 0 and p != 1]
+    assert relay_parents(roots, sizes, uplink, at, list(range(n)), n, [True] * 3) == [None] * 3
+    # blocks owned before the last arrival (claimed) were pushed long ago: rank 0 relays again
+    assert relay_parents(roots, sizes, uplink, at, list(range(n)), n, [False] * 3) == blind
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(3, 9), data=st.data())
+def test_only_ranks_with_no_piece_left_to_push_relay(n, data):
+    # every relay of every tree had pushed all its pieces by the last arrival — computed
+    # here from the definition: pieces of blocks it does not own, all of them for a block
+    # shared out at the last arrival, less what its link moved since it arrived for the
+    # others — and the busiest link never gets busier
+    live = list(range(n))
+    roots = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=2 * n))
+    sizes = data.draw(st.lists(st.integers(1, 10**7), min_size=len(roots), max_size=len(roots)))
+    late = data.draw(st.lists(st.booleans(), min_size=len(roots), max_size=len(roots)))
+    uplink = data.draw(st.lists(st.floats(1e6, 1e9), min_size=n, max_size=n))
+    arrived_at = {r: data.draw(st.floats(0, 10)) for r in live}
+    last = max(arrived_at.values())
+    pieces = {}
+    for r in live:
+        early = sum(s for s, o, lt in zip(sizes, roots, late) if o != r and not lt) / uplink[r]
+        after = sum(s for s, o, lt in zip(sizes, roots, late) if o != r and lt) / uplink[r]
+        pieces[r] = max(0.0, early - (last - arrived_at[r])) + after
+    trees = relay_parents(roots, sizes, uplink, arrived_at, live, n, late)
+    for par, o in zip(trees, roots):
+        if par is None:
+            continue
+        assert sorted(bfs_order(par, o)) == live
+        relays = {p for r, p in enumerate(par) if r != o and p not in (-1, o)}
+        assert relays and all(pieces[y] <= 0.0 for y in relays), (relays, pieces)
+
+    def busiest(ts):
+        copies = {r: sum(sizes[i] * sum(1 for p in par if p == r) for i, par in enumerate(ts)) / uplink[r]
+                  for r in live}
+        return max(pieces[r] + copies[r] for r in live)
+    stars = [tuple(-1 if r == o else o for r in range(n)) for o in roots]
+    full = [t if t is not None else st_ for t, st_ in zip(trees, stars)]
+    assert busiest(full) <= busiest(stars) * (1 + 1e-9)
+
+
 # --------------------------------------------------------------------------- star ownership
 # (backends/adaptive.py _Run.maybe_claim / share_rest: who owns the star allreduce's sub-blocks)
 
