@@ -112,8 +112,16 @@ MPI_PORT = "8 GB/s, 100 us"
 #   direct 1.05x, the compiler's ring 0.90x, 4 MiB chunks 0.93x; allreduce one chunk per ring
 #   step 0.98-1.04x at 64 MiB against 0.95-0.99x for 2, 4 or 8 MiB chunks (which cost up to
 #   30 ms more CPU) and 1.01x for direct. The table stands.
+# Re-measured on commit 66ed9be (receives with MSG_WAITALL; 6-8 interleaved reps, load 1-7 with
+#   emulated-network jobs beside, CPU ms of all ranks per iteration, which the load moves far
+#   less than wall time): broadcast 64 MiB in auto's 2 MiB ring chunks 101-106 ms CPU against
+#   87 ms in 8 MiB chunks (two runs; 4 MiB 91 ms, tree of 8 MiB 85-89 ms; gloo 84-90 ms), wall
+#   ratios 1.02-1.09x and 1.02x, inside the spread; on two cores that four ranks keep busy the
+#   CPU decides, so 64 MiB takes 8 MiB chunks. Broadcast 16 MiB: direct 19-21 ms, a tree of
+#   4 MiB chunks 18-21 ms, the compiler's 1 MiB ring 26-27 ms (gloo 19-20 ms): direct stays.
 SOCKETS_SETTINGS: dict[tuple[str, int], str] = {
     ("broadcast", 16): "algorithm = direct",
+    ("broadcast", 64): "algorithm = ring; chunk = 8 MiB",
 }
 # MPI allreduce 1 MiB: auto (direct) 0.58-0.93x, tree 0.61-0.82x, ring 0.54x, treepack 1.11x
 # (one run): no setting beat auto consistently at that load, so none is set.
