@@ -252,8 +252,8 @@ collective ar = allreduce on star {{ size = {size} B  on_failure = continue }}
 
 def test_allreduce_star_pieces_move_once_when_a_rank_dies(plans):
     # Arrival order 0, 1, 2, 3, 4 (0.15 s apart). The star allreduce's 32 sub-blocks (8 per
-    # owner slot, backends/adaptive.py) are owned by whoever claimed them (at most 1.25 equal
-    # shares = 10 each) or got them at the share-out when the last rank arrived; 4 MB in
+    # owner slot, backends/adaptive.py) are owned by whoever claimed them (at most 1.5 equal
+    # shares = 12 each) or got them at the share-out when the last rank arrived; 4 MB in
     # 256 KiB chunks: one chunk per sub-block, so a rank sends one piece per sub-block it does
     # not own. Owners keep the pieces they received, so a death costs local re-reductions, not
     # a second trip of the pieces:
