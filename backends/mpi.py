@@ -432,12 +432,19 @@ def reaping_shm():
         yield
     finally:
         new = _shm_segments() - before
-        if new:
+        # an aborted job's ranks may still be exiting (mapping their segment) when mpiexec
+        # returns: look again for up to 2 s (a fresh-clone CI run once left one segment behind)
+        for _ in range(20):
+            if not new:
+                break
             for name in new - _mapped_segments():
                 try:
                     (_SHM_DIR / name).unlink()
                 except OSError:
                     pass
+            new = _shm_segments() & new
+            if new:
+                time.sleep(0.1)
 
 
 def _launch(job: Path, world: int, extra: list[str], wall: float) -> tuple[int, str]:
