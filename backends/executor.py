@@ -221,6 +221,25 @@ def schedule(plan: Plan, rank: int, program, fuse: int) -> Schedule:
     return sched
 
 
+def reduce_staged(op_name: str, dtype_name: str, dst: np.ndarray, staging: np.ndarray, src, group,
+                  started: set) -> None:
+    """Reduce a RecvReduce's staged chunk into ``dst``. With Copy fusion (``src``: the fused
+    Copy's source, ``group``: its index) the first of the group to complete computes
+    ``dst = src (op) staging`` in one pass and marks the group ``started``; the others, and
+    RecvReduces without a fused Copy (``src`` None), reduce in place."""
+    if src is None or group in started:
+        reduce_into(op_name, dtype_name, dst, staging)
+    else:
+        combine_into(op_name, dtype_name, dst, src, staging)
+        started.add(group)
+
+
+def _blame_op(kinds, ops) -> int:
+    """The outstanding transfer a timeout names: the oldest receive, else the oldest send."""
+    recvs = [k for k in ops if kinds[k] != SEND]
+    return min(recvs or ops)
+
+
 class RankExecution:
     """The state of one rank's program during a run (see the module docstring)."""
 
@@ -356,11 +375,8 @@ class RankExecution:
             elif p.staging is not None:  # else the transport folded it while receiving
                 group = self.fuse_group.get(p.op)
                 with self.reduce_lock:
-                    if group is None or group in self.started:
-                        reduce_into(self.op_name, self.plan.dtype, dst, p.staging)
-                    else:  # the first of the block's RecvReduces: dst = source (op) received
-                        combine_into(self.op_name, self.plan.dtype, dst, self.view(self.fused[p.op]), p.staging)
-                        self.started.add(group)
+                    reduce_staged(self.op_name, self.plan.dtype, dst, p.staging,
+                                  None if group is None else self.view(self.fused[p.op]), group, self.started)
                 STAGING.give(p.staging)
         # _complete, inlined: this runs once per transfer
         self.completed += 1
@@ -383,9 +399,8 @@ class RankExecution:
 
     def _blame(self) -> _Pending:
         """The outstanding transfer to name in a timeout: the oldest receive, else send."""
-        pend = list(self.pending.values())
-        recvs = [p for p in pend if not isinstance(self.program[p.op], Send)]
-        return min(recvs or pend, key=lambda p: p.op)
+        by_op = {p.op: p for p in self.pending.values()}
+        return by_op[_blame_op(self.kinds, list(by_op))]
 
     def execute(self) -> None:
         fast = getattr(self.comm, "wait_completed", None)
@@ -554,8 +569,7 @@ class BoundRun:
             try:
                 idx = comm.wait_some(active, timeout)
             except CollectiveTimeout:
-                recvs = [k for k in owner if ex.kinds[k] != SEND]
-                k = min(recvs or owner)
+                k = _blame_op(ex.kinds, owner)
                 raise CollectiveTimeout(ex.rank, ex.program[k].peer, ex.describe(k), timeout) from None
             finished = [owner[i] for i in idx]
             for i in reversed(idx):
@@ -565,12 +579,7 @@ class BoundRun:
             for k in finished:
                 red = reduce[k]
                 if red is not None:
-                    dst, staging, src, group = red
-                    if src is None or group in started:
-                        reduce_into(op_name, dtype_name, dst, staging)
-                    else:  # the first of the block's RecvReduces: dst = source (op) received
-                        combine_into(op_name, dtype_name, dst, src, staging)
-                        started.add(group)
+                    reduce_staged(op_name, dtype_name, *red, started)
                 for j in deps[k]:
                     missing[j] -= 1
                     if missing[j] == 0:
@@ -583,10 +592,10 @@ class BoundRun:
                                "is the plan verified?")
 
 
-_BOUND_KEEP = 4  # bound runs kept per plan and rank (least recently used first out)
+_BOUND_KEEP = 4  # bound runs kept per plan and communicator (least recently used first out)
 
 
-def _bound_run(plan: Plan, comm: Transport, array, out, timeout: float, make) -> BoundRun | None:
+def _bound_run(plan: Plan, comm: Transport, array, out, make) -> BoundRun | None:
     """The :class:`BoundRun` of this plan, rank, communicator and caller arrays, made by
     ``make()`` (a checked :class:`RankExecution`) on first use and kept on the plan, or None
     when the call cannot be bound. Only exact numpy arrays are bound, held by reference: a
@@ -597,10 +606,10 @@ def _bound_run(plan: Plan, comm: Transport, array, out, timeout: float, make) ->
     if cache is None:
         cache = []
         object.__setattr__(plan, "_bound", cache)
-    key = (comm.rank, comm, array, out)
+    key = (comm, array, out)
     for i, b in enumerate(cache):
         k = b.key
-        if k[1] is comm and k[2] is array and k[3] is out and k[0] == comm.rank:
+        if k[0] is comm and k[1] is array and k[2] is out:
             if b.busy:
                 return None
             if b.generation != getattr(comm, "generation", 0):  # the communicator was closed
@@ -611,7 +620,7 @@ def _bound_run(plan: Plan, comm: Transport, array, out, timeout: float, make) ->
             return b
     b = BoundRun(make(), key)
     cache.insert(0, b)
-    mine = [x for x in cache if x.key[0] == comm.rank]
+    mine = [x for x in cache if x.key[0] is comm]
     if len(mine) > _BOUND_KEEP:
         old = mine[-1]
         cache.remove(old)
@@ -735,7 +744,7 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     # an output given: bind this call once and reuse it (BoundRun)
     if (codec is None and type(out) is np.ndarray and (array is None or type(array) is np.ndarray)
             and program is plan.programs[rank] and getattr(comm, "send_init", None) is not None):
-        bound = _bound_run(plan, comm, array, out, timeout, execution)
+        bound = _bound_run(plan, comm, array, out, execution)
         if bound is not None:
             bound.busy = True
             try:
