@@ -214,10 +214,10 @@ collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
 def test_the_second_to_last_arrival_owns_nothing_when_its_link_cannot_drain_in_time():
     # Who owns the star allreduce's sub-blocks (backends/adaptive.py maybe_claim / share_rest,
     # backends/repair.py claim_count / share_by_load): the plan says g3's link is 4x slower
-    # (0.25 MB/s) than the others' (1 MB/s). Ranks 0-2 arrive at once and claim up to 1.5
-    # equal shares each (12 sub-blocks; at most all 32 between them); rank 3 arrives 0.05 s
-    # before the last with the pieces of the claimed sub-blocks to push through its slow link
-    # (4 MB at most: 16 s by the model, against ~6 s for an early owner at the cap). So it claims
+    # (0.25 MB/s) than the others' (1 MB/s). Ranks 0-2 arrive at once and claim up to 1.25
+    # equal shares each (at most 30 of the 32 sub-blocks); rank 3 arrives 0.05 s before the
+    # last with the pieces of the claimed sub-blocks to push through its slow link (3.75 MB
+    # at most: 15 s by the model, against ~5 s for an early owner at the cap). So it claims
     # nothing, gets no sub-block at the share-out, and ends like the last rank: pieces up,
     # results down. The bytes cross loopback; the result is exact (float sum, int32 max).
     prog = hcc.load(f"""topology star {{ node g[0..{N - 1}]  switch s
@@ -235,7 +235,7 @@ collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
         check(case.plan, out.outputs, expected(case.plan, make_inputs(case.plan, case.seed)))
         stats = {r: out.info[r]["stats"] for r in range(N)}
         assert stats[3]["owns"] == 0 and stats[3].get("claims", 0) == 0, stats[3]
-        # every sub-block has exactly one owner, and the early ranks claimed (1.5 x 8 = 12 at most)
+        # every sub-block has exactly one owner, and the early ranks claimed (1.25 x 8 = 10 at most)
         assert sum(s["owns"] for s in stats.values()) == 8 * (N - 1), stats
         assert all(0 < stats[r]["owns"] for r in (0, 1, 2)), stats
 
