@@ -311,7 +311,14 @@ def _kill_jobs(n: int, plans: dict, kill_at: dict, reps: int = 1, kinds=KINDS) -
     return jobs
 
 
-def _rows(a, med: dict, meta: dict) -> list[dict]:
+def _rows(a, med: dict, meta: dict, results: dict | None = None) -> list[dict]:
+    """The printed rows. A staggered row's ``ratio`` is the median over the reps of each rep's
+    own ratio (its time over its own last arrival + one hop; against static, over the static
+    time of the same arrivals): every rep draws new delays, so the median time and the median
+    last arrival may come from different reps. ``ratio_of_medians`` keeps the median time over
+    the median reference (what this row printed up to commit 4e62611): in a seed-7 run
+    whose first rep stalled 4.6 s on one TCP connection it paired the third rep's time
+    (L = 6.68 s) with the first rep's arrival (6.02 s), 1.26 against that rep's own 1.18."""
     def cpu(label: str) -> float | None:
         v = meta.get(label, {}).get("cpu_share_max")
         return statistics.median(v) if v else None
@@ -319,10 +326,11 @@ def _rows(a, med: dict, meta: dict) -> list[dict]:
     one_hop = med.get("hop")
     rows = []
 
-    def row(case, label, ref, target, ref_label=None):
+    def row(case, label, ref, target, ref_label=None, per_rep=None):
         t = med[label]
-        rows.append(dict(case=case, seconds=t, reference_s=ref, ratio=t / ref, target=target,
-                         cpu_share=cpu(label), ref_cpu_share=cpu(ref_label) if ref_label else None))
+        rows.append(dict(case=case, seconds=t, reference_s=ref,
+                         ratio=statistics.median(per_rep) if per_rep else t / ref, ratio_of_medians=t / ref,
+                         target=target, cpu_share=cpu(label), ref_cpu_share=cpu(ref_label) if ref_label else None))
 
     for kind in a.kinds:
         if f"{kind}/kill/adaptive" in med:
@@ -330,17 +338,21 @@ def _rows(a, med: dict, meta: dict) -> list[dict]:
                 med[f"{kind}/none/adaptive-k"], "<= 1.5 + detection", f"{kind}/none/adaptive-k")
         if "hop" not in med:  # --only-failure
             continue
-        last = statistics.median(meta[f"{kind}/stagger/static"]["last_arrival"])
-        ideal = last + one_hop
+        lasts = meta[f"{kind}/stagger/static"]["last_arrival"]
+        ideal = statistics.median(lasts) + one_hop
         static_t = med[f"{kind}/stagger/static"]
+        res = results or {}
         for eng in ("default", "adaptive", "adaptive-1MiB", "static"):
-            if f"{kind}/stagger/{eng}" not in med:
+            label = f"{kind}/stagger/{eng}"
+            if label not in med:
                 continue
-            row(f"{kind}: stagger [0,{a.stagger:g}] {eng}", f"{kind}/stagger/{eng}", ideal,
-                "<= 1.2" if eng != "static" else "(baseline)")
+            ts = res.get(label, [])
+            row(f"{kind}: stagger [0,{a.stagger:g}] {eng}", label, ideal,
+                "<= 1.2" if eng != "static" else "(baseline)",
+                per_rep=[t / (last + one_hop) for t, last in zip(ts, lasts)])
             if eng != "static":
-                row(f"{kind}: stagger {eng} vs static", f"{kind}/stagger/{eng}", static_t, "< 1",
-                    f"{kind}/stagger/static")
+                row(f"{kind}: stagger {eng} vs static", label, static_t, "< 1", f"{kind}/stagger/static",
+                    per_rep=[t / st for t, st in zip(ts, res.get(f"{kind}/stagger/static", []))])
         if f"{kind}/none/static" not in med:  # --only-stagger
             continue
         st = med[f"{kind}/none/static"]
@@ -410,9 +422,10 @@ def _stagger_delays(d: dict, kind: str) -> list[tuple[float, ...]]:
 def seeds_table(paths: Sequence[str], out: str, label: str = "") -> list[dict]:
     """One row per (run file, staggered engine) of ``--only-stagger`` runs, for comparing
     stagger seeds: the median time, ideal = median last arrival + median one hop, the ratio
-    (the row fault_bench prints), against static, and per rep its own ratio (its time over
-    its own last arrival + one hop), its hops after the last arrival and the model's best
-    for its arrivals (:func:`model_best_hops`). Written as CSV to ``out``."""
+    (the row fault_bench prints: the median of the reps' own ratios, each rep's time over its
+    own last arrival + one hop; ``ratio_of_medians`` = median time / ideal), against static
+    (per rep, then the median), and per rep its own ratio, its hops after the last arrival
+    and the model's best for its arrivals (:func:`model_best_hops`). Written as CSV to ``out``."""
     rows = []
     for path in paths:
         d = json.loads(Path(path).read_text())
@@ -430,8 +443,10 @@ def seeds_table(paths: Sequence[str], out: str, label: str = "") -> list[dict]:
                     continue
                 t = statistics.median(ts)
                 rows.append(dict(seed=d["seed"], code=label, kind=kind, engine=eng, seconds=round(t, 3),
-                                 ideal_s=round(ideal, 3), ratio=round(t / ideal, 3),
-                                 vs_static=round(t / statistics.median(st), 3),
+                                 ideal_s=round(ideal, 3),
+                                 ratio=round(statistics.median(x / (l + hop) for x, l in zip(ts, last)), 3),
+                                 ratio_of_medians=round(t / ideal, 3),
+                                 vs_static=round(statistics.median(x / y for x, y in zip(ts, st)), 3),
                                  last_arrivals=" ".join(f"{x:.2f}" for x in last),
                                  rep_ratios=" ".join(f"{x / (l + hop):.2f}" for x, l in zip(ts, last)),
                                  post_last_hops=" ".join(f"{(x - l) / hop:.2f}" for x, l in zip(ts, last)),
@@ -583,7 +598,7 @@ def main(argv=None) -> int:
         run_all(None)
 
     med = {k: statistics.median(v) for k, v in results.items()}
-    rows = _rows(a, med, meta)
+    rows = _rows(a, med, meta, results)
     one_hop = med.get("hop", float("nan"))
     where = (f"netem star, {a.link_MBps:g} MB/s links (rank 0 -> 1 crosses two of them)" if a.netem
              else "loopback")
