@@ -318,6 +318,17 @@ class _Flow:
         self.sent_to = [-1] * len(self.chunks)
 
 
+def _ranges(xs: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3, 8"`` (the flows a timeout names)."""
+    out: list[str] = []
+    for x in sorted(xs):
+        if out and x == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ", ".join(out)
+
+
 def _split(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     out, s = [], lo
     while s < hi:
@@ -1410,7 +1421,57 @@ class _Run:
                 detail = f"adaptive run {self.run_id}, generation {self.gen}"
                 if waiting:
                     detail += f", {waiting[0].what} flow {waiting[0].flow} chunk {waiting[0].chunk}"
+                else:  # nothing posted: say what this rank still lacks and who is done
+                    lack = [f.fid for f in self.flows if not self.valid_mask(f).all()]
+                    detail += (f", nothing posted; output lacks flows {_ranges(lack) or 'none'}; "
+                               f"done: ranks {sorted(self.view.done.get(self.gen, set()))}")
+                self.dump_state(detail)
                 raise CollectiveTimeout(self.rank, peer, detail, self.timeout)
+
+    def dump_state(self, why: str) -> None:
+        """With ``HCC_ADAPTIVE_DUMP=DIR`` in the environment, write this rank's view of the run
+        (arrivals, deaths, owners, contributors, pending transfers, and per flow its chunks'
+        validity keys and tree positions) to ``DIR/adaptive-<run>-rank<r>.json`` — what each
+        rank believed when it gave up, side by side. A stuck run whose ranks all wait on nothing
+        is a disagreement between those views (one rank's result chunks stamped with a
+        contributor set older than the others' was found this way)."""
+        import json
+        import os
+
+        folder = os.environ.get("HCC_ADAPTIVE_DUMP")
+        if not folder:
+            return
+        from ..ir.files import atomic_write_text
+
+        v = self.view
+
+        def plain(x):
+            if isinstance(x, np.ndarray):
+                return x.tolist()
+            if isinstance(x, (set, frozenset)):
+                return sorted(x)
+            if isinstance(x, dict):
+                return {str(k): plain(y) for k, y in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [plain(y) for y in x]
+            return x if isinstance(x, (int, float, str, bool, type(None))) else repr(x)
+
+        keep = ("up_root", "up_parent", "up_kids", "down_root", "down_parent", "down_kids", "my_need",
+                "up_sent", "up_from", "have_sent", "root_dead")
+        state = {
+            "why": why, "rank": self.rank, "run": self.run_id, "generation": self.gen,
+            "arrivals": v.arrivals, "dead": v.dead, "done": plain(v.done), "owner": plain(v.owner),
+            "shared": v.shared, "contributors": self.contrib, "contrib_mask": self.contrib_mask,
+            "pending": [[p.what, p.flow, p.chunk, p.peer, bool(p.req.done)] for p in self.pending],
+            "flows": [{"fid": f.fid, "root": f.root, "have": f.have.tolist(), "part": [int(x) for x in f.part],
+                       **{k: plain(self.g[f.fid].get(k)) for k in keep}} for f in self.flows],
+        }
+        try:
+            os.makedirs(folder, exist_ok=True)
+            atomic_write_text(os.path.join(folder, f"adaptive-{self.run_id}-rank{self.rank}.json"),
+                              json.dumps(state, indent=1))
+        except OSError:
+            pass  # a dump that cannot be written must not hide the timeout itself
 
     def result(self, result_arr: np.ndarray) -> "AdaptiveResult":
         res = result_arr.view(AdaptiveResult)

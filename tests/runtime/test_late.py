@@ -164,6 +164,66 @@ def test_plan_run_dispatches_to_the_adaptive_runtime_and_returns_an_ndarray(plan
     check(plan, [np.asarray(o) for o in outs], expected(plan, ins))
 
 
+def test_a_timed_out_adaptive_run_names_what_it_lacks_and_dumps_each_ranks_view(tmp_path, monkeypatch):
+    # HCC_ADAPTIVE_DUMP=DIR: a rank whose adaptive run reaches its deadline writes its view of
+    # the run (arrivals, contributors, pending transfers, per flow its chunks' keys and tree
+    # positions) to DIR before it raises. Ranks 0 and 1 run the collective, rank 2 never enters
+    # it (connected, alive, not dead: on_failure = continue waits for it up to the deadline).
+    import json
+    import secrets
+    import threading
+
+    from hcc.backends import sockets
+    from hcc.backends.adaptive import close_session
+    from hcc.backends.base import CollectiveTimeout
+    from hcc.backends.rendezvous import StoreServer
+
+    monkeypatch.setenv("HCC_ADAPTIVE_DUMP", str(tmp_path))
+    prog = hcc.load("""topology t { node g[0..2]
+      g[0..2] <-> g[0..2] : 1 GB/s }
+    collective a = allreduce on t { size = 4000 B  dtype = int32  on_failure = continue }""")
+    plan = hcc.compile(prog, "a")
+    ins = make_inputs(plan, 3)
+    errs: dict = {}
+    token = secrets.token_hex(8)
+    released = threading.Event()
+    with StoreServer(token) as store:
+        def rank(r):
+            try:
+                with sockets.connect(r, 3, store.address, token, timeout=10, serve_store=False) as comm:
+                    if r == 2:
+                        released.wait(20)  # present on the wire, never in the collective
+                        return
+                    try:
+                        plan.run(comm, ins[r], timeout=1.0)
+                    finally:
+                        close_session(comm)
+            except Exception as e:  # reported below with the rank
+                errs[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads[:2]:
+            t.join(30)
+        released.set()
+        threads[2].join(30)
+    assert sorted(errs) == [0, 1], errs
+    for r in (0, 1):
+        assert isinstance(errs[r], CollectiveTimeout), errs[r]
+        assert f"rank {r}: timed out after 1 s" in str(errs[r]), str(errs[r])
+        dumps = list(tmp_path.glob(f"adaptive-*-rank{r}.json"))
+        assert len(dumps) == 1, dumps
+        state = json.loads(dumps[0].read_text())
+        assert state["rank"] == r and state["why"] in str(errs[r])
+        assert sorted(state["arrivals"]) == [0, 1] and state["dead"] == []
+        assert state["contributors"] == [0, 1, 2]  # continue: every live rank, arrived or not
+        assert state["flows"] and state["pending"]
+        # nothing is final without rank 2's input: every flow lacks some chunk
+        assert all(min(f["have"]) != state["contrib_mask"] for f in state["flows"])
+    assert not list(tmp_path.glob("adaptive-*-rank2.json"))
+
+
 def test_the_agreement_log_stays_bounded_over_50_adaptive_runs(plans):
     # on_failure = continue, adaptive forced: every run appends 2n events (n arrivals, n done).
     # The log is a ring of agreement.capacity(n) slots that a writer reuses once every rank's
