@@ -19,8 +19,8 @@ Terms
   reduce-scatter + allgather: every rank sends a sub-block's owner its piece, the owner sends
   back the sum). A sub-block is owned by the rank that *claimed* it through the log before
   the last arrival — a rank claims while its link, were the last rank to arrive now, would
-  carry no more than CLAIM_CAP (1.25) hops in either direction (out: its own pieces still queued plus
-  n-1 copies of what it owns; in: the pieces the absent ranks would send it plus the results
+  carry no more than CLAIM_CAP (1.5) hops in either direction (out: its own pieces still queued
+  plus n-1 copies of what it owns; in: the pieces the absent ranks would send it plus the results
   of the rest: repair.claim_count) — and the sub-blocks nobody claimed go, at the last
   arrival, to the ranks whose links would finish first (repair.share_by_load). Early ranks
   thus own most of the buffer and a rank that arrives just before the last, its input still to push, owns
