@@ -10,8 +10,12 @@ the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteratio
 Timing: before each iteration the ranks meet at a barrier; each rank times its own
 ``plan.run``; an iteration's time is the maximum over ranks (the collective is done when the
 slowest rank is). Each rank also records the CPU seconds its process spent (all threads,
-``time.process_time``) per iteration: ``RunResult.detail["rank_cpu"]``. :class:`RunResult` is
-what every backend's ``run_local`` returns.
+``time.process_time``) per iteration: ``RunResult.detail["rank_cpu"]``, and how long the
+host's cores sat idle during its timed region (:func:`host_idle_seconds`, read just outside
+it): ``RunResult.detail["rank_idle"]``. The CPU figure misses the kernel work that runs in the
+host's softirq threads (``ksoftirqd``) on behalf of loopback TCP; the idle figure does not, so
+the two together say whether a run was short of CPU. :class:`RunResult` is what every
+backend's ``run_local`` returns.
 
 Failure: the launcher watches its children; when one exits abnormally the others must end on
 their own (they raise :class:`RankFailed` within the per-wait deadline); after that deadline
@@ -36,7 +40,19 @@ import numpy as np
 from ..ir.files import atomic_write_text
 from .base import RuntimeFault
 
-__all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job"]
+__all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job", "host_idle_seconds"]
+
+
+def host_idle_seconds() -> float | None:
+    """Seconds the host's cores have spent idle since boot, summed over cores (the second
+    field of Linux's ``/proc/uptime``, 10 ms resolution); None where there is no such file.
+    Two readings around a timed region give the idle core-seconds inside it: a run that keeps
+    ``c`` cores busy for ``t`` seconds leaves ``(ncpu - c) * t``."""
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass
@@ -109,7 +125,7 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             else:
                 x = np.load(job / case["inputs"].format(rank=rank))
             out = None
-            times, cpu = [], []
+            times, cpu, idle = [], [], []
             total = case["warmup"] + case["iters"]
             inplace = case.get("inplace", False)
             x0 = x.copy() if inplace else None
@@ -118,15 +134,18 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
                     np.copyto(x, x0)
                     out = x
                 comm.barrier(f"c{i}/i{it}", timeout)
+                i0 = host_idle_seconds()
                 c0, t0 = time.process_time(), time.perf_counter()
                 out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
+                i1 = host_idle_seconds()
                 if it >= case["warmup"]:
                     times.append(dt)
                     cpu.append(dc)
+                    idle.append(None if i0 is None or i1 is None else i1 - i0)
             if case["save_outputs"] and out is not None:
                 np.save(job / f"case{i}.out{rank}.npy", out)
-            result["cases"].append({"times": times, "cpu": cpu})
+            result["cases"].append({"times": times, "cpu": cpu, "idle": idle})
         comm.barrier("end", timeout)
         result["ok"] = True
     except Exception as e:  # reported to the launcher, which raises a typed error
@@ -277,9 +296,12 @@ def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, det
         # CPU seconds (all threads) of every rank's process per iteration: the work a run
         # costs, much steadier than wall time on a shared machine
         rank_cpu = [per_rank[r]["cases"][i].get("cpu", []) for r in range(world)]
+        # idle core-seconds of the whole host during each rank's timed region (host_idle_seconds)
+        rank_idle = [per_rank[r]["cases"][i].get("idle", []) for r in range(world)]
         outs = []
         for r in range(world):
             p = job / f"case{i}.out{r}.npy"
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
-        results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu)))
+        results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu,
+                                                                 rank_idle=rank_idle)))
     return results

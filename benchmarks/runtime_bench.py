@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -173,7 +174,8 @@ def bench_sockets(plans: dict, iters: int, inplace: frozenset = INPLACE_KINDS) -
     for k, res in zip(keys, results):  # the benchmark checks what it measures
         check(plans[k], res.outputs, expected(plans[k], make_inputs(plans[k], 7)))
     return ({k: r.times for k, r in zip(keys, results)},
-            {k: _cpu_per_iter(r.detail["rank_cpu"]) for k, r in zip(keys, results)})
+            {k: _cpu_per_iter(r.detail["rank_cpu"]) for k, r in zip(keys, results)},
+            {k: _idle_windows(r.detail["rank_idle"][0], r.detail["rank_times"][0]) for k, r in zip(keys, results)})
 
 
 def _cpu_per_iter(rank_cpu: list[list[float]]) -> list[float]:
@@ -181,22 +183,63 @@ def _cpu_per_iter(rank_cpu: list[list[float]]) -> list[float]:
     return [sum(cs) for cs in zip(*rank_cpu)]
 
 
+def _idle_windows(idle: list, times: list[float]) -> list[tuple[float, float]]:
+    """(idle core-seconds of the host, seconds) of each of rank 0's timed regions that has a
+    reading (:func:`hcc.backends.launch.host_idle_seconds`)."""
+    return [(i, t) for i, t in zip(idle, times) if i is not None]
+
+
+def _work_note(row: dict) -> str:
+    """`` cpu 47/52 ms, idle 4%/6%`` (hcc/peer) for a table line, from what the row has."""
+    out = ""
+    if "hcc_cpu_s" in row:
+        out += f"  cpu {row['hcc_cpu_s'] * 1e3:.0f}" + (f"/{row['peer_cpu_s'] * 1e3:.0f}" if "peer_cpu_s" in row else "") + " ms"
+    if "hcc_host_idle" in row:
+        out += f", idle {row['hcc_host_idle']:.0%}" + (f"/{row['peer_host_idle']:.0%}" if "peer_host_idle" in row else "")
+    return out
+
+
+IDLE_MIN_SECONDS = 1.0  # timed seconds below which an idle share is not reported
+
+
+def idle_share(windows: list[tuple[float, float]], ncpu: int | None = None,
+               min_seconds: float = IDLE_MIN_SECONDS) -> float | None:
+    """The share of the host's cores left idle over these timed regions: idle core-seconds
+    over ``ncpu`` x seconds, pooled. The idle counter moves in 10 ms ticks, so one region of
+    a few ms means nothing and only a sum over at least ``min_seconds`` of timed regions is
+    reported (None otherwise, or without readings).
+
+    >>> idle_share([(0.02, 0.5), (0.08, 0.5)], ncpu=2)
+    0.05
+    >>> idle_share([(0.01, 0.003)] * 7, ncpu=2) is None
+    True
+    """
+    ncpu = ncpu or os.cpu_count() or 1
+    total = sum(t for _, t in windows)
+    if not windows or total < min_seconds:
+        return None
+    return round(sum(i for i, _ in windows) / (ncpu * total), 6)
+
+
 # --------------------------------------------------------------------------- gloo
 def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from hcc.backends.launch import host_idle_seconds
+
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    times, cpu = [], []
+    times, cpu, idle = [], [], []
     for kind, mib in cases:
         n = (mib << 20) // 4
         x = torch.ones(n)
         part = x[: n // world].clone()
         outs = [torch.empty(n // world) for _ in range(world)]
-        ts, cs = [], []
+        ts, cs, ids = [], [], []
         for it in range(iters + 1):
             dist.barrier()
+            i0 = host_idle_seconds()  # as hcc's launcher reads it: just outside the timed region
             c0, t0 = time.process_time(), time.perf_counter()
             if kind == "allreduce":
                 dist.all_reduce(x)
@@ -204,13 +247,17 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
                 dist.broadcast(x, 0)
             else:
                 dist.all_gather(outs, part)
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            i1 = host_idle_seconds()
             if it:
-                ts.append(time.perf_counter() - t0)
-                cs.append(time.process_time() - c0)
+                ts.append(dt)
+                cs.append(dc)
+                ids.append(None if i0 is None or i1 is None else i1 - i0)
         times.append(ts)
         cpu.append(cs)
+        idle.append(ids)
     dist.destroy_process_group()
-    Path(out).write_text(json.dumps({"times": times, "cpu": cpu}))
+    Path(out).write_text(json.dumps({"times": times, "cpu": cpu, "idle": idle}))
 
 
 def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
@@ -241,38 +288,52 @@ def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
         per_rank = [json.loads(Path(f"{tmp}/g{r}.json").read_text()) for r in range(n)]
     times = {tuple(k): [max(ts) for ts in zip(*(pr["times"][i] for pr in per_rank))] for i, k in enumerate(keys)}
     cpu = {tuple(k): _cpu_per_iter([pr["cpu"][i] for pr in per_rank]) for i, k in enumerate(keys)}
-    return times, cpu
+    idle = {tuple(k): _idle_windows(per_rank[0]["idle"][i], per_rank[0]["times"][i]) for i, k in enumerate(keys)}
+    return times, cpu, idle
+
+
+@dataclass
+class SocketsVsGloo:
+    """What :func:`sockets_vs_gloo` measured, per (kind, MiB): the times of every rep pooled,
+    the busbw ratio hcc/gloo of each rep, the CPU seconds per iteration of all ranks together
+    (pooled), and rank 0's timed regions as (host idle core-seconds, seconds) pairs (pooled;
+    :func:`idle_share`). The gloo fields are None when gloo did not run."""
+    hcc: dict
+    gloo: dict | None
+    ratios: dict
+    hcc_cpu: dict
+    gloo_cpu: dict
+    hcc_idle: dict
+    gloo_idle: dict
 
 
 def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool,
-                    inplace: frozenset = INPLACE_KINDS):
+                    inplace: frozenset = INPLACE_KINDS) -> SocketsVsGloo:
     """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
 
     The machine is shared, so its load drifts between minutes; a ratio of two figures taken
-    seconds apart is what survives that drift. Returns (hcc times, gloo times, ratios, hcc cpu,
-    gloo cpu): the times of every rep pooled per key, per key the busbw ratio hcc/gloo of each
-    rep, and the CPU seconds per iteration of all ranks together, pooled."""
-    hs: dict = {k: [] for k in keys}
-    hc: dict = {k: [] for k in keys}
-    gl: dict | None = {k: [] for k in keys} if with_gloo else None
-    gc: dict = {k: [] for k in keys}
-    ratios: dict = {k: [] for k in keys}
+    seconds apart is what survives that drift."""
+    m = SocketsVsGloo(*({k: [] for k in keys} for _ in range(7)))
     for rep in range(max(1, reps)):
-        h, h_cpu = bench_sockets(plans, iters, inplace)
-        g = bench_gloo(n, keys, iters) if gl is not None else None
+        h, h_cpu, h_idle = bench_sockets(plans, iters, inplace)
+        g = bench_gloo(n, keys, iters) if m.gloo is not None and with_gloo else None
         if g is None:
-            gl = None
+            m.gloo = None
         for k in keys:
-            hs[k] += h[k]
-            hc[k] += h_cpu[k]
+            m.hcc[k] += h[k]
+            m.hcc_cpu[k] += h_cpu[k]
+            m.hcc_idle[k] += h_idle[k]
             if g is not None:
-                gl[k] += g[0][k]
-                gc[k] += g[1][k]
-                ratios[k].append(statistics.median(g[0][k]) / statistics.median(h[k]))
+                m.gloo[k] += g[0][k]
+                m.gloo_cpu[k] += g[1][k]
+                m.gloo_idle[k] += g[2][k]
+                m.ratios[k].append(statistics.median(g[0][k]) / statistics.median(h[k]))
         if reps > 1:
             print(f"  rep {rep + 1}/{reps}: " + "  ".join(
-                f"{kd}{m}:{ratios[(kd, m)][-1]:.2f}x" for kd, m in keys if ratios[(kd, m)]), flush=True)
-    return hs, gl, (ratios if gl is not None else {}), hc, (gc if gl is not None else {})
+                f"{kd}{mib}:{m.ratios[(kd, mib)][-1]:.2f}x" for kd, mib in keys if m.ratios[(kd, mib)]), flush=True)
+    if m.gloo is None:
+        m.ratios, m.gloo_cpu, m.gloo_idle = {}, {}, {}
+    return m
 
 
 # --------------------------------------------------------------------------- mpi
@@ -436,7 +497,8 @@ def main(argv=None) -> int:
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
 
-    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None, cpu=None, settings=None):
+    def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None, cpu=None, settings=None,
+             idle=None):
         hb, hm = _bw(kind, n, mib, hcc_t)
         plan = plan or plans[(kind, mib)]
         chosen = "" if a.auto else (settings if settings is not None else SOCKETS_SETTINGS).get((kind, mib), "")
@@ -448,6 +510,11 @@ def main(argv=None) -> int:
             row["hcc_cpu_s"] = statistics.median(cpu[0])
             if cpu[1]:
                 row["peer_cpu_s"] = statistics.median(cpu[1])
+        if idle:  # the share of the host's cores idle during rank 0's timed regions
+            for side, windows in zip(("hcc", "peer"), idle):
+                share = idle_share(windows or [])
+                if share is not None:
+                    row[f"{side}_host_idle"] = share
         if peer_t:
             pb, pm = _bw(kind, n, mib, peer_t)
             row.update(peer_median_s=pm, peer_busbw_GBps=pb, ratio=hb / pb)
@@ -459,17 +526,17 @@ def main(argv=None) -> int:
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
         print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}"
               f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']}"
-              + (", in place)" if row["in_place"] else ")"), flush=True)
+              + (", in place)" if row["in_place"] else ")") + _work_note(row), flush=True)
 
     print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:
-        hs, gl, ratios, hc, gc = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
-                                                 frozenset() if a.out_of_place else INPLACE_KINDS)
+        m = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
+                            frozenset() if a.out_of_place else INPLACE_KINDS)
         for k in keys:
-            emit(*k, "hcc-sockets", hs[k], "gloo", gl[k] if gl else None, ratios.get(k),
-                 cpu=(hc[k], gc.get(k)))
+            emit(*k, "hcc-sockets", m.hcc[k], "gloo", m.gloo[k] if m.gloo else None, m.ratios.get(k),
+                 cpu=(m.hcc_cpu[k], m.gloo_cpu.get(k)), idle=(m.hcc_idle[k], m.gloo_idle.get(k)))
     if "mpi" in peers:
         mpi_plans = compile_plans(n, sizes, MPI_PORT, settings=None if a.auto else MPI_SETTINGS)
         mp = bench_mpi(mpi_plans, a.iters, a.reps) or {}
@@ -483,7 +550,7 @@ def main(argv=None) -> int:
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
         fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "in_place", "hcc_median_s", "hcc_busbw_GBps", "peer",
                   "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps", "hcc_cpu_s",
-                  "peer_cpu_s"]
+                  "peer_cpu_s", "hcc_host_idle", "peer_host_idle"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()

@@ -4,11 +4,13 @@ the numpy result when the output overwrites the input, and the launcher's ``inpl
 option restores the input before every iteration."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import hcc
 from hcc.backends.base import RuntimeFault
-from hcc.backends.launch import run_cases_local
+from hcc.backends.launch import host_idle_seconds, run_cases_local
 from hcc.backends.reference import check, expected, make_inputs
 
 pytestmark = pytest.mark.slow
@@ -43,9 +45,17 @@ def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
     # reduce the first one's result (4x the expected sum), and the check below would fail
     results = run_cases_local("sockets", [(p, 7, {"inplace": True}) for p in plans], iters=3, warmup=1,
                               timeout=30)
+    ncpu = os.cpu_count() or 1
     for p, res in zip(plans, results):
         assert len(res.times) == 3
         check(p, res.outputs, expected(p, make_inputs(p, 7)))
+        # per rank and timed iteration: its CPU seconds and the host's idle core-seconds over
+        # its timed region (read just outside it, 10 ms ticks: one tick of slack each way)
+        for times, cpu, idle in zip(res.detail["rank_times"], res.detail["rank_cpu"], res.detail["rank_idle"]):
+            assert len(times) == len(cpu) == len(idle) == 3
+            assert all(c >= 0 for c in cpu)
+            if host_idle_seconds() is not None:
+                assert all(-0.011 <= i <= ncpu * t + 0.021 for i, t in zip(idle, times)), (idle, times)
 
 
 def test_unknown_case_option_is_refused_before_any_process_starts():
