@@ -125,27 +125,38 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             else:
                 x = np.load(job / case["inputs"].format(rank=rank))
             out = None
-            times, cpu, idle = [], [], []
+            times, cpu, idle, spans = [], [], [], []
             total = case["warmup"] + case["iters"]
             inplace = case.get("inplace", False)
             x0 = x.copy() if inplace else None
             for it in range(total):
+                restored = None
                 if inplace:  # the output is the input: restore it outside the timed region
+                    if it:
+                        # after every rank's previous iteration: a rank that finished early
+                        # and copied its input back while another rank was still in its timed
+                        # region took a core from it (the in-place 16 MiB broadcast measured
+                        # 1.02x gloo that way, 1.20x with this barrier)
+                        comm.barrier(f"c{i}/r{it}", timeout)
+                    restored = time.monotonic()
                     np.copyto(x, x0)
                     out = x
                 comm.barrier(f"c{i}/i{it}", timeout)
                 i0 = host_idle_seconds()
+                m0 = time.monotonic()
                 c0, t0 = time.process_time(), time.perf_counter()
                 out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
+                m1 = time.monotonic()
                 i1 = host_idle_seconds()
+                spans.append((restored, m0, m1))  # the host's monotonic clock, every iteration
                 if it >= case["warmup"]:
                     times.append(dt)
                     cpu.append(dc)
                     idle.append(None if i0 is None or i1 is None else i1 - i0)
             if case["save_outputs"] and out is not None:
                 np.save(job / f"case{i}.out{rank}.npy", out)
-            result["cases"].append({"times": times, "cpu": cpu, "idle": idle})
+            result["cases"].append({"times": times, "cpu": cpu, "idle": idle, "spans": spans})
         comm.barrier("end", timeout)
         result["ok"] = True
     except Exception as e:  # reported to the launcher, which raises a typed error
@@ -203,7 +214,9 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
     A case may carry a third element, its options: ``{"inplace": True}`` calls
     ``run(plan, comm, x, out=x)`` (the output overwrites the input, as ``torch.distributed``'s
     collectives do); each iteration starts from the original input, restored before its
-    barrier, so the last output is still checkable against the reference.
+    barrier, so the last output is still checkable against the reference. The ranks restore
+    only once all of them are past the previous iteration (one more barrier), so no rank's
+    copy runs beside another rank's timed region.
 
     ``wrap(rank, argv)`` may rewrite a rank's command line (e.g. ``hcc netem``'s namespace
     wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``
@@ -298,10 +311,12 @@ def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, det
         rank_cpu = [per_rank[r]["cases"][i].get("cpu", []) for r in range(world)]
         # idle core-seconds of the whole host during each rank's timed region (host_idle_seconds)
         rank_idle = [per_rank[r]["cases"][i].get("idle", []) for r in range(world)]
+        # per rank and iteration (warm-up included): (restore start or None, timed start, end)
+        rank_spans = [per_rank[r]["cases"][i].get("spans", []) for r in range(world)]
         outs = []
         for r in range(world):
             p = job / f"case{i}.out{r}.npy"
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
         results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu,
-                                                                 rank_idle=rank_idle)))
+                                                                 rank_idle=rank_idle, rank_spans=rank_spans)))
     return results

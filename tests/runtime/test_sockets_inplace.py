@@ -58,6 +58,28 @@ def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
                 assert all(-0.011 <= i <= ncpu * t + 0.021 for i, t in zip(idle, times)), (idle, times)
 
 
+def test_no_rank_restores_its_input_while_another_is_still_timing():
+    # a broadcast's receivers finish long before its root; copying their input back then
+    # took a core from the root's timed sends (docs/backends.md, "The benchmark's restore")
+    src = STAR + """collective b = broadcast on loopback {
+    size = 16 MiB
+    dtype = float32
+    algorithm = direct
+    adaptive = off
+}
+"""
+    plan = hcc.compile(hcc.load(src), "b")
+    (res,) = run_cases_local("sockets", [(plan, 7, {"inplace": True})], iters=4, warmup=1, timeout=30)
+    check(plan, res.outputs, expected(plan, make_inputs(plan, 7)))
+    spans = res.detail["rank_spans"]
+    assert all(len(s) == 5 for s in spans)
+    for it in range(1, 5):
+        last_end = max(s[it - 1][2] for s in spans)
+        for r, s in enumerate(spans):
+            restored, start, end = s[it]
+            assert last_end <= restored <= start <= end, (r, it, s[it], last_end)
+
+
 def test_unknown_case_option_is_refused_before_any_process_starts():
     plan = _plans()[0]
     with pytest.raises(RuntimeFault, match="unknown case option"):
