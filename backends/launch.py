@@ -14,8 +14,10 @@ slowest rank is). Each rank also records the CPU seconds its process spent (all 
 host's cores sat idle during its timed region (:func:`host_idle_seconds`, read just outside
 it): ``RunResult.detail["rank_idle"]``. The CPU figure misses the kernel work that runs in the
 host's softirq threads (``ksoftirqd``) on behalf of loopback TCP; the idle figure does not, so
-the two together say whether a run was short of CPU. :class:`RunResult` is what every
-backend's ``run_local`` returns.
+the two together say whether a run was short of CPU. ``RunResult.detail["rank_spans"]`` has
+each iteration's restore (in-place cases), start and end on the host's monotonic clock, so
+overlaps between ranks can be checked. :class:`RunResult` is what every backend's
+``run_local`` returns.
 
 Failure: the launcher watches its children; when one exits abnormally the others must end on
 their own (they raise :class:`RankFailed` within the per-wait deadline); after that deadline
