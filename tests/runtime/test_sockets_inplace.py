@@ -50,12 +50,13 @@ def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
         assert len(res.times) == 3
         check(p, res.outputs, expected(p, make_inputs(p, 7)))
         # per rank and timed iteration: its CPU seconds and the host's idle core-seconds over
-        # its timed region (read just outside it, 10 ms ticks: one tick of slack each way)
+        # its timed region (read just outside it; the counter prints 10 ms steps, and a core's
+        # idle time can shift to iowait and back, so a few steps of slack each way)
         for times, cpu, idle in zip(res.detail["rank_times"], res.detail["rank_cpu"], res.detail["rank_idle"]):
             assert len(times) == len(cpu) == len(idle) == 3
             assert all(c >= 0 for c in cpu)
             if host_idle_seconds() is not None:
-                assert all(-0.011 <= i <= ncpu * t + 0.021 for i, t in zip(idle, times)), (idle, times)
+                assert all(-0.05 <= i <= ncpu * t + 0.05 for i, t in zip(idle, times)), (idle, times)
 
 
 def test_no_rank_restores_its_input_while_another_is_still_timing():
