@@ -319,14 +319,18 @@ class _Flow:
 
 
 def _ranges(xs: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``"0-3, 8"`` (the flows a timeout names)."""
-    out: list[str] = []
+    """The flows a timeout names, runs of consecutive ids shortened.
+
+    >>> _ranges([8, 0, 2, 1, 3, 10, 11])
+    '0-3, 8, 10-11'
+    """
+    runs: list[list[int]] = []  # [first, last] of each run
     for x in sorted(xs):
-        if out and x == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
         else:
-            out.append(str(x))
-    return ", ".join(out)
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _split(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:

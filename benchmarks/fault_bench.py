@@ -311,6 +311,15 @@ def _kill_jobs(n: int, plans: dict, kill_at: dict, reps: int = 1, kinds=KINDS) -
     return jobs
 
 
+def _per_rep(times: Sequence[float], refs: Sequence[float], add: float = 0.0) -> list[float]:
+    """Each rep's own ratio: its time over its own reference (+ ``add``, e.g. one hop).
+
+    >>> _per_rep([12.0, 10.0], [6.0, 4.0], add=2.0)
+    [1.5, 1.6666666666666667]
+    """
+    return [t / (r + add) for t, r in zip(times, refs)]
+
+
 def _rows(a, med: dict, meta: dict, results: dict | None = None) -> list[dict]:
     """The printed rows. A staggered row's ``ratio`` is the median over the reps of each rep's
     own ratio (its time over its own last arrival + one hop; against static, over the static
@@ -349,10 +358,10 @@ def _rows(a, med: dict, meta: dict, results: dict | None = None) -> list[dict]:
             ts = res.get(label, [])
             row(f"{kind}: stagger [0,{a.stagger:g}] {eng}", label, ideal,
                 "<= 1.2" if eng != "static" else "(baseline)",
-                per_rep=[t / (last + one_hop) for t, last in zip(ts, lasts)])
+                per_rep=_per_rep(ts, lasts, one_hop))
             if eng != "static":
                 row(f"{kind}: stagger {eng} vs static", label, static_t, "< 1", f"{kind}/stagger/static",
-                    per_rep=[t / st for t, st in zip(ts, res.get(f"{kind}/stagger/static", []))])
+                    per_rep=_per_rep(ts, res.get(f"{kind}/stagger/static", [])))
         if f"{kind}/none/static" not in med:  # --only-stagger
             continue
         st = med[f"{kind}/none/static"]
@@ -444,11 +453,11 @@ def seeds_table(paths: Sequence[str], out: str, label: str = "") -> list[dict]:
                 t = statistics.median(ts)
                 rows.append(dict(seed=d["seed"], code=label, kind=kind, engine=eng, seconds=round(t, 3),
                                  ideal_s=round(ideal, 3),
-                                 ratio=round(statistics.median(x / (l + hop) for x, l in zip(ts, last)), 3),
+                                 ratio=round(statistics.median(_per_rep(ts, last, hop)), 3),
                                  ratio_of_medians=round(t / ideal, 3),
-                                 vs_static=round(statistics.median(x / y for x, y in zip(ts, st)), 3),
+                                 vs_static=round(statistics.median(_per_rep(ts, st)), 3),
                                  last_arrivals=" ".join(f"{x:.2f}" for x in last),
-                                 rep_ratios=" ".join(f"{x / (l + hop):.2f}" for x, l in zip(ts, last)),
+                                 rep_ratios=" ".join(f"{x:.2f}" for x in _per_rep(ts, last, hop)),
                                  post_last_hops=" ".join(f"{(x - l) / hop:.2f}" for x, l in zip(ts, last)),
                                  model_best_hops=" ".join(f"{b:.2f}" for b in best)))
     buf = io.StringIO()

@@ -69,3 +69,9 @@ def test_the_seeds_table_reports_both_ratios(fb, tmp_path):
     assert row["ratio"] == pytest.approx(own[1], abs=1e-3)
     assert row["ratio_of_medians"] == pytest.approx(12.085 / (6.02 + HOP), abs=1e-3)
     assert "ratio_of_medians" in (tmp_path / "seeds.csv").read_text().splitlines()[0]
+
+
+def test_the_doctests_of_the_benchmark(fb):
+    import doctest
+
+    assert doctest.testmod(fb).failed == 0
