@@ -223,8 +223,13 @@ def test_a_timed_out_adaptive_run_names_what_it_lacks_and_dumps_each_ranks_view(
         assert all(min(f["have"]) != state["contrib_mask"] for f in state["flows"])
     assert not list(tmp_path.glob("adaptive-*-rank2.json"))
     # the flows a timeout with nothing posted names, as ranges
+    import doctest
+
+    import hcc.backends.adaptive as adaptive
     from hcc.backends.adaptive import _ranges
     assert _ranges([8, 0, 2, 1, 3, 10, 11]) == "0-3, 8, 10-11" and _ranges([]) == ""
+    result = doctest.testmod(adaptive)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_the_agreement_log_stays_bounded_over_50_adaptive_runs(plans):
