@@ -90,8 +90,11 @@ def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, time
         unknown = set(opts) - {"inplace"}
         if unknown:
             raise RuntimeFault(f"case {i}: unknown case option(s) {', '.join(sorted(unknown))}")
+        inplace = opts.get("inplace", False)
+        if inplace not in (False, True, "chained"):
+            raise RuntimeFault(f"case {i}: inplace must be False, True or 'chained', not {inplace!r}")
         entry = {"plan": f"case{i}.plan.json", "iters": iters, "warmup": warmup, "step": step,
-                 "save_outputs": save_outputs, "inplace": bool(opts.get("inplace", False))}
+                 "save_outputs": save_outputs, "inplace": inplace}
         if isinstance(inputs, (int, np.integer)):
             entry["seed"] = int(inputs)
         else:
@@ -130,19 +133,22 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             times, cpu, idle, spans = [], [], [], []
             total = case["warmup"] + case["iters"]
             inplace = case.get("inplace", False)
-            x0 = x.copy() if inplace else None
+            # chained: each iteration takes the last one's output as its input, as a loop of
+            # torch.distributed calls does; only the last starts again from the original input
+            chained = inplace == "chained"
+            x0 = x.copy() if inplace and total > 1 else None
             for it in range(total):
                 restored = None
                 if inplace:  # the output is the input: restore it outside the timed region
-                    if it:
+                    out = x
+                    if it and (not chained or it == total - 1):
                         # after every rank's previous iteration: a rank that finished early
                         # and copied its input back while another rank was still in its timed
                         # region took a core from it (the in-place 16 MiB broadcast measured
                         # 1.02x gloo that way, 1.20x with this barrier)
                         comm.barrier(f"c{i}/r{it}", timeout)
-                    restored = time.monotonic()
-                    np.copyto(x, x0)
-                    out = x
+                        restored = time.monotonic()
+                        np.copyto(x, x0)
                 comm.barrier(f"c{i}/i{it}", timeout)
                 i0 = host_idle_seconds()
                 m0 = time.monotonic()
@@ -218,7 +224,10 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
     collectives do); each iteration starts from the original input, restored before its
     barrier, so the last output is still checkable against the reference. The ranks restore
     only once all of them are past the previous iteration (one more barrier), so no rank's
-    copy runs beside another rank's timed region.
+    copy runs beside another rank's timed region. ``{"inplace": "chained"}`` restores only
+    before the last iteration: the others take the previous iteration's output as their
+    input, as a loop of ``dist.all_reduce(x)`` does (a sum grows n-fold per iteration, so
+    long float runs reach inf in between; the checked last iteration starts afresh).
 
     ``wrap(rank, argv)`` may rewrite a rank's command line (e.g. ``hcc netem``'s namespace
     wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``

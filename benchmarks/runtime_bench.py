@@ -16,7 +16,9 @@ local ranks through shared memory, not the kernel's TCP stack.
 - hcc-sockets vs gloo (``torch.distributed``, CPU wheel; skipped with a message if torch is
   missing): allreduce, broadcast, allgather at each size (MiB, nccl-tests' per-rank output
   buffer) on ``--ranks`` local processes over loopback. Allreduce and broadcast run in place on both sides
-  (gloo's calls are in place; :data:`INPLACE_KINDS`, ``--out-of-place`` for separate outputs).
+  (gloo's calls are in place; :data:`INPLACE_KINDS`, ``--out-of-place`` for separate outputs),
+  each iteration on the last one's output as in gloo's loop (:data:`INPLACE_MODE`;
+  ``--restore-each`` restores the input before every iteration instead).
 - hcc-mpi vs MPICH's own Allreduce/Bcast/Allgather through mpi4py, same mpiexec job
   (``hcc.backends.mpi.bench_pair``).
 - hcc-ray vs a Ray object-store broadcast (``ray.put`` once, every other actor ``ray.get``s).
@@ -162,14 +164,22 @@ def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
 # (two); numpy, per 16 MiB in 256 KiB pieces on this machine: 1.35 ms against 0.61 ms, and a
 # 64 MiB 4-rank ring folds 48 MiB per rank per iteration. ``--out-of-place`` measures the other.
 INPLACE_KINDS = frozenset({"allreduce", "broadcast"})
+# How the in-place kinds get their input back between iterations (backends/launch.py's case
+# option): "chained", as gloo's loop (each call reduces the last one's output; the input is
+# restored only before the last iteration, which is checked), or True, restored before every
+# iteration (``--restore-each``): 64 MiB copied per rank between timed regions, which gloo's
+# side never pays (docs/backends.md, "Chained in-place iterations").
+INPLACE_MODE = "chained"
 
 
-def bench_sockets(plans: dict, iters: int, inplace: frozenset = INPLACE_KINDS) -> dict:
+def bench_sockets(plans: dict, iters: int, inplace: frozenset = INPLACE_KINDS,
+                  mode: str | bool = INPLACE_MODE) -> dict:
     from hcc.backends.launch import run_cases_local
     from hcc.backends.reference import check, expected, make_inputs
 
     keys = list(plans)
-    results = run_cases_local("sockets", [(plans[k], 7, {"inplace": k[0] in inplace}) for k in keys],
+    results = run_cases_local("sockets", [(plans[k], 7, {"inplace": mode if k[0] in inplace else False})
+                                          for k in keys],
                               iters=iters, warmup=1, timeout=120)
     for k, res in zip(keys, results):  # the benchmark checks what it measures
         check(plans[k], res.outputs, expected(plans[k], make_inputs(plans[k], 7)))
@@ -308,14 +318,14 @@ class SocketsVsGloo:
 
 
 def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool,
-                    inplace: frozenset = INPLACE_KINDS) -> SocketsVsGloo:
+                    inplace: frozenset = INPLACE_KINDS, mode: str | bool = INPLACE_MODE) -> SocketsVsGloo:
     """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
 
     The machine is shared, so its load drifts between minutes; a ratio of two figures taken
     seconds apart is what survives that drift."""
     m = SocketsVsGloo(*({k: [] for k in keys} for _ in range(7)))
     for rep in range(max(1, reps)):
-        h, h_cpu, h_idle = bench_sockets(plans, iters, inplace)
+        h, h_cpu, h_idle = bench_sockets(plans, iters, inplace, mode)
         g = bench_gloo(n, keys, iters) if m.gloo is not None and with_gloo else None
         if g is None:
             m.gloo = None
@@ -485,6 +495,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out-of-place", action="store_true",
                     help="hcc-sockets writes a separate output for every kind (default: allreduce and "
                          "broadcast in place, as gloo's calls are; see INPLACE_KINDS)")
+    ap.add_argument("--restore-each", action="store_true",
+                    help="in place, restore the input before every iteration (default: chained "
+                         "iterations, as gloo's loop, restored only before the last, checked one)")
     ap.add_argument("--auto", action="store_true",
                     help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
     a = ap.parse_args(argv)
@@ -504,7 +517,8 @@ def main(argv=None) -> int:
         chosen = "" if a.auto else (settings if settings is not None else SOCKETS_SETTINGS).get((kind, mib), "")
         row = {"kind": kind, "MiB": mib, "ranks": n, "backend": backend, "algorithm": plan.algorithm,
                "chunk_bytes": plan.chunk_bytes, "settings": chosen or "auto",
-               "in_place": backend == "hcc-sockets" and not a.out_of_place and kind in INPLACE_KINDS,
+               "in_place": ("" if backend != "hcc-sockets" or a.out_of_place or kind not in INPLACE_KINDS
+                            else "restored" if a.restore_each else "chained"),
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
         if cpu and cpu[0]:  # CPU seconds per iteration, all ranks together (median)
             row["hcc_cpu_s"] = statistics.median(cpu[0])
@@ -526,14 +540,15 @@ def main(argv=None) -> int:
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
         print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}"
               f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']}"
-              + (", in place)" if row["in_place"] else ")") + _work_note(row), flush=True)
+              + (f", in place, {row['in_place']})" if row["in_place"] else ")") + _work_note(row), flush=True)
 
     print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:
         m = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
-                            frozenset() if a.out_of_place else INPLACE_KINDS)
+                            frozenset() if a.out_of_place else INPLACE_KINDS,
+                            True if a.restore_each else INPLACE_MODE)
         for k in keys:
             emit(*k, "hcc-sockets", m.hcc[k], "gloo", m.gloo[k] if m.gloo else None, m.ratios.get(k),
                  cpu=(m.hcc_cpu[k], m.gloo_cpu.get(k)), idle=(m.hcc_idle[k], m.gloo_idle.get(k)))

@@ -1,7 +1,7 @@
 """In-place runs over sockets (``plan.run(comm, x, out=x)``, what ``torch.distributed``'s
 collectives do and what benchmarks/runtime_bench.py measures against gloo): compiled plans give
 the numpy result when the output overwrites the input, and the launcher's ``inplace`` case
-option restores the input before every iteration."""
+option restores the input before every iteration (``"chained"``: only before the last)."""
 from __future__ import annotations
 
 import os
@@ -81,7 +81,27 @@ def test_no_rank_restores_its_input_while_another_is_still_timing():
             assert last_end <= restored <= start <= end, (r, it, s[it], last_end)
 
 
+def test_chained_iterations_restore_only_before_the_last_one():
+    # the benchmark's default against gloo: each iteration reduces the last one's output, as a
+    # loop of dist.all_reduce(x) does; the last starts from the original input again, so its
+    # output is the reference (had it not been restored, this sum would be 4**3 times too big)
+    plans = [_plans()[i] for i in (1, 4)]  # allreduce of 3 MiB, broadcast of 1 MiB
+    results = run_cases_local("sockets", [(p, 7, {"inplace": "chained"}) for p in plans], iters=3,
+                              warmup=1, timeout=30)
+    for p, res in zip(plans, results):
+        check(p, res.outputs, expected(p, make_inputs(p, 7)))
+        spans = res.detail["rank_spans"]
+        assert all(len(s) == 4 for s in spans)
+        last_end = max(s[2][2] for s in spans)
+        for r, s in enumerate(spans):
+            assert [restored for restored, _, _ in s[:3]] == [None] * 3, (r, s)
+            restored, start, end = s[3]
+            assert last_end <= restored <= start <= end, (r, s[3], last_end)
+
+
 def test_unknown_case_option_is_refused_before_any_process_starts():
     plan = _plans()[0]
     with pytest.raises(RuntimeFault, match="unknown case option"):
         run_cases_local("sockets", [(plan, 7, {"in_place": True})], iters=1, timeout=10)
+    with pytest.raises(RuntimeFault, match="inplace must be"):
+        run_cases_local("sockets", [(plan, 7, {"inplace": "yes"})], iters=1, timeout=10)
