@@ -85,7 +85,8 @@ def test_chained_iterations_restore_only_before_the_last_one():
     # the benchmark's default against gloo: each iteration reduces the last one's output, as a
     # loop of dist.all_reduce(x) does; the last starts from the original input again, so its
     # output is the reference (had it not been restored, this sum would be 4**3 times too big)
-    plans = [_plans()[i] for i in (1, 4)]  # allreduce of 3 MiB, broadcast of 1 MiB
+    every = _plans()
+    plans = [every[1], every[4]]  # allreduce of 3 MiB, broadcast of 1 MiB
     results = run_cases_local("sockets", [(p, 7, {"inplace": "chained"}) for p in plans], iters=3,
                               warmup=1, timeout=30)
     for p, res in zip(plans, results):
