@@ -531,18 +531,29 @@ def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float =
 
 def bench_pair(plan, inputs, iters: int, warmup: int = 1,
                timeout: float = 60.0) -> tuple[list[float], list[float]]:
-    """hcc's plan, then MPICH's own collective of the same kind, size, dtype and op, on the
-    same input buffers, in the same mpiexec job: ``(hcc_times, native_times)`` in seconds,
-    per iteration, slowest rank."""
+    """hcc's plan against MPICH's own collective of the same kind, size, dtype and op, on the
+    same input buffers, in the same mpiexec job: ``(hcc_times, native_times)`` in seconds, per
+    iteration, slowest rank. The two alternate iteration by iteration (which one goes first
+    alternates too), each after the same ``MPI_Barrier``, so a noisy moment of the shared
+    machine falls on both; hcc's output array is given from the first warm-up on, so the
+    bound run (:class:`~hcc.backends.executor.BoundRun`) is made before anything is timed.
+    hcc's last output is checked against the numpy reference."""
     from .launch import prepare_job
+    from .reference import check, expected
 
     with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
         job = Path(tmp)
-        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout, save_outputs=False)
-        code, log = _launch(job, world, ["--native", plan.kind],
+        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout, save_outputs=True)
+        code, log = _launch(job, world, ["--pair", plan.kind],
                             _wall(timeout, 2 * (iters + warmup), world))
-        hcc_times = _collect(job, world, 1, code, log)[0].times
-        return hcc_times, json.loads((job / "native.json").read_text())["times"]
+        path = job / "pair.json"
+        if code != 0 or not path.exists():
+            raise RuntimeFault(f"hcc mpi: paired run of {plan.name!r} failed (mpiexec status {code}): "
+                               + log.strip()[-600:])
+        outs = [np.load(job / f"case0.out{r}.npy") for r in range(world)]
+        check(plan, outs, expected(plan, list(inputs)))
+        pair = json.loads(path.read_text())
+        return pair["hcc"], pair["native"]
 
 
 def bench_native(kind: str, size_bytes: int, n: int, iters: int, *, dtype: str = "float32",
@@ -571,28 +582,19 @@ def bench_hcc(plan, iters: int, warmup: int = 1, seed: int = 0) -> list[float]:
 # --------------------------------------------------------------------------- the rank side
 
 def _native_times(job: Path, kind: str, comm) -> list[float]:
-    """MPICH's collective in this job: on case 0's inputs when the job has cases, else on
-    random buffers of ``native_only.json``'s size. Times are the slowest rank's."""
+    """MPICH's collective alone (:func:`bench_native`), on random buffers of
+    ``native_only.json``'s size. Times are the slowest rank's."""
     from mpi4py import MPI
 
-    from ..ir.plan import DTYPE_SIZES, Plan, buffer_layout
+    from ..ir.plan import DTYPE_SIZES, buffer_layout
     from .kernels import np_dtype
 
     me, n = comm.Get_rank(), comm.Get_size()
-    if (job / "job.json").exists():
-        case = json.loads((job / "job.json").read_text())["cases"][0]
-        plan = Plan.load(job / case["plan"])
-        spec = {"size_bytes": plan.size_bytes, "dtype": plan.dtype, "iters": case["iters"],
-                "warmup": case["warmup"], "op": plan.op or "sum", "root": max(plan.root, 0)}
-        inp = np.ascontiguousarray(np.load(job / case["inputs"].format(rank=me)))
-    else:
-        spec = json.loads((job / "native_only.json").read_text())
-        inp = None
+    spec = json.loads((job / "native_only.json").read_text())
     dt = np_dtype(spec["dtype"])
     elems = spec["size_bytes"] // DTYPE_SIZES[spec["dtype"]]
     n_in, n_out = buffer_layout(kind, elems, n, me, spec["root"])
-    if inp is None:
-        inp = np.random.default_rng(me).integers(0, 100, n_in).astype(dt)
+    inp = np.random.default_rng(me).integers(0, 100, n_in).astype(dt)
     out = np.zeros(n_out, dtype=dt)
     times = []
     for it in range(spec["warmup"] + spec["iters"]):
@@ -607,7 +609,50 @@ def _native_times(job: Path, kind: str, comm) -> list[float]:
     return times
 
 
-def _worker(job: Path, kill: tuple[int, int] | None, native: str | None) -> int:
+def _pair_times(job: Path, kind: str, comm: "MPIBackend") -> None:
+    """:func:`bench_pair`'s rank side: case 0's plan and MPICH's ``kind`` alternating, each
+    iteration after one ``MPI_Barrier``; rank 0 writes the slowest rank's times of both."""
+    from mpi4py import MPI
+
+    from ..ir.plan import Plan
+    from .executor import run
+    from .kernels import np_dtype
+
+    world = comm.comm
+    me = world.Get_rank()
+    case = json.loads((job / "job.json").read_text())["cases"][0]
+    plan = Plan.load(job / case["plan"])
+    timeout = float(json.loads((job / "job.json").read_text())["timeout"])
+    x = np.ascontiguousarray(np.load(job / case["inputs"].format(rank=me)))
+    elems = plan.buffer_elems(me)
+    dt = np_dtype(plan.dtype)
+    out = np.empty(elems["out"], dtype=dt)  # given from the first warm-up: bound before timing
+    native_out = np.zeros(elems["out"], dtype=dt)
+    root, op = max(plan.root, 0), plan.op or "sum"
+    times: dict[str, list[float]] = {"hcc": [], "native": []}
+
+    def hcc() -> None:
+        run(plan, comm, x, out=out, timeout=timeout)
+
+    def native() -> None:
+        native_collective(kind, world, x, native_out, root=root, op=op)
+
+    for it in range(case["warmup"] + case["iters"]):
+        for name, fn in (("hcc", hcc), ("native", native)) if it % 2 == 0 else (("native", native), ("hcc", hcc)):
+            world.Barrier()
+            t0 = MPI.Wtime()
+            fn()
+            dt_s = MPI.Wtime() - t0
+            if it >= case["warmup"]:
+                times[name].append(dt_s)
+    every = world.gather(times, root=0)
+    np.save(job / f"case0.out{me}.npy", out)
+    if me == 0:
+        slowest = {k: [max(ts) for ts in zip(*(t[k] for t in every))] for k in times}
+        atomic_write_text(job / "pair.json", json.dumps(slowest))
+
+
+def _worker(job: Path, kill: tuple[int, int] | None, native: str | None, pair: str | None = None) -> int:
     from mpi4py import MPI
 
     from .launch import worker_run
@@ -617,6 +662,12 @@ def _worker(job: Path, kill: tuple[int, int] | None, native: str | None) -> int:
     comm = MPIBackend(world)
     if kill is not None and kill[0] == me:
         comm.kill_at_iteration = kill[1]
+    if pair:
+        try:
+            _pair_times(job, pair, comm)
+        except Exception as e:  # either side failed: end the job with the reason
+            comm.abort(RuntimeFault(f"rank {me}: paired {pair}: {type(e).__name__}: {e}"))
+        return 0
     code = 0
     if (job / "job.json").exists():
         code = worker_run(str(job), me, lambda: comm)
@@ -631,17 +682,19 @@ def _worker(job: Path, kill: tuple[int, int] | None, native: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``mpiexec -n N python -m hcc.backends.mpi --job DIR [--kill R:I] [--native KIND]``:
-    one rank of a launched job (backends/launch.py's job format)."""
+    """``mpiexec -n N python -m hcc.backends.mpi --job DIR [--kill R:I] [--native KIND |
+    --pair KIND]``: one rank of a launched job (backends/launch.py's job format)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m hcc.backends.mpi")
     ap.add_argument("--job", required=True)
     ap.add_argument("--kill", default=None, help="RANK:ITERATION to SIGKILL (fault tests)")
-    ap.add_argument("--native", default=None, help="also run MPICH's own collective KIND")
+    ap.add_argument("--native", default=None, help="only MPICH's own collective KIND (native_only.json)")
+    ap.add_argument("--pair", default=None,
+                    help="case 0's plan and MPICH's own collective KIND, alternating (bench_pair)")
     a = ap.parse_args(argv)
     kill = tuple(int(v) for v in a.kill.split(":")) if a.kill else None
-    return _worker(Path(a.job), kill, a.native)
+    return _worker(Path(a.job), kill, a.native, a.pair)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Runtime benchmark: hcc's backends against the peers a user would otherwise pick.
 
-    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--reps 3]
+    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--warmup 5] [--reps 3]
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
 
 The plans are static (``adaptive = off`` in the generated source: the sockets backend's default
@@ -19,15 +19,16 @@ local ranks through shared memory, not the kernel's TCP stack.
   (gloo's calls are in place; :data:`INPLACE_KINDS`, ``--out-of-place`` for separate outputs),
   each iteration on the last one's output as in gloo's loop (:data:`INPLACE_MODE`;
   ``--restore-each`` restores the input before every iteration instead).
-- hcc-mpi vs MPICH's own Allreduce/Bcast/Allgather through mpi4py, same mpiexec job
-  (``hcc.backends.mpi.bench_pair``).
+- hcc-mpi vs MPICH's own Allreduce/Bcast/Allgather through mpi4py, same mpiexec job, the two
+  alternating iteration by iteration (``hcc.backends.mpi.bench_pair``).
 - hcc-ray vs a Ray object-store broadcast (``ray.put`` once, every other actor ``ray.get``s).
 - pipelining: a chain broadcast of depth d = 1..7 at 16 MiB, 256 KiB chunks vs whole-buffer,
   over links paced to ``--pace`` bytes/s (default 200 MB/s): fine-grained pipelining costs
   about one *chunk* time per extra level, store-and-forward one *buffer* time per level.
 
 busbw follows nccl-tests (2(n−1)/n allreduce, (n−1)/n allgather, 1 broadcast) on the median
-of the timed iterations; every hcc time is the slowest rank's. The table goes to stdout and
+of the timed iterations, which follow ``--warmup`` untimed ones on every side (:data:`WARMUP`);
+every hcc time is the slowest rank's. The table goes to stdout and
 to benchmarks/results/runtime.csv.
 
 The machine is shared (2 cores, several jobs at once), so absolute figures are noisy; each
@@ -35,7 +36,7 @@ hcc/peer pair is measured back to back at the same load, and the ratio is what t
 sockets/gloo the pair is repeated ``--reps`` times (hcc run, then gloo run, then again) and the
 ``ratio`` column is the median of the reps' ratios (``ratio_min``/``ratio_max`` beside it);
 the busbw columns pool every rep's iterations. hcc-mpi/MPICH is repeated the same way (one
-mpiexec job per rep and size, hcc's plan then MPICH's collective in it).
+mpiexec job per rep and size, hcc's plan and MPICH's collective alternating in it).
 """
 from __future__ import annotations
 
@@ -156,6 +157,17 @@ def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
     return {(k, m): hcc.compile(program, f"{k}_{m}") for k in KINDS for m in sizes_mib}
 
 
+# Untimed iterations before the timed ones, the same on every side (``--warmup``). hcc's
+# first runs of a plan are slower than its steady state: the bound MPI run is made in the
+# first, the staging buffers take their page faults, and CPython 3.11 specializes a function's
+# bytecode only after it has run 8 times, so the executor's loop reaches its speed around the
+# tenth run. Measured (hcc-mpi / MPICH at 1 MiB, 4 ranks, bench_pair with 5 timed iterations,
+# median of 7 jobs' ratios, two rounds, 03:47 UTC): allreduce after 2 warm-ups 0.85x / 0.82x,
+# after 5 0.87x / 0.89x, after 10 0.95x / 1.04x, after 20 0.93x / 0.94x; with 1 warm-up,
+# allreduce 0.76x and broadcast 0.80x, against 0.96x and 1.03x when 64 iterations are timed.
+WARMUP = 10
+
+
 # --------------------------------------------------------------------------- hcc over sockets
 # Kinds whose gloo call is in place (``dist.all_reduce(x)`` and ``dist.broadcast(x, 0)`` overwrite
 # x; ``all_gather`` writes separate outputs): hcc runs them in place too, ``plan.run(comm, x,
@@ -173,14 +185,14 @@ INPLACE_MODE = "chained"
 
 
 def bench_sockets(plans: dict, iters: int, inplace: frozenset = INPLACE_KINDS,
-                  mode: str | bool = INPLACE_MODE) -> dict:
+                  mode: str | bool = INPLACE_MODE, warmup: int = WARMUP) -> dict:
     from hcc.backends.launch import run_cases_local
     from hcc.backends.reference import check, expected, make_inputs
 
     keys = list(plans)
     results = run_cases_local("sockets", [(plans[k], 7, {"inplace": mode if k[0] in inplace else False})
                                           for k in keys],
-                              iters=iters, warmup=1, timeout=120)
+                              iters=iters, warmup=warmup, timeout=120)
     for k, res in zip(keys, results):  # the benchmark checks what it measures
         check(plans[k], res.outputs, expected(plans[k], make_inputs(plans[k], 7)))
     return ({k: r.times for k, r in zip(keys, results)},
@@ -232,7 +244,7 @@ def idle_share(windows: list[tuple[float, float]], ncpu: int | None = None,
 
 
 # --------------------------------------------------------------------------- gloo
-def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out: str) -> None:
+def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, warmup: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -247,7 +259,7 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
         part = x[: n // world].clone()
         outs = [torch.empty(n // world) for _ in range(world)]
         ts, cs, ids = [], [], []
-        for it in range(iters + 1):
+        for it in range(warmup + iters):
             dist.barrier()
             i0 = host_idle_seconds()  # as hcc's launcher reads it: just outside the timed region
             c0, t0 = time.process_time(), time.perf_counter()
@@ -259,7 +271,7 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
                 dist.all_gather(outs, part)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             i1 = host_idle_seconds()
-            if it:
+            if it >= warmup:
                 ts.append(dt)
                 cs.append(dc)
                 ids.append(None if i0 is None or i1 is None else i1 - i0)
@@ -270,7 +282,7 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, out:
     Path(out).write_text(json.dumps({"times": times, "cpu": cpu, "idle": idle}))
 
 
-def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
+def bench_gloo(n: int, keys: list, iters: int, warmup: int = WARMUP) -> dict | None:
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -281,7 +293,7 @@ def bench_gloo(n: int, keys: list, iters: int) -> dict | None:
         procs = []
         for r in range(n):
             argv = [sys.executable, __file__, "--gloo-worker", str(r), str(n), str(port),
-                    json.dumps(keys), str(iters), f"{tmp}/g{r}.json"]
+                    json.dumps(keys), str(iters), str(warmup), f"{tmp}/g{r}.json"]
             procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         try:
             for p in procs:
@@ -318,15 +330,16 @@ class SocketsVsGloo:
 
 
 def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with_gloo: bool,
-                    inplace: frozenset = INPLACE_KINDS, mode: str | bool = INPLACE_MODE) -> SocketsVsGloo:
+                    inplace: frozenset = INPLACE_KINDS, mode: str | bool = INPLACE_MODE,
+                    warmup: int = WARMUP) -> SocketsVsGloo:
     """hcc-sockets and gloo, ``reps`` times, each rep one hcc run then one gloo run at once.
 
     The machine is shared, so its load drifts between minutes; a ratio of two figures taken
     seconds apart is what survives that drift."""
     m = SocketsVsGloo(*({k: [] for k in keys} for _ in range(7)))
     for rep in range(max(1, reps)):
-        h, h_cpu, h_idle = bench_sockets(plans, iters, inplace, mode)
-        g = bench_gloo(n, keys, iters) if m.gloo is not None and with_gloo else None
+        h, h_cpu, h_idle = bench_sockets(plans, iters, inplace, mode, warmup)
+        g = bench_gloo(n, keys, iters, warmup) if m.gloo is not None and with_gloo else None
         if g is None:
             m.gloo = None
         for k in keys:
@@ -347,11 +360,11 @@ def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with
 
 
 # --------------------------------------------------------------------------- mpi
-def bench_mpi(plans: dict, iters: int, reps: int = 1) -> dict | None:
+def bench_mpi(plans: dict, iters: int, reps: int = 1, warmup: int = WARMUP) -> dict | None:
     """Per key ``(hcc times, native times, ratios)``: ``reps`` mpiexec jobs per plan, each
-    running hcc's plan then MPICH's own collective back to back (times pooled over the reps,
-    one busbw ratio hcc/native per rep), so a noisy minute on the shared machine moves one
-    rep's ratio, not the figure."""
+    running hcc's plan and MPICH's own collective alternately, iteration by iteration
+    (``bench_pair``; times pooled over the reps, one busbw ratio hcc/native per rep), so a
+    noisy minute on the shared machine moves one rep's ratio, not the figure."""
     try:
         from hcc.backends import mpi
         from hcc.backends.reference import make_inputs
@@ -366,7 +379,7 @@ def bench_mpi(plans: dict, iters: int, reps: int = 1) -> dict | None:
         hs, ns, ratios = [], [], []
         try:
             for _ in range(max(1, reps)):
-                h, nt = mpi.bench_pair(plan, make_inputs(plan, 7), iters)
+                h, nt = mpi.bench_pair(plan, make_inputs(plan, 7), iters, warmup=warmup)
                 hs += h
                 ns += nt
                 ratios.append(statistics.median(nt) / statistics.median(h))
@@ -378,7 +391,7 @@ def bench_mpi(plans: dict, iters: int, reps: int = 1) -> dict | None:
 
 
 # --------------------------------------------------------------------------- ray
-def bench_ray(plans: dict, iters: int) -> dict | None:
+def bench_ray(plans: dict, iters: int, warmup: int = WARMUP) -> dict | None:
     try:
         from hcc.backends import ray as hray
         from hcc.backends.reference import make_inputs
@@ -390,14 +403,14 @@ def bench_ray(plans: dict, iters: int) -> dict | None:
         if k[0] != "broadcast":
             continue
         try:
-            res = hray.run_local(plan, make_inputs(plan, 7), iters=iters, warmup=1, timeout=120)
-            out[k] = (res.times, _ray_object_store_broadcast(hray, plan.n, plan.size_bytes, iters))
+            res = hray.run_local(plan, make_inputs(plan, 7), iters=iters, warmup=warmup, timeout=120)
+            out[k] = (res.times, _ray_object_store_broadcast(hray, plan.n, plan.size_bytes, iters, warmup))
         except Exception as e:  # report and go on
             print(f"ray {k}: failed: {type(e).__name__}: {e}")
     return out
 
 
-def _ray_object_store_broadcast(hray, n: int, size: int, iters: int) -> list[float]:
+def _ray_object_store_broadcast(hray, n: int, size: int, iters: int, warmup: int = WARMUP) -> list[float]:
     """Ray's own way to broadcast: the root ``ray.put``s, the other n-1 actors ``ray.get``."""
     with hray.local_cluster(num_cpus=max(2, n)) as ray:
 
@@ -411,11 +424,11 @@ def _ray_object_store_broadcast(hray, n: int, size: int, iters: int) -> list[flo
 
         actors = [Rank.remote() for _ in range(n)]
         times = []
-        for it in range(iters + 1):
+        for it in range(warmup + iters):
             t0 = time.perf_counter()
             ref = ray.get(actors[0].put.remote(size))
             ray.get([a.get.remote([ref]) for a in actors[1:]])
-            if it:
+            if it >= warmup:
                 times.append(time.perf_counter() - t0)
             del ref
         return times
@@ -484,6 +497,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1,16,64", help="MiB, comma separated")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=WARMUP,
+                    help="untimed iterations before the timed ones, on every side (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3,
                     help="hcc-sockets/gloo and hcc-mpi/MPICH repetitions, each pair back to back "
                          "(ratio = median of the reps' ratios)")
@@ -502,7 +517,7 @@ def main(argv=None) -> int:
                     help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
     a = ap.parse_args(argv)
     if a.quick:
-        a.sizes, a.iters, a.pipeline, a.reps = "1,16", 3, "1..3", 1
+        a.sizes, a.iters, a.pipeline, a.reps, a.warmup = "1,16", 3, "1..3", 1, 1
     sizes = [int(s) for s in a.sizes.split(",")]
     peers = set(a.peers.split(","))
     n = a.ranks
@@ -542,23 +557,23 @@ def main(argv=None) -> int:
               f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']}"
               + (f", in place, {row['in_place']})" if row["in_place"] else ")") + _work_note(row), flush=True)
 
-    print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations x {a.reps} reps; settings: "
+    print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations after {a.warmup} warm-up x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:
         m = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
                             frozenset() if a.out_of_place else INPLACE_KINDS,
-                            True if a.restore_each else INPLACE_MODE)
+                            True if a.restore_each else INPLACE_MODE, a.warmup)
         for k in keys:
             emit(*k, "hcc-sockets", m.hcc[k], "gloo", m.gloo[k] if m.gloo else None, m.ratios.get(k),
                  cpu=(m.hcc_cpu[k], m.gloo_cpu.get(k)), idle=(m.hcc_idle[k], m.gloo_idle.get(k)))
     if "mpi" in peers:
         mpi_plans = compile_plans(n, sizes, MPI_PORT, settings=None if a.auto else MPI_SETTINGS)
-        mp = bench_mpi(mpi_plans, a.iters, a.reps) or {}
+        mp = bench_mpi(mpi_plans, a.iters, a.reps, a.warmup) or {}
         for k, (ht, nt, rs) in mp.items():
             emit(*k, "hcc-mpi", ht, "mpich-native", nt, rs, plan=mpi_plans[k], settings=MPI_SETTINGS)
     if "ray" in peers:
-        ry = bench_ray(plans, a.iters) or {}
+        ry = bench_ray(plans, a.iters, a.warmup) or {}
         for k, (ht, ot) in ry.items():
             emit(*k, "hcc-ray", ht, "ray-object-store", ot)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -592,7 +607,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--gloo-worker":
-        r, w, p, cases, it, out = sys.argv[2:8]
-        _gloo_worker(int(r), int(w), int(p), [tuple(c) for c in json.loads(cases)], int(it), out)
+        r, w, p, cases, it, wu, out = sys.argv[2:9]
+        _gloo_worker(int(r), int(w), int(p), [tuple(c) for c in json.loads(cases)], int(it), int(wu), out)
         sys.exit(0)
     sys.exit(main())
