@@ -16,8 +16,12 @@ Wire format
 - Requests: ``{"op": "set", "key", "value"}``, ``{"op": "get", "key", "timeout"}`` (waits until
   the key exists), ``{"op": "add", "key", "amount"}`` (integer counter, returns the new value),
   ``{"op": "wait", "key", "value", "timeout"}`` (waits until the counter is ≥ value),
-  ``{"op": "peek", "key"}`` (the value or null, at once).
+  ``{"op": "add", "key", "amount", "wait", "timeout"}`` (adds, then waits until the counter is
+  ≥ ``wait``: a barrier's arrival in one round trip), ``{"op": "peek", "key"}`` (the value or
+  null, at once).
   Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
+- A request that waits is parked; the thread whose ``set``/``add`` makes it ready sends the
+  reply of every parked request at once, before its own (measured: :class:`StoreServer`).
 """
 from __future__ import annotations
 
@@ -108,12 +112,32 @@ def _recv_msg(sock: socket.socket):
     return obj
 
 
+class _Parked:
+    """A waiting request: its connection, what it waits for, and whether it was answered."""
+
+    __slots__ = ("conn", "op", "want", "done")
+
+    def __init__(self, conn: socket.socket, op: str, want: int):
+        self.conn, self.op, self.want, self.done = conn, op, want, False
+
+
 class StoreServer:
-    """The store, served by a daemon thread per client; ``close()`` stops accepting."""
+    """The store, served by a daemon thread per client; ``close()`` stops accepting.
+
+    Waiting requests are answered by the thread that makes them ready (:class:`_Parked`), all
+    in one pass, not each by its own serving thread once it wakes up and wins the GIL of the
+    process holding the store. Measured with 4 ranks meeting at a barrier 30 times (each
+    sleeping 20 ms between, rank 0 holding the store; medians): ranks let go 0.44-0.53 ms after
+    the last arrival and 0.11-0.13 ms apart, against 0.47-0.60 ms and 0.18-0.20 ms when each
+    waiter answered itself and an arrival took two round trips (add, then wait). Between the
+    iterations of a 64 MiB allreduce the ranks still start 3.8-4.3 ms apart: the ones let go
+    first start copying into their sockets at once, on both cores, and the last one must win
+    a core to wake up."""
 
     def __init__(self, token: str | bytes, host: str = "127.0.0.1", port: int = 0):
         self.token = token.encode() if isinstance(token, str) else token
         self._data: dict[str, object] = {}
+        self._parked: dict[str, list[_Parked]] = {}
         self._cond = threading.Condition()
         self._sock = socket.create_server((host, port), backlog=256)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
@@ -133,6 +157,7 @@ class StoreServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(10.0)  # the handshake is 3 short messages; 10 s bounds a stalled client
             ns = os.urandom(NONCE)
             conn.sendall(ns)
@@ -144,13 +169,43 @@ class StoreServer:
             conn.settimeout(None)
             while True:
                 req = _recv_msg(conn)
-                _send_msg(conn, self._handle(req))
+                rep = self._handle(req, conn)
+                if rep is not None:  # None: a parked request, answered by the thread that readied it
+                    _send_msg(conn, rep)
         except (OSError, ConnectionError, RendezvousError, ValueError):
             return
         finally:
             conn.close()
 
-    def _handle(self, req: dict) -> dict:
+    def _ready(self, key: str, op: str, want: int) -> bool:
+        if key not in self._data:
+            return False
+        return op == "get" or (isinstance(self._data[key], int) and self._data[key] >= want)
+
+    def _release(self, key: str) -> None:
+        """Answer every parked request on ``key`` that is ready now (under ``_cond``). Each
+        connection has at most one request outstanding and its client is reading for this very
+        reply, so a send of these few bytes does not block."""
+        parked = self._parked.get(key)
+        if not parked:
+            return
+        keep = []
+        for p in parked:
+            if self._ready(key, p.op, p.want):
+                p.done = True
+                try:
+                    _send_msg(p.conn, {"ok": True, "value": self._data[key]})
+                except OSError:
+                    pass  # the client went away; its serving thread sees the socket closed
+            else:
+                keep.append(p)
+        if keep:
+            self._parked[key] = keep
+        else:
+            del self._parked[key]
+        self._cond.notify_all()
+
+    def _handle(self, req: dict, conn: socket.socket | None = None) -> dict | None:
         op, key = req.get("op"), req.get("key")
         if not isinstance(key, str):
             return {"ok": False, "error": "key must be a string"}
@@ -160,39 +215,50 @@ class StoreServer:
                 if key not in self._data and len(self._data) >= MAX_KEYS:
                     return {"ok": False, "error": "store full"}
                 self._data[key] = req.get("value")
-                self._cond.notify_all()
+                self._release(key)
                 return {"ok": True}
             if op == "add":
                 cur = self._data.get(key, 0)
                 if not isinstance(cur, int):
                     return {"ok": False, "error": f"{key} is not a counter"}
+                if key not in self._data and len(self._data) >= MAX_KEYS:
+                    return {"ok": False, "error": "store full"}
                 self._data[key] = cur + int(req.get("amount", 1))
-                self._cond.notify_all()
-                return {"ok": True, "value": self._data[key]}
-            if op == "peek":  # the value, or null when absent; never waits
+                self._release(key)
+                if req.get("wait") is None:
+                    return {"ok": True, "value": self._data[key]}
+                op = "wait"  # and wait for the counter to reach req["wait"], as a wait would
+                want = int(req["wait"])
+            elif op == "peek":  # the value, or null when absent; never waits
                 return {"ok": True, "value": self._data.get(key)}
-            if op in ("get", "wait"):
+            elif op in ("get", "wait"):
                 want = int(req.get("value", 0)) if op == "wait" else 0
-                deadline = time.monotonic() + timeout
-
-                def ready():
-                    if key not in self._data:
-                        return False
-                    return op == "get" or (isinstance(self._data[key], int) and self._data[key] >= want)
-
-                while not ready():
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._closed:
-                        return {"ok": False, "error": "timeout"}
-                    self._cond.wait(left)
+            else:
+                return {"ok": False, "error": f"unknown op {op!r}"}
+            if self._ready(key, op, want):
                 return {"ok": True, "value": self._data[key]}
-        return {"ok": False, "error": f"unknown op {op!r}"}
+            if conn is None:
+                return {"ok": False, "error": "timeout"}
+            parked = _Parked(conn, op, want)
+            self._parked.setdefault(key, []).append(parked)
+            deadline = time.monotonic() + timeout
+            while not parked.done:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    rest = [p for p in self._parked.get(key, []) if p is not parked]
+                    if rest:
+                        self._parked[key] = rest
+                    else:
+                        self._parked.pop(key, None)
+                    return {"ok": False, "error": "timeout"}
+                self._cond.wait(left)
+            return None
 
     def put(self, key: str, value) -> None:
         """Set ``key`` from the serving process itself (a launcher reporting a dead rank)."""
         with self._cond:
             self._data[key] = value
-            self._cond.notify_all()
+            self._release(key)
 
     def value(self, key: str, default=None):
         """The value of ``key`` as the serving process sees it."""
@@ -287,10 +353,15 @@ class StoreClient:
         t = self.timeout if timeout is None else timeout
         return self._call({"op": "wait", "key": key, "value": value, "timeout": t}, wait=t)
 
+    def arrive(self, key: str, value: int, timeout: float | None = None) -> int:
+        """Add 1 to counter ``key`` and wait until it is ≥ ``value``, in one round trip (a
+        barrier's arrival). On a timeout the 1 stays added: wait again with :meth:`wait`."""
+        t = self.timeout if timeout is None else timeout
+        return self._call({"op": "add", "key": key, "amount": 1, "wait": value, "timeout": t}, wait=t)
+
     def barrier(self, name: str, world: int, timeout: float | None = None) -> None:
         """Return once ``world`` clients have entered barrier ``name``."""
-        self.add(f"barrier/{name}", 1)
-        self.wait(f"barrier/{name}", world, timeout)
+        self.arrive(f"barrier/{name}", world, timeout)
 
     def close(self) -> None:
         try:

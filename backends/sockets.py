@@ -723,16 +723,15 @@ class SocketTransport(Transport):
         if self.store is None:
             raise RendezvousError(f"rank {self.rank}: no rendezvous store to hold a barrier")
         key = f"barrier/{self.group}/{name}"
-        self.store.add(key, 1)
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        first = True
+        first, arrived = True, False
         while True:
             # wait in 0.2 s slices so a peer's death (seen by a reader thread) ends the barrier
             # at once instead of after the whole deadline. The launcher's list of dead ranks is
             # read only once a slice passed: before the first wait it is one more store round
             # trip for the last rank to arrive, which every timed region after a barrier pays
-            # (the others are released by its add and start that much earlier)
+            # (the others are released by its arrival and start that much earlier)
             if self._launched and not first:
                 self._poll_launcher()
             first = False
@@ -744,7 +743,11 @@ class SocketTransport(Transport):
             if left <= 0:
                 raise CollectiveTimeout(self.rank, -1, f"barrier {name!r}", limit)
             try:
-                self.store.wait(key, self.world, min(0.2, left))
+                if arrived:
+                    self.store.wait(key, self.world, min(0.2, left))
+                else:  # add this rank and wait in one round trip; a timeout keeps the add
+                    arrived = True
+                    self.store.arrive(key, self.world, min(0.2, left))
                 return
             except RendezvousError as e:
                 if "timeout" not in str(e):
