@@ -543,7 +543,7 @@ def bench_pair(plan, inputs, iters: int, warmup: int = 1,
 
     with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
         job = Path(tmp)
-        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout, save_outputs=True)
+        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout)
         code, log = _launch(job, world, ["--pair", plan.kind],
                             _wall(timeout, 2 * (iters + warmup), world))
         path = job / "pair.json"
@@ -609,7 +609,7 @@ def _native_times(job: Path, kind: str, comm) -> list[float]:
     return times
 
 
-def _pair_times(job: Path, kind: str, comm: "MPIBackend") -> None:
+def _pair_times(job: Path, kind: str, comm: MPIBackend) -> None:
     """:func:`bench_pair`'s rank side: case 0's plan and MPICH's ``kind`` alternating, each
     iteration after one ``MPI_Barrier``; rank 0 writes the slowest rank's times of both."""
     from mpi4py import MPI
@@ -620,9 +620,9 @@ def _pair_times(job: Path, kind: str, comm: "MPIBackend") -> None:
 
     world = comm.comm
     me = world.Get_rank()
-    case = json.loads((job / "job.json").read_text())["cases"][0]
+    spec = json.loads((job / "job.json").read_text())
+    case, timeout = spec["cases"][0], float(spec["timeout"])
     plan = Plan.load(job / case["plan"])
-    timeout = float(json.loads((job / "job.json").read_text())["timeout"])
     x = np.ascontiguousarray(np.load(job / case["inputs"].format(rank=me)))
     elems = plan.buffer_elems(me)
     dt = np_dtype(plan.dtype)

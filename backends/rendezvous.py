@@ -205,7 +205,7 @@ class StoreServer:
             del self._parked[key]
         self._cond.notify_all()
 
-    def _handle(self, req: dict, conn: socket.socket | None = None) -> dict | None:
+    def _handle(self, req: dict, conn: socket.socket) -> dict | None:
         op, key = req.get("op"), req.get("key")
         if not isinstance(key, str):
             return {"ok": False, "error": "key must be a string"}
@@ -237,8 +237,6 @@ class StoreServer:
                 return {"ok": False, "error": f"unknown op {op!r}"}
             if self._ready(key, op, want):
                 return {"ok": True, "value": self._data[key]}
-            if conn is None:
-                return {"ok": False, "error": "timeout"}
             parked = _Parked(conn, op, want)
             self._parked.setdefault(key, []).append(parked)
             deadline = time.monotonic() + timeout

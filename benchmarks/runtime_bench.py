@@ -1,6 +1,6 @@
 """Runtime benchmark: hcc's backends against the peers a user would otherwise pick.
 
-    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--warmup 5] [--reps 3]
+    .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--warmup 10] [--reps 3]
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
 
 The plans are static (``adaptive = off`` in the generated source: the sockets backend's default
@@ -159,9 +159,8 @@ def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
 
 # Untimed iterations before the timed ones, the same on every side (``--warmup``). hcc's
 # first runs of a plan are slower than its steady state: the bound MPI run is made in the
-# first, the staging buffers take their page faults, and CPython 3.11 specializes a function's
-# bytecode only after it has run 8 times, so the executor's loop reaches its speed around the
-# tenth run. Measured (hcc-mpi / MPICH at 1 MiB, 4 ranks, bench_pair with 5 timed iterations,
+# first, and CPython 3.11 specializes a function's bytecode only after it has run 8 times, so
+# the executor's loop reaches its speed around the tenth run. Measured (hcc-mpi / MPICH at 1 MiB, 4 ranks, bench_pair with 5 timed iterations,
 # median of 7 jobs' ratios, two rounds, 03:47 UTC): allreduce after 2 warm-ups 0.85x / 0.82x,
 # after 5 0.87x / 0.89x, after 10 0.95x / 1.04x, after 20 0.93x / 0.94x; with 1 warm-up,
 # allreduce 0.76x and broadcast 0.80x, against 0.96x and 1.03x when 64 iterations are timed.
