@@ -725,7 +725,7 @@ class SocketTransport(Transport):
         key = f"barrier/{self.group}/{name}"
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        first, arrived = True, False
+        first = True
         while True:
             # wait in 0.2 s slices so a peer's death (seen by a reader thread) ends the barrier
             # at once instead of after the whole deadline. The launcher's list of dead ranks is
@@ -734,7 +734,6 @@ class SocketTransport(Transport):
             # (the others are released by its arrival and start that much earlier)
             if self._launched and not first:
                 self._poll_launcher()
-            first = False
             with self._lock:
                 dead = next(iter(self._dead.items()), None)
             if dead is not None:
@@ -743,11 +742,11 @@ class SocketTransport(Transport):
             if left <= 0:
                 raise CollectiveTimeout(self.rank, -1, f"barrier {name!r}", limit)
             try:
-                if arrived:
-                    self.store.wait(key, self.world, min(0.2, left))
-                else:  # add this rank and wait in one round trip; a timeout keeps the add
-                    arrived = True
+                if first:  # add this rank and wait in one round trip; a timeout keeps the add
+                    first = False
                     self.store.arrive(key, self.world, min(0.2, left))
+                else:
+                    self.store.wait(key, self.world, min(0.2, left))
                 return
             except RendezvousError as e:
                 if "timeout" not in str(e):
