@@ -28,9 +28,6 @@ Terms
   ``max(out / uplink, in / downlink)`` — out its pieces and the copies of what it owns, in
   the pieces still to come to it and the results of what it does not own (the arithmetic:
   docs/fault-tolerance.md, "Both directions of a link").
-- residual plan: the collective over the survivors only, lowered from the repaired trees by the
-  compiler's own lowering (compiler/lower.py) — an ir Plan that ir/verify.py can check, which
-  is how the tests show that a repair is still a correct schedule.
 
 >>> repair_parents((-1, 0, 1, 1, 0), 0, {1})
 (-1, -1, 0, 0, 0)
@@ -39,16 +36,16 @@ Terms
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..ir.errors import PlanError
-from ..ir.plan import Plan, Tree
+from ..ir.plan import Tree
 
 __all__ = [
     "claim_count", "share_by_load",
     "RootLost", "repair_parents", "repair_tree", "arrival_parents", "subtree", "bfs_order",
-    "ancestors", "residual_plan", "relay_parents",
+    "ancestors", "relay_parents",
 ]
 
 
@@ -146,76 +143,6 @@ def subtree(parent: Sequence[int], r: int) -> frozenset[int]:
             out.add(v)
             stack.extend(kids.get(v, ()))
     return frozenset(out)
-
-
-@dataclass(frozen=True)
-class _Packed:
-    """The PackedTree-like value compiler/lower.py lowers: root, (parent, child, path) edges."""
-
-    root: int
-    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
-    rate: float
-
-
-def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = None) -> Plan:
-    """The collective over the survivors of ``plan``, lowered from its repaired trees.
-
-    Survivors are renumbered in rank order; the size per rank is unchanged for kinds whose
-    buffers do not depend on the rank count (broadcast, reduce, allreduce) and rescaled by
-    the block size for allgather and gather (each survivor keeps its own block). Raises
-    :class:`RootLost` when a rooted collective's root is dead."""
-    from ..compiler.lower import lower
-    from ..ir.plan import DTYPE_SIZES, ROOTED_KINDS, block_range
-
-    dead = set(dead)
-    survivors = [r for r in range(plan.n) if r not in dead]
-    if not survivors:
-        raise PlanError("no rank survives")
-    new_index = {r: i for i, r in enumerate(survivors)}
-    rooted = plan.kind in ROOTED_KINDS
-    if rooted and plan.root in dead:
-        raise RootLost(f"the root, rank {plan.root}, is dead")
-    packed = []
-    for t in plan.trees:
-        if t.root in dead and (rooted or plan.kind in ("allgather",)):
-            continue  # allgather: the dead rank's block is missing, its tree goes
-        rt = repair_tree(t, dead, promote=not rooted)
-        if rt.root < 0:
-            continue
-        edges = tuple((new_index[p], new_index[c], (plan.ranks[p], plan.ranks[c]))
-                      for c, p in enumerate(rt.parent) if p >= 0)
-        packed.append(_Packed(new_index[rt.root], edges, t.rate))
-    size = plan.size_bytes
-    if plan.kind in ("allgather", "gather"):
-        item = DTYPE_SIZES[plan.dtype]
-        size = sum(block_range(plan.elems, plan.n, r)[1] - block_range(plan.elems, plan.n, r)[0]
-                   for r in survivors) * item
-        # lower() splits the survivors' buffer into equal blocks again; keep it exact only when
-        # the blocks were equal (E divisible by n), which the callers check
-    spec = _Spec(
-        name=f"{plan.name}~residual", kind=plan.kind, ranks=tuple(plan.ranks[r] for r in survivors),
-        root=new_index[plan.root] if rooted else -1, size_bytes=size, dtype=plan.dtype, op=plan.op,
-        compress=plan.compress, on_failure=plan.on_failure, adaptive=plan.adaptive, peers=plan.peers)
-    topo = plan.topology.restricted(spec.ranks)
-    chunk = chunk_bytes if chunk_bytes is not None else max(plan.chunk_bytes, plan.itemsize)
-    if not packed:
-        raise PlanError(f"plan {plan.name!r} keeps no tree to repair (algorithm {plan.algorithm})")
-    return lower(spec, topo, packed, chunk, algorithm=f"{plan.algorithm}+repair")
-
-
-@dataclass(frozen=True)
-class _Spec:
-    name: str
-    kind: str
-    ranks: tuple[str, ...]
-    root: int
-    size_bytes: int
-    dtype: str
-    op: str | None
-    compress: str = "none"
-    on_failure: str = "abort"
-    adaptive: bool | None = None
-    peers: str | None = None
 
 
 def relay_parents(roots: Sequence[int], sizes: Sequence[float], uplink: Sequence[float],

@@ -1,6 +1,9 @@
 """Pure repair functions (backends/repair.py): re-attachment to the nearest live ancestor,
-arrival-order heaps, and residual plans over the survivors that ir/verify.py accepts."""
+arrival-order heaps, and residual plans over the survivors (lowered here, in the test) that
+ir/verify.py accepts."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -16,11 +19,11 @@ from hcc.backends.repair import (
     relay_parents,
     repair_parents,
     repair_tree,
-    residual_plan,
     share_by_load,
     subtree,
 )
-from hcc.ir.plan import Tree
+from hcc.ir.errors import PlanError
+from hcc.ir.plan import DTYPE_SIZES, ROOTED_KINDS, Plan, Tree, block_range
 from hcc.ir.verify import verify
 
 
@@ -95,6 +98,79 @@ def test_repair_spans_every_survivor_and_keeps_live_ancestry(td):
             continue
         # the new parent is the nearest live ancestor in the old tree
         assert rep[r] == next(a for a in ancestors(parent, r) if a not in dead)
+
+
+# -- residual plans: the repaired trees lowered over the survivors (test helper) --------------
+
+@dataclass(frozen=True)
+class _Packed:
+    """The PackedTree-like value compiler/lower.py lowers: root, (parent, child, path) edges."""
+
+    root: int
+    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
+    rate: float
+
+
+def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = None) -> Plan:
+    """The collective over the survivors of ``plan``, lowered from its repaired trees by the
+    compiler's own lowering: an ir Plan that ir/verify.py checks, which is how these tests show
+    that a repair is still a correct schedule (the runtime never lowers; this lives here).
+
+    Survivors are renumbered in rank order; the size per rank is unchanged for kinds whose
+    buffers do not depend on the rank count (broadcast, reduce, allreduce) and rescaled by
+    the block size for allgather and gather (each survivor keeps its own block). Raises
+    :class:`RootLost` when a rooted collective's root is dead."""
+    from hcc.compiler.lower import lower
+
+    dead = set(dead)
+    survivors = [r for r in range(plan.n) if r not in dead]
+    if not survivors:
+        raise PlanError("no rank survives")
+    new_index = {r: i for i, r in enumerate(survivors)}
+    rooted = plan.kind in ROOTED_KINDS
+    if rooted and plan.root in dead:
+        raise RootLost(f"the root, rank {plan.root}, is dead")
+    packed = []
+    for t in plan.trees:
+        if t.root in dead and (rooted or plan.kind in ("allgather",)):
+            continue  # allgather: the dead rank's block is missing, its tree goes
+        rt = repair_tree(t, dead, promote=not rooted)
+        if rt.root < 0:
+            continue
+        edges = tuple((new_index[p], new_index[c], (plan.ranks[p], plan.ranks[c]))
+                      for c, p in enumerate(rt.parent) if p >= 0)
+        packed.append(_Packed(new_index[rt.root], edges, t.rate))
+    size = plan.size_bytes
+    if plan.kind in ("allgather", "gather"):
+        item = DTYPE_SIZES[plan.dtype]
+        size = sum(block_range(plan.elems, plan.n, r)[1] - block_range(plan.elems, plan.n, r)[0]
+                   for r in survivors) * item
+        # lower() splits the survivors' buffer into equal blocks again; keep it exact only when
+        # the blocks were equal (E divisible by n), which the callers check
+    spec = _Spec(
+        name=f"{plan.name}~residual", kind=plan.kind, ranks=tuple(plan.ranks[r] for r in survivors),
+        root=new_index[plan.root] if rooted else -1, size_bytes=size, dtype=plan.dtype, op=plan.op,
+        compress=plan.compress, on_failure=plan.on_failure, adaptive=plan.adaptive, peers=plan.peers)
+    topo = plan.topology.restricted(spec.ranks)
+    chunk = chunk_bytes if chunk_bytes is not None else max(plan.chunk_bytes, plan.itemsize)
+    if not packed:
+        raise PlanError(f"plan {plan.name!r} keeps no tree to repair (algorithm {plan.algorithm})")
+    return lower(spec, topo, packed, chunk, algorithm=f"{plan.algorithm}+repair")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    kind: str
+    ranks: tuple[str, ...]
+    root: int
+    size_bytes: int
+    dtype: str
+    op: str | None
+    compress: str = "none"
+    on_failure: str = "abort"
+    adaptive: bool | None = None
+    peers: str | None = None
 
 
 SRC = """
