@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import AbstractSet, Callable, ClassVar
 
-from ..grammar.diagnostics import HccError
+from ..grammar.errors import HccError
 
 
 class RuntimeFault(HccError):

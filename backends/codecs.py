@@ -2,8 +2,8 @@
 
 A codec turns one message (a contiguous run of ``count`` elements of the plan's dtype) into
 ``wire_nbytes(count)`` bytes and back. The executor applies it to every Send/Recv/RecvReduce
-of a plan whose ``compress != "none"``; the compiler prices plans with
-:meth:`Codec.wire_nbytes` (design.md "Relaxations").
+of a plan whose ``compress != "none"``; the sizes are the IR's (ir/wire.py), from which the
+compiler prices plans (design.md "Relaxations").
 
 Terms
 - message: the ``count`` elements one Send moves. Quantization is per message ("per chunk"):
@@ -51,14 +51,12 @@ from typing import ClassVar
 import numpy as np
 
 from ..ir.errors import PlanError
-from ..ir.plan import FLOAT_DTYPES
+from ..ir.wire import COMPRESS_MODES, INT8_HEADER, check_compress, wire_nbytes
 from .kernels import from_float32, to_float32
 
 __all__ = ["COMPRESS_MODES", "Codec", "Fp16Codec", "Int8Codec", "get_codec"]
 
-COMPRESS_MODES = ("none", "fp16", "int8")
-
-_HEADER = 8  # int8: lo, hi as float32
+_HEADER = INT8_HEADER  # int8: lo, hi as float32 (the wire sizes are the IR's, ir/wire.py)
 _EPS = 1e-7  # design.md's guard against a zero range
 
 
@@ -71,7 +69,10 @@ class Codec:
     name: ClassVar[str] = ""
 
     def wire_nbytes(self, count: int) -> int:
-        raise PlanError(f"codec {type(self).__name__} defines no wire format")
+        """Bytes of one message of ``count`` elements (ir/wire.py defines the sizes)."""
+        if not self.name:
+            raise PlanError(f"codec {type(self).__name__} defines no wire format")
+        return wire_nbytes(self.name, self.dtype, count)
 
     def encode(self, x: np.ndarray, out: np.ndarray) -> None:
         """Write the wire form of ``x`` (``count`` elements of the plan dtype) into ``out``,
@@ -115,9 +116,6 @@ class Codec:
 class Fp16Codec(Codec):
     name: ClassVar[str] = "fp16"
 
-    def wire_nbytes(self, count: int) -> int:
-        return 2 * count
-
     def encode(self, x: np.ndarray, out: np.ndarray) -> None:
         self._check(len(x), out)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -140,9 +138,6 @@ def _grid(lo: float, hi: float) -> tuple[float, float, float]:
 @dataclass(frozen=True)
 class Int8Codec(Codec):
     name: ClassVar[str] = "int8"
-
-    def wire_nbytes(self, count: int) -> int:
-        return count + _HEADER
 
     def encode(self, x: np.ndarray, out: np.ndarray) -> None:
         count = len(x)
@@ -216,14 +211,8 @@ def get_codec(compress: str, dtype: str) -> Codec | None:
     >>> get_codec("none", "float32") is None
     True
     """
+    check_compress(compress, dtype)
     if compress == "none":
         return None
-    if compress not in _CODECS:
-        raise PlanError(f"unknown compress mode {compress!r}; expected one of {', '.join(COMPRESS_MODES)}")
-    if dtype not in FLOAT_DTYPES:
-        raise PlanError(
-            f"compress = {compress} needs a floating-point dtype "
-            f"({', '.join(sorted(FLOAT_DTYPES))}), not {dtype}"
-        )
     return _CODECS[compress](dtype)
 

@@ -210,17 +210,17 @@ class SimulationDigest:
 
 
 def wire_bytes_of(count: int, itemsize: int, compress: str, dtype: str = "float32") -> int:
-    """Bytes one message of ``count`` elements puts on the wire (the codec's own size,
-    backends/codecs.py, when the plan compresses).
+    """Bytes one message of ``count`` elements puts on the wire (the wire format's size,
+    ir/wire.py, when the plan compresses).
 
     >>> wire_bytes_of(1000, 4, "none"), wire_bytes_of(1000, 4, "fp16"), wire_bytes_of(1000, 4, "int8")
     (4000, 2000, 1008)
     """
     if compress == "none":
         return count * itemsize
-    from ..backends.codecs import get_codec
+    from ..ir.wire import wire_nbytes
 
-    return get_codec(compress, dtype).wire_nbytes(count)
+    return wire_nbytes(compress, dtype, count)
 
 
 class _Links:
@@ -352,9 +352,11 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     if plan.compress == "none":
         codec_bytes = None
     else:
-        from ..backends.codecs import get_codec
+        from functools import partial
 
-        codec_bytes = get_codec(plan.compress, plan.dtype).wire_nbytes
+        from ..ir.wire import wire_nbytes
+
+        codec_bytes = partial(wire_nbytes, plan.compress, plan.dtype)
     progs = plan.programs
     base = [0] * (len(progs) + 1)
     for r, prog in enumerate(progs):

@@ -64,6 +64,7 @@ from ..ir.plan import (
     block_range,
 )
 from ..ir.topology import Topology
+from ..ir.wire import check_compress, wire_nbytes
 from .program import CollectiveSpec
 
 __all__ = [
@@ -183,10 +184,7 @@ def programs_for_step(plan: Plan, step: int) -> tuple[tuple[Op, ...], ...]:
 
 def message_nbytes(plan: Plan, count: int) -> int:
     """Bytes one message of ``count`` elements puts on the wire under the plan's codec."""
-    from ..backends.codecs import get_codec
-
-    codec = get_codec(plan.compress, plan.dtype)
-    return codec.wire_nbytes(count) if codec is not None else count * plan.itemsize
+    return wire_nbytes(plan.compress, plan.dtype, count)
 
 
 def wire_bytes(plan: Plan, programs: tuple[tuple[Op, ...], ...] | None = None) -> int:
@@ -207,8 +205,6 @@ def relax_plan(spec: CollectiveSpec, topo: Topology, chunk_bytes: int | None) ->
     """Lower a ``neighbor_average`` (any ``compress``) or a compressed ``allreduce``
     (``compress`` fp16 or int8) to a plan; ``chunk_bytes`` None means
     :data:`AUTO_CHUNK_BYTES`. ``Figures.wire_bytes`` is filled; the pipeline prices the rest."""
-    from ..backends.codecs import get_codec
-
     n = len(spec.ranks)
     if spec.kind == "allreduce":
         if spec.compress == "none":
@@ -216,7 +212,7 @@ def relax_plan(spec: CollectiveSpec, topo: Topology, chunk_bytes: int | None) ->
     elif spec.kind != "neighbor_average":
         _fail(spec, f"relax_plan lowers allreduce and neighbor_average, not {spec.kind}")
     try:
-        get_codec(spec.compress, spec.dtype)
+        check_compress(spec.compress, spec.dtype)
     except PlanError as e:
         _fail(spec, e.message)
     peers = (spec.peers or "ring") if spec.kind == "neighbor_average" else None

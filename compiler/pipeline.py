@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..grammar.diagnostics import HccError, Source, SourceError, Span
+from ..grammar.diagnostics import Source, SourceError, Span
+from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
 from .algorithms import BIDIR_MAX_RANKS, RINGS_MAX_RANKS

@@ -2,7 +2,8 @@
 
 ``parse(text, path) -> ast.Module`` lives in :mod:`.parser`; it is imported lazily here so that
 importing :mod:`hcc` does not load lark until a program is parsed (style.md habit 10)."""
-from .diagnostics import HccError, Source, SourceError, Span
+from .diagnostics import Source, SourceError, Span
+from .errors import HccError
 
 __all__ = ["HccError", "Source", "SourceError", "Span", "parse"]
 

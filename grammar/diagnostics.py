@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import HccError
+
 
 @dataclass(frozen=True)
 class Source:
@@ -15,8 +17,11 @@ class Source:
     text: str
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
-        return lines[lineno - 1] if 1 <= lineno <= len(lines) else ""
+        r"""Line ``lineno`` as the parser counts lines: ended by ``\n`` only. ``str.splitlines``
+        also ends a line at a form feed, ``\v``, ``\x1c``-``\x1e``, ``\x85``, U+2028 and
+        U+2029, so it would show a different line from the one lark's line number names."""
+        lines = self.text.split("\n")
+        return lines[lineno - 1].rstrip("\r") if 1 <= lineno <= len(lines) else ""
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,6 @@ class Span:
         return self.source.path
 
 
-class HccError(Exception):
-    """Base of every error hcc raises on purpose (bad input, bad plan, failed run)."""
-
-
 class SourceError(HccError):
     """Bad input at a place in a source file."""
 
@@ -47,7 +48,9 @@ class SourceError(HccError):
 
     def render(self) -> str:
         s = self.span
-        text = s.source.line(s.line).rstrip("\n").expandtabs(1)
+        # one printable character per column, so the caret stays under the fault: a tab or a
+        # control character (form feed, U+2028 ...) is one column for lark, shown as a space
+        text = "".join(ch if ch.isprintable() else " " for ch in s.source.line(s.line))
         width = 1
         if s.end_line in (0, s.line) and s.end_col > s.col:
             width = s.end_col - s.col

@@ -12,7 +12,8 @@ Heavy dependencies (OR-Tools, networkx, mpi4py, Ray, matplotlib) load only when 
 from __future__ import annotations
 
 from .api import compile, compile_all, load
-from .grammar.diagnostics import HccError, SourceError
+from .grammar.diagnostics import SourceError
+from .grammar.errors import HccError
 from .ir.errors import PlanError, VerifyError
 from .ir.plan import Figures, Plan, Tree
 from .ir.topology import Topology

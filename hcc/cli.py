@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .grammar.diagnostics import HccError, SourceError
+    from .grammar.diagnostics import SourceError
+    from .grammar.errors import HccError
     from .ir.errors import PlanError
 
     args = build_parser().parse_args(argv)

@@ -48,7 +48,7 @@ def _parser(action: str) -> argparse.ArgumentParser:
 
 def read_topology(path: str, which: str | None = None) -> Topology:
     """The topology named ``which`` (or the only one) of an .hcl program or a topology JSON."""
-    from .grammar.diagnostics import HccError
+    from .grammar.errors import HccError
 
     if path.endswith(".json"):
         try:
@@ -85,7 +85,8 @@ def _one_name(name: str | None) -> str:
 
 def cmd_netem(args) -> int:
     from .backends import netem
-    from .grammar.diagnostics import HccError, SourceError
+    from .grammar.diagnostics import SourceError
+    from .grammar.errors import HccError
 
     rest = list(args.args)
     try:

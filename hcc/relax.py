@@ -42,7 +42,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .grammar.diagnostics import HccError
+from .grammar.errors import HccError
 from .ir.plan import Plan
 
 if TYPE_CHECKING:  # numpy loads when an averager runs, so `import hcc` (and `hcc check`) stays light

@@ -1,7 +1,7 @@
 """hcc.ir.errors — typed errors of the IR level (style.md habit 2: raise, never print)."""
 from __future__ import annotations
 
-from ..grammar.diagnostics import HccError
+from ..grammar.errors import HccError
 
 
 class PlanError(HccError):
