@@ -506,13 +506,15 @@ class SocketTransport(Transport):
         view = buf if isinstance(buf, memoryview) else memoryview(buf)
         return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
-    def isend(self, peer: int, tag: int, data: memoryview) -> Request:
+    def isend(self, peer: int, tag: int, data: memoryview, plan: int | None = None) -> Request:
         """Queue a frame for the connection's writer — or, when the writer is idle and its
         queue empty, write it at once from this thread with ``MSG_DONTWAIT`` (what the socket
         buffer takes; the writer finishes the rest). The inline path saves two thread
         hand-offs per message: a 16 MiB chain broadcast in 256 KiB chunks sends 64 frames
         per hop, and each hand-off is a wake-up of a thread that must then win the GIL."""
-        req = _Req(peer, tag, self._bytes_view(data), True, self._plan)
+        # plan: the id to stamp instead of the bound one (a communicator that runs several
+        # plans at once, each in its own tag space: hcc/collectives.py)
+        req = _Req(peer, tag, self._bytes_view(data), True, self._plan if plan is None else plan)
         with self._lock:
             conn = self._get_conn(peer)
             self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
@@ -537,13 +539,14 @@ class SocketTransport(Transport):
                 self._cond.notify_all()
         return req
 
-    def irecv(self, peer: int, tag: int, buf: memoryview) -> Request:
+    def irecv(self, peer: int, tag: int, buf: memoryview, plan: int | None = None) -> Request:
         buf = self._bytes_view(buf)
         if buf.readonly:
             raise RuntimeFault(f"rank {self.rank}: receive buffer for tag {tag} is read-only")
-        return self._post_recv(_Req(peer, tag, buf, False, self._plan))
+        return self._post_recv(_Req(peer, tag, buf, False, self._plan if plan is None else plan))
 
-    def irecv_fold(self, peer: int, tag: int, nbytes: int, fold: Callable[[int, memoryview], None]) -> Request:
+    def irecv_fold(self, peer: int, tag: int, nbytes: int, fold: Callable[[int, memoryview], None],
+                   plan: int | None = None) -> Request:
         """Receive a message of ``nbytes`` bytes without a destination buffer: the connection's
         reader thread calls ``fold(offset, piece)`` for consecutive pieces of it (at most
         :data:`FOLD_PIECE` bytes, byte offsets from 0; ``piece`` is valid only during the
@@ -557,7 +560,7 @@ class SocketTransport(Transport):
         reduction cannot overlap the transfer, and it reads the staging back from memory."""
         if nbytes < 0:
             raise RuntimeFault(f"rank {self.rank}: negative message size {nbytes} for tag {tag}")
-        return self._post_recv(_Req(peer, tag, None, False, self._plan, fold, nbytes))
+        return self._post_recv(_Req(peer, tag, None, False, self._plan if plan is None else plan, fold, nbytes))
 
     def _post_recv(self, req: _Req) -> Request:
         peer, tag = req.peer, req.tag
