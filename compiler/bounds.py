@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable
 
@@ -75,6 +76,8 @@ __all__ = [
     "neighbor_average_time_bound",
     "time_bound",
     "peer_count",
+    "Cut",
+    "binding_cut",
 ]
 
 # 2^40: scaled capacities keep 12 significant digits and sums of 256 ranks' worth of
@@ -148,17 +151,30 @@ class _Net:
             raise ArithmeticError("max-flow did not reach optimality")
         return f.optimal_flow()
 
+    def min_cut(self, src: int, dst: int) -> tuple[int, frozenset[int]]:
+        """maxflow(src, dst) and the source side of a minimum cut (vertex indices)."""
+        f = self._flow()
+        if f.solve(src, dst) != f.OPTIMAL:
+            raise ArithmeticError("max-flow did not reach optimality")
+        return f.optimal_flow(), frozenset(f.get_source_side_min_cut())
+
     def parametric_rate(self, sinks: list[int]) -> Fraction:
-        """x* = min B⁺(S)/|S ∩ R| over S that miss some rank of ``sinks`` (scaled units).
+        """x* = min B⁺(S)/|S ∩ R| over S that miss some rank of ``sinks`` (scaled units)."""
+        return self.parametric_cut(sinks)[0]
+
+    def parametric_cut(self, sinks: list[int]) -> tuple[Fraction, frozenset[int]]:
+        """x* and a vertex set S attaining it (B⁺(S) = x*·|S ∩ R|, S missing a sink).
 
         Newton iteration on the ForestColl condition maxflow_x(s, v) >= (N-1)·x for v in sinks.
         """
         n = len(self.vertices)
         # S = {r} for a rank r that is not the only sink gives the starting ratio B⁺({r})/1.
-        starts = [self.out_cap[r] for r in self.rank_idx if not (len(sinks) == 1 and r == sinks[0])]
-        x = Fraction(min(starts))
+        starts = [(self.out_cap[r], r) for r in self.rank_idx if not (len(sinks) == 1 and r == sinks[0])]
+        cap0, r0 = min(starts)
+        x = Fraction(cap0)
+        best_side = frozenset({r0})
         if x == 0:
-            return x
+            return x, best_side
         s = n
         for _ in range(4 * n + 8):  # Newton steps; each strictly lowers x, few in practice
             lowered = False
@@ -177,11 +193,12 @@ class _Net:
                     ratio = Fraction(self.out_of(side), k)
                     if ratio < x:
                         x = ratio
+                        best_side = frozenset(side)
                         lowered = True
                         if x == 0:
-                            return x
+                            return x, best_side
             if not lowered:
-                return x
+                return x, best_side
         raise ArithmeticError("parametric max-flow did not converge")
 
 
@@ -221,10 +238,11 @@ def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
-    """(x* in the net's scaled units, the net's scale), memoised: the bounds pass and the
-    allgather packing of one compile ask for the same x* (1 024 max-flows per Newton step
-    on the 1024-rank fat tree)."""
+def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool
+                          ) -> tuple[Fraction, float, tuple[str, ...]]:
+    """(x* in the net's scaled units, the net's scale, the vertex names of a set S attaining
+    it), memoised: the bounds pass, the allgather packing and the plan's explanation of one
+    compile ask for the same x* (1 024 max-flows per Newton step on the 1024-rank fat tree)."""
     from .switches import host_translation
 
     net = _Net(topo, ranks, reverse=reverse)
@@ -237,14 +255,20 @@ def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool)
         # decides the same x* (the first host's ranks: 8 max-flows per step, not 512)
         host_of = dict(topo.hosts)
         sinks = [net.index[v] for v in ranks if host_of[v] == host_of[ranks[0]]]
-    return net.parametric_rate(sinks), net.scale
+    x, side = net.parametric_cut(sinks)
+    return x, net.scale, tuple(net.vertices[i] for i in sorted(side))
 
 
-def _allgather_x(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
+def _allgather_memo(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float, tuple[str, ...]]:
     try:
         return _allgather_parametric(topo, ranks, reverse)
     except TypeError:  # an unhashable Topology (lists for tuples): compute, do not memoise
         return _allgather_parametric.__wrapped__(topo, ranks, reverse)
+
+
+def _allgather_x(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
+    x, scale, _ = _allgather_memo(topo, ranks, reverse)
+    return x, scale
 
 
 def allgather_rate_bound(topo: Topology, ranks, *, reverse: bool = False) -> float:
@@ -446,4 +470,209 @@ def time_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, *, pee
         return alltoall_time_bound(topo, ranks, size_bytes)
     if kind == "neighbor_average":
         return neighbor_average_time_bound(topo, ranks, size_bytes, peers)
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+# -- the cut that sets the bound (the plan's explanation) ------------------------------------------
+@dataclass(frozen=True)
+class Cut:
+    """The vertex set whose links set a collective's bound, in the topology's own names.
+
+    ``vertices`` is S and ``links`` the arcs the bound's bytes must cross: those leaving S
+    (``direction = "out"``) or entering it (``"in"``: reduce, reduce_scatter and scatter,
+    whose bounds are taken on the reversed graph). ``capacity_Bps`` is their total capacity,
+    ``ranks_inside`` = |S ∩ R|, and ``factor`` the bytes that must cross per byte of M, so the
+    bound is ``time(M) = factor x M / capacity_Bps`` (broadcast: 1; allgather: |S ∩ R|/N;
+    allreduce: twice that, or a term of :func:`hcc.compiler.pipeline.allreduce_floor`).
+    ``what`` says it in words. For ``kind = "all-ranks"`` (allreduce's total-traffic term)
+    S is every rank and the links are all links leaving a rank: not one cut, but the
+    2(n-1)·M bytes that must leave ranks somewhere."""
+
+    kind: str
+    vertices: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    capacity_Bps: float
+    ranks_inside: int
+    factor: float
+    direction: str
+    what: str
+
+    def time(self, size_bytes: float) -> float:
+        if self.capacity_Bps <= 0:
+            return math.inf
+        return self.factor * size_bytes / self.capacity_Bps
+
+
+def _cut_of(net: _Net, side, kind: str, factor: float, what: str, reverse: bool) -> Cut:
+    """The :class:`Cut` of vertex-index set ``side`` in ``net`` (for a reversed net, the
+    arcs leaving ``side`` in the net are those entering it in the topology)."""
+    inside = set(side)
+    arcs = sorted({(net.vertices[a], net.vertices[b]) for a, b, _ in net.arcs if a in inside and b not in inside})
+    cap = net.out_of(inside) / net.scale
+    if reverse:
+        arcs = sorted((v, u) for u, v in arcs)
+    k = sum(1 for r in net.rank_idx if r in inside)
+    return Cut(kind, tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs), cap, k, factor,
+               "in" if reverse else "out", what)
+
+
+def _rooted_cut(topo, ranks, root, reverse: bool, kind: str) -> Cut:
+    net = _Net(topo, ranks, reverse=reverse)
+    r = net.index[root]
+    best = None
+    for v in net.rank_idx:
+        if v != r:
+            value, side = net.min_cut(r, v)
+            if best is None or value < best[0]:
+                best = (value, side, v)
+    value, side, v = best
+    dst = net.vertices[v]
+    what = (f"{root} -> {dst}: every byte must leave the root's side" if not reverse else
+            f"{dst} -> {root}: every byte must enter the root's side")
+    return _cut_of(net, side, kind, 1.0, what, reverse)
+
+
+def _allgather_cut(topo, ranks, reverse: bool, kind: str, factor_scale: float = 1.0) -> Cut:
+    n = len(ranks)
+    x, scale, names = _allgather_memo(topo, ranks, reverse)
+    net = _Net(topo, ranks, reverse=reverse)
+    side = {net.index[v] for v in names}
+    k = sum(1 for r in net.rank_idx if r in side)
+    if reverse:
+        what = f"the {k} ranks in S must receive {k}/{n} of M, partially reduced, from outside"
+    else:
+        what = f"the {k} ranks in S must send their {k}/{n} of M out"
+    if factor_scale != 1.0:
+        what += " (twice: reduce-scatter then allgather)"
+    return _cut_of(net, side, kind, factor_scale * k / n, what, reverse)
+
+
+def _gather_cut(topo, ranks, root, reverse: bool, kind: str) -> Cut:
+    n = len(ranks)
+    net = _Net(topo, ranks, reverse=reverse)
+    x, side = net.parametric_cut([net.index[root]])
+    k = sum(1 for r in net.rank_idx if r in side)
+    what = (f"the {k} ranks in S hold {k}/{n} of M for the root" if not reverse else
+            f"the {k} ranks in S need {k}/{n} of M from the root")
+    return _cut_of(net, side, kind, k / n, what, reverse)
+
+
+def _alltoall_cut(topo, ranks) -> Cut:
+    n = len(ranks)
+    net = _Net(topo, ranks)
+    if len(net.vertices) <= _ALLTOALL_EXACT_VERTICES:
+        _, mask = _alltoall_exact(net)
+        side = {i for i in range(len(net.vertices)) if (mask >> i) & 1}
+    else:
+        best, side = -1.0, set()
+        rank_set = set(net.rank_idx)
+        for a in _alltoall_families(net, topo):
+            k = len(a)
+            value, s = net_min_cut_side(net, set(a), rank_set - set(a))
+            ratio = k * (n - k) / value if value > 0 else math.inf
+            if ratio > best:
+                best, side = ratio, s
+    k = sum(1 for r in net.rank_idx if r in side)
+    return _cut_of(net, side, "alltoall", k * (n - k) / n,
+                   f"the {k} ranks in S send 1/{n} of M to each of the {n - k} outside", False)
+
+
+def net_min_cut_side(net: _Net, side: set[int], other: set[int]) -> tuple[int, set[int]]:
+    """:meth:`_Net.min_cut_between` with the source side (vertex indices) of the cut."""
+    nv = len(net.vertices)
+    s, t = nv, nv + 1
+    f = net._flow()
+    big = sum(c for _, _, c in net.arcs) + 1
+    for v in side:
+        f.add_arc_with_capacity(s, v, big)
+    for v in other:
+        f.add_arc_with_capacity(v, t, big)
+    if f.solve(s, t) != f.OPTIMAL:
+        raise ArithmeticError("max-flow did not reach optimality")
+    return f.optimal_flow(), set(f.get_source_side_min_cut()) - {s}
+
+
+def _vertex_cut(topo, ranks, factor: float, kind: str, what_fmt: str) -> Cut:
+    """The rank v of least min(B⁻({v}), B⁺({v})), cut as {v} (out) or as {v} entered (in)."""
+    net = _Net(topo, ranks)
+    best = None
+    for r in net.rank_idx:
+        for cap, rev in ((net.out_cap[r], False), (net.in_cap[r], True)):
+            if best is None or cap < best[0]:
+                best = (cap, r, rev)
+    _, r, rev = best
+    inside = net.vertices[r]
+    if rev:
+        arcs = sorted((net.vertices[a], inside) for a, b, _ in net.arcs if b == r and a != r)
+    else:
+        arcs = sorted((inside, net.vertices[b]) for a, b, _ in net.arcs if a == r and b != r)
+    cap = (net.in_cap[r] if rev else net.out_cap[r]) / net.scale
+    return Cut(kind, (inside,), tuple(arcs), cap, 1, factor, "in" if rev else "out",
+               what_fmt.format(v=inside, way="receive" if rev else "send"))
+
+
+def allreduce_cuts(topo, ranks) -> list[Cut]:
+    """The candidate cuts of an allreduce: twice the allgather cut, and the three terms of
+    pipeline.allreduce_floor (per rank, all ranks' total, the narrowest rank cut)."""
+    n = len(ranks)
+    out = [_allgather_cut(topo, ranks, False, "allreduce", 2.0)]
+    out.append(_vertex_cut(topo, ranks, 1.0, "allreduce-rank",
+                           "{v} must {way} M (its result needs every input, its input every result)"))
+    net = _Net(topo, ranks)
+    rank_set = set(net.rank_idx)
+    arcs = sorted((net.vertices[a], net.vertices[b]) for a, b, _ in net.arcs if a in rank_set)
+    total = sum(net.out_cap[r] for r in net.rank_idx) / net.scale
+    out.append(Cut("all-ranks", tuple(sorted(ranks)), tuple(arcs), total, n, 2.0 * (n - 1), "out",
+                   f"every element needs 2(n-1) = {2 * (n - 1)} rank-to-rank messages, each leaving a rank"))
+    r0, *others = net.rank_idx
+    best = None
+    for v in others:
+        for a, b, rev in ((r0, v, False), (v, r0, True)):
+            value, side = net.min_cut(a, b)
+            if best is None or value < best[0]:
+                best = (value, side)
+    out.append(_cut_of(net, best[1], "allreduce-cut", 1.0,
+                       "each side needs the other side's M bytes of partial reduction", False))
+    return out
+
+
+def binding_cut(kind: str, topo: Topology, ranks, root, size_bytes: float, *, peers: str = "ring") -> Cut | None:
+    """The :class:`Cut` whose ``time(size_bytes)`` is the bandwidth bound of the collective:
+    :func:`time_bound`, and for allreduce the pipeline's ``min(2 x allgather, floor)``
+    (pipeline.allreduce_floor). None for fewer than 2 ranks.
+
+    >>> from hcc.ir.topology import Link
+    >>> t = Topology("pair", ("a", "b"), links=(Link("a", "b", 10.0), Link("b", "a", 10.0)))
+    >>> c = binding_cut("broadcast", t, ("a", "b"), "a", 20)
+    >>> c.vertices, c.links, c.time(20)
+    (('a',), (('a', 'b'),), 2.0)
+    """
+    ranks = tuple(ranks)
+    if isinstance(root, int) and not isinstance(root, bool):
+        root = ranks[root] if root >= 0 else None
+    if kind in ("broadcast", "reduce", "gather", "scatter") and root is None:
+        root = ranks[0]
+    if len(ranks) < 2:
+        return None
+    if kind == "broadcast":
+        return _rooted_cut(topo, ranks, root, False, kind)
+    if kind == "reduce":
+        return _rooted_cut(topo, ranks, root, True, kind)
+    if kind == "allgather":
+        return _allgather_cut(topo, ranks, False, kind)
+    if kind == "reduce_scatter":
+        return _allgather_cut(topo, ranks, True, kind)
+    if kind == "gather":
+        return _gather_cut(topo, ranks, root, False, kind)
+    if kind == "scatter":
+        return _gather_cut(topo, ranks, root, True, kind)
+    if kind == "alltoall":
+        return _alltoall_cut(topo, ranks)
+    if kind == "neighbor_average":
+        p = peer_count(peers, len(ranks))
+        return _vertex_cut(topo, ranks, float(p), kind, "{v} must {way} M to each of its " + f"{p} peer(s)")
+    if kind == "allreduce":
+        ag, *floor_terms = allreduce_cuts(topo, ranks)
+        floor = max(floor_terms, key=lambda c: c.time(size_bytes))
+        return ag if ag.time(size_bytes) <= floor.time(size_bytes) else floor
     raise ValueError(f"unknown collective kind {kind!r}")
