@@ -35,7 +35,7 @@ Writes benchmarks/results/fault_bench.json and fault_bench.csv and prints the ta
 ``--netem`` (root): the same cases where the *links* are the bottleneck, not the two shared
 cores. On loopback, after the last arrival a star allreduce moves ~7x the bytes of "one hop"
 through the same two cores, so a network property is measured on a machine bottleneck.
-Here ``hcc netem`` (backends/netem.py) builds a star: every rank ``g<i>`` on one switch ``s``
+Here ``hcc netem`` (hcc/netem.py) builds a star: every rank ``g<i>`` on one switch ``s``
 through its own full-duplex link of ``--link-MBps`` MB/s (no latency), every rank runs in its
 namespace (``Netem.launch_kwargs``, the launcher's store in ``g0``'s), and the emulation is
 taken down however the run ends (Ctrl-C and SIGTERM included). Plans are compiled for that
@@ -224,7 +224,7 @@ def _run_job(job: list, results: dict, meta: dict, emu=None, jobs: list | None =
 def _busy_emulations(mine: str) -> dict[str, list[int]]:
     """Other ``hcc netem`` emulations with processes running inside (a benchmark at work):
     they coexist with ours (distinct namespaces), but share the two cores."""
-    from hcc.backends import netem
+    from hcc import netem
 
     busy = {}
     for name in netem.names():
@@ -246,7 +246,7 @@ def _emulation(n: int, link_MBps: float, name: str, wait_s: float, info: dict):
     """Bring the star up as ``name`` and always take it down again. Waits (at most ``wait_s``)
     while another emulation runs processes, so that the figures are not another benchmark's
     CPU load; never touches another emulation."""
-    from hcc.backends import netem
+    from hcc import netem
 
     netem.check_permitted()
     topo = hcc.load(_topology_src(n, link_MBps) + "\n").topologies["t"]

@@ -235,7 +235,7 @@ def cut_bound_s(topo, ranks, kind: str, size: int) -> float:
 
 
 def bench_links(cases: list[Case], seconds: float, max_pairs: int) -> list[dict]:
-    from hcc.backends import netem
+    from hcc import netem
 
     rows = []
     for case in cases:
@@ -382,7 +382,7 @@ def run_mpich(n, ranks, kind: str, size: int, iters: int, warmup: int, timeout: 
 def bench_collectives(cases: list[Case], kind: str, sizes: list[int], systems: list[str], iters: int,
                       warmup: int, budget_s: float, sink=lambda rows: None, commit: str = "",
                       per_message_s: float | None = None, rep: int | None = None) -> list[dict]:
-    from hcc.backends import netem
+    from hcc import netem
     from hcc.compiler.cost import CostModel, simulate
 
     per_message_s = _run_per_message_s() if per_message_s is None else per_message_s

@@ -9,7 +9,7 @@ Two settings, each a real run of 4 sockets-backend processes (backends/launch.py
 - ``loopback``: the ranks talk over 127.0.0.1. The links are memory copies, several GB/s; the
   2 shared cores, not the network, bound the time, so compression mostly costs CPU here.
 - ``netem``: the same 4 ranks, each in its own network namespace, every pair joined by a
-  veth link shaped by ``tc`` to ``--link`` (backends/netem.py, ``hcc netem``): the link is the
+  veth link shaped by ``tc`` to ``--link`` (hcc/netem.py, ``hcc netem``): the link is the
   bottleneck, which is where BAGUA's relaxation pays. Needs root; otherwise it is skipped and
   the CSV says why.
 
@@ -91,7 +91,7 @@ def measure(plans: dict, setting: str, iters: int, timeout: float, launch_kw: di
 
 
 def netem_rows(size: str, link: str, chunk: str, iters: int, timeout: float) -> list[dict]:
-    from hcc.backends import netem
+    from hcc import netem
 
     if os.geteuid() != 0:
         return [{"setting": "netem", "note": "skipped: needs root for network namespaces"}]

@@ -8,7 +8,7 @@
 ``up`` reads the topology from an ``.hcl`` program (``hcc.load``; ``-t`` picks one when the file
 declares several) or from a topology JSON (``Topology.to_dict``). Exit status: 0 done; 2 bad
 input, not root, or an emulation already up; 1 a system command failed; ``exec`` returns the
-command's own status. The work is in :mod:`hcc.backends.netem`.
+command's own status. The work is in :mod:`hcc.netem`.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def read_topology(path: str, which: str | None = None) -> Topology:
 
 
 def _one_name(name: str | None) -> str:
-    from .backends import netem
+    from . import netem
 
     if name:
         return name
@@ -84,7 +84,7 @@ def _one_name(name: str | None) -> str:
 
 
 def cmd_netem(args) -> int:
-    from .backends import netem
+    from . import netem
     from .grammar.diagnostics import SourceError
     from .grammar.errors import HccError
 

@@ -141,7 +141,7 @@ def _with_prediction(plan, model: CostModel):
 def netem_for(ranks, topology_name: str = ""):
     """The emulation that is up and holds every vertex of ``ranks``; of several, the one
     built from the topology named ``topology_name``. Raises :class:`RuntimeFault` if none."""
-    from .backends import netem
+    from . import netem
 
     up = netem.names()
     chosen = [nm for nm in (netem.load(x) for x in up) if set(ranks) <= set(nm.topology.nodes)]

@@ -218,7 +218,7 @@ def test_staggered_allreduce_on_emulated_star_links_ends_soon_after_the_last_arr
     #   of the star is one chunk here, so its two phases do not overlap).
     import os
 
-    from hcc.backends import netem
+    from hcc import netem
 
     why = _netem_unavailable()
     if why:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hcc.backends import netem
+from hcc import netem
 from hcc.cli import main
 from hcc.ir.topology import Link, Topology
 

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from hcc.backends import netem
+from hcc import netem
 from hcc.cli import main
 from hcc.ir.topology import Link, Topology
 

@@ -1,4 +1,4 @@
-"""hcc.backends.netem — a topology emulated on one Linux machine (network namespaces + tc).
+"""hcc.netem — a topology emulated on one Linux machine (network namespaces + tc).
 
 Terms
 - emulation: one topology built under a *name*; every object it makes carries the name, and a
@@ -20,7 +20,7 @@ Terms
 - latency: with the kernel's ``sch_netem``, a ``netem delay`` qdisc under the HTB class. Kernels
   built without it (this development machine: ``CONFIG_NET_SCH_NETEM`` is not set) get a
   *delay line* instead: the link becomes a pair of TUN devices whose packets a small relay
-  process (``python -m hcc.backends.netem --delay-line``) holds for the link's latency, FIFO,
+  process (``python -m hcc.netem --delay-line``) holds for the link's latency, FIFO,
   before writing them into the peer's TUN device; shaping stays in tc (HTB on the TUN's
   egress). Delay-line resolution is about 0.1 ms, so latencies under ``MIN_DELAY_LINE_S`` are
   not emulated in that mode (the namespaces' own stack adds tens of microseconds per hop).
@@ -41,6 +41,11 @@ Python API: :func:`up`, :func:`down`, :func:`load`, :func:`names`; a :class:`Net
 :meth:`Netem.address` and :meth:`Netem.wrap` (``ip netns exec <ns> argv``) so a launcher starts
 each rank inside its namespace. Everything here needs root (``CAP_NET_ADMIN`` and
 ``CAP_SYS_ADMIN`` for namespaces); without it :class:`NetemPermissionError` says so.
+
+This is a tool beside the compiler and the runtime (it emulates a network; it runs no plan),
+so it sits in the ``hcc`` package, not in ``backends/``. One module of ~950 lines on purpose:
+the delay-line relay and the probe are this module run as ``python -m hcc.netem`` inside the
+namespaces it builds, reading the same state file and link specs that :func:`up` writes.
 """
 from __future__ import annotations
 
@@ -57,9 +62,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..grammar.diagnostics import HccError
-from ..ir.files import atomic_write_text
-from ..ir.topology import Link, Topology
+from .grammar.errors import HccError
+from .ir.files import atomic_write_text
+from .ir.topology import Link, Topology
 
 STATE_VERSION = 1
 NS_PREFIX = "hcc-"
@@ -709,7 +714,7 @@ def _start_relay(plan: Netem) -> subprocess.Popen:
     log = open(relay_log(plan.name), "wb")
     with log:  # the relay keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hcc.backends.netem", _RELAY_MARK, plan.name, json.dumps(spec)],
+            [sys.executable, "-m", "hcc.netem", _RELAY_MARK, plan.name, json.dumps(spec)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
     import selectors
@@ -732,7 +737,7 @@ def _is_relay(pid: int) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"hcc.backends.netem" in cmd and _RELAY_MARK.encode() in cmd
+    return b"hcc.netem" in cmd and _RELAY_MARK.encode() in cmd
 
 
 def relay_alive(pid: int) -> bool:
@@ -901,7 +906,7 @@ def _probe_main(argv: list[str]) -> None:
 
 def _probe_pair(n: Netem, src: str | int, dst: str | int, server: str, client: list[str], port: int,
                 limit: float) -> dict:
-    py = [sys.executable, "-m", "hcc.backends.netem", _PROBE_MARK]
+    py = [sys.executable, "-m", "hcc.netem", _PROBE_MARK]
     addr = n.address(dst)
     srv = subprocess.Popen(n.wrap(dst, py + [server, addr, str(port), str(limit)]),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -942,6 +947,6 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 6 and sys.argv[1] == _PROBE_MARK:
         _probe_main(sys.argv[2:])
     else:
-        print("usage: python -m hcc.backends.netem --delay-line NAME SPEC_JSON (started by `hcc netem up`)",
+        print("usage: python -m hcc.netem --delay-line NAME SPEC_JSON (started by `hcc netem up`)",
               file=sys.stderr)
         sys.exit(2)
