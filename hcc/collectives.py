@@ -1,0 +1,534 @@
+"""hcc.collectives — a communicator that front ends (torch.distributed, Ray) issue collectives on.
+
+    comm = Communicator.connect(rank, world, store, topology=None)   # store: a KeyStore
+    h = comm.allreduce(array, op="sum")        # numpy array, filled in place; returns a Handle
+    h.wait()                                   # raises the collective's error, if any
+
+Terms
+- call: one collective a front end issues (``allreduce``, ``broadcast``, ...). Calls are issued
+  in the same order on every rank (NCCL's and gloo's rule); each gets the next sequence number
+  ``seq`` at issue, in the caller's thread, so ``seq`` names the same call on every rank.
+- run: one execution of a compiled :class:`~hcc.ir.plan.Plan`. A call is one run, or two for
+  ``alltoall`` with uneven splits (the largest split is agreed first). Each run takes its own
+  ``seq``.
+- slot: the tag space of a run, ``1 + seq mod 127``, put in bits 24-30 of every tag the run
+  sends (a plan's own tags are below 2**24, ir/plan.py; bit 31 is the adaptive runtime's).
+  Runs in flight at once therefore never match each other's messages, and every frame also
+  carries its plan id (backends/sockets.py), so two ranks that issued different calls as the
+  same ``seq`` get a ``ProtocolError`` naming both plans instead of a wrong result.
+- lane: a worker thread. Calls wait in one FIFO queue and :data:`DEFAULT_LANES` lanes take them
+  in issue order, so up to that many runs are in flight on the communicator (DDP's bucket
+  all-reduces overlap each other and the backward pass). No deadlock: on every rank the oldest
+  unfinished call is running (lanes take calls in order), so the globally oldest call always
+  has every rank that has not finished it working on it.
+- plan key: ``(kind, count, dtype, op, root)``. A plan is compiled the first time its key is
+  used, then kept in memory and on disk (:class:`PlanCache`) under the digest of the
+  topology, the rank mapping, the cost model and hcc's version.
+- topology: the ``topology`` of an ``.hcl`` file (``HCC_TOPOLOGY=path.hcl``; ``HCC_RANKS=a,b,..``
+  names the vertex of each rank, default the topology's nodes in declaration order), or the
+  default :func:`star_topology`: every rank joined to one switch by a 10 Gbit/s, 20 us link,
+  which is what ranks on one host or on one top-of-rack switch look like to the compiler.
+
+Failures: a run that fails (a dead peer, a deadline, ranks running different plans) fails its
+Handle; the failing rank publishes what it called under ``hcc/diag/<seq>/<rank>`` in the
+store and reads the others' for a few seconds, so the error names every rank's call ("rank 0
+called allreduce float32 count 100, rank 1 allreduce float32 count 101") or the ranks that
+never called. The communicator is then broken: later calls fail at once with the first error
+(a half-finished exchange leaves frames in flight that no later run may consume).
+A Handle's contract never changes with timing: on success the outputs are filled in place,
+on failure ``wait()`` raises :class:`CollectiveError`; never a different type of result.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from .backends.base import RuntimeFault, Transport
+from .grammar.diagnostics import HccError
+
+__all__ = [
+    "Communicator", "Handle", "CollectiveError", "PlanCache", "KeyStore", "star_topology",
+    "DEFAULT_LANES", "SLOTS",
+]
+
+SLOTS = 127  # tag spaces (bits 24-30 of a tag); a run's slot is 1 + seq % SLOTS
+# Two lanes: DDP keeps a bucket's all-reduce in flight while the next bucket fills; a third
+# lane on 2 cores only adds GIL contention (the executor's Python runs under the GIL).
+DEFAULT_LANES = 2
+MAX_QUEUED = 64  # calls issued but not finished before issue blocks (bounds a slot's reuse)
+DIAG_WAIT_S = 5.0  # how long a failing rank waits for the others' description of a call
+
+
+class CollectiveError(HccError, RuntimeError):
+    """A collective failed; the text names the ranks and their calls when known."""
+
+
+class KeyStore(Protocol):
+    """What the communicator needs of a rendezvous store (torch's c10d Store fits)."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What one rank called, for error messages."""
+
+    kind: str
+    count: int
+    dtype: str
+    op: str | None = None
+    root: int = -1
+    shape: tuple[int, ...] = ()
+
+    def text(self) -> str:
+        parts = [self.kind, self.dtype, f"count {self.count}"]
+        if self.shape and self.shape != (self.count,):
+            parts.append(f"shape {tuple(self.shape)}")
+        if self.op:
+            parts.append(f"op {self.op}")
+        if self.root >= 0:
+            parts.append(f"root {self.root}")
+        return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------- topology
+
+
+def star_topology(world: int) -> str:
+    """HCL source of the default topology: ``rank0 .. rank{world-1}`` around one switch."""
+    return (f"topology hcc_star {{\n    node rank[0..{world - 1}]\n    switch hub\n"
+            f"    rank[0..{world - 1}] <-> hub : 10 Gbit/s, 20 us\n}}\n")
+
+
+def resolve_topology(world: int, topology: str | os.PathLike | None = None,
+                     ranks: str | list[str] | None = None):
+    """``(Program, topology name, rank vertex names)`` for a job of ``world`` ranks.
+
+    ``topology``: a path to an ``.hcl`` file or HCL source; None reads ``HCC_TOPOLOGY`` and
+    falls back to :func:`star_topology`. ``ranks``: the vertex of each rank (a list, or a
+    comma-separated string; None reads ``HCC_RANKS``), default the topology's nodes in order."""
+    from .api import load
+
+    if topology is None:
+        topology = os.environ.get("HCC_TOPOLOGY") or None
+    if ranks is None:
+        ranks = os.environ.get("HCC_RANKS") or None
+    program = load(star_topology(world) if topology is None else topology)
+    if not program.topologies:
+        raise CollectiveError(f"{program.path}: declares no topology")
+    want = os.environ.get("HCC_TOPOLOGY_NAME")
+    if want and want not in program.topologies:
+        raise CollectiveError(f"{program.path}: no topology {want!r} "
+                              f"(topologies: {', '.join(program.topologies)})")
+    name = want or next(iter(program.topologies))
+    topo = program.topologies[name]
+    if ranks is None:
+        names = list(topo.nodes[:world])
+        if len(names) < world:
+            raise CollectiveError(f"{program.path}: topology {name!r} has {len(topo.nodes)} nodes, "
+                                  f"the job {world} ranks (name them with HCC_RANKS)")
+    else:
+        names = [r.strip() for r in ranks.split(",")] if isinstance(ranks, str) else list(ranks)
+        unknown = [r for r in names if r not in topo.nodes]
+        if len(names) != world or unknown or len(set(names)) != world:
+            raise CollectiveError(
+                f"HCC_RANKS must name {world} distinct nodes of topology {name!r}; got {names}"
+                + (f" (not nodes: {', '.join(unknown)})" if unknown else ""))
+    return program, name, tuple(names)
+
+
+# ---------------------------------------------------------------------------- plans
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+class PlanCache:
+    """Plans per key, compiled on first use, kept in memory and under ``directory``.
+
+    ``directory`` (default ``$HCC_CACHE_DIR`` or ``~/.cache/hcc/plans``) gets one folder per
+    topology digest; a plan file is written atomically (ir/files.py), and the ranks of one
+    host that miss the same key at once compile it once: the first takes an ``flock`` on
+    ``<file>.lock``, the others wait on it and read its file."""
+
+    def __init__(self, program, topo_name: str, ranks: tuple[str, ...], directory: str | None = None,
+                 model=None):
+        from .runner import RUN_MODELS
+
+        self.program, self.topo_name, self.ranks = program, topo_name, ranks
+        self.model = model or RUN_MODELS["sockets"]
+        topo = program.topologies[topo_name]
+        ident = json.dumps({"topology": topo.to_dict(), "ranks": list(ranks), "hcc": _version(),
+                            "model": repr(self.model)}, sort_keys=True)
+        self.digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        base = directory or os.environ.get("HCC_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "hcc", "plans")
+        self.directory = os.path.join(base, self.digest)
+        self._plans: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self.compiled = 0  # plans compiled by this process (the rest came from disk or memory)
+        self.compile_s = 0.0
+        self.loaded = 0
+
+    def get(self, kind: str, count: int, dtype: str, op: str | None, root: int):
+        key = (kind, count, dtype, op, root)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        with self._lock:  # one compile at a time per process: they are CPU-bound
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = self._load_or_compile(key)
+        return plan
+
+    def _file(self, key: tuple) -> str:
+        kind, count, dtype, op, root = key
+        return os.path.join(self.directory, f"{kind}-{count}-{dtype}-{op or 'none'}-{root}.json")
+
+    def _load_or_compile(self, key: tuple):
+        from .ir.plan import Plan
+
+        path = self._file(key)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            lock = open(path + ".lock", "a")
+        except OSError:
+            return self._compile(key)  # no writable cache: compile in memory only
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(path):
+                try:
+                    plan = Plan.load(path)
+                    self.loaded += 1
+                    return plan
+                except HccError:
+                    pass  # a file of another format: compile and replace it
+            plan = self._compile(key)
+            try:
+                plan.save(path)
+            except OSError:
+                pass
+            return plan
+
+    def _compile(self, key: tuple):
+        from dataclasses import replace
+
+        from .compiler.pipeline import compile_unit
+        from .compiler.program import CollectiveSpec
+        from .ir.plan import REDUCING_KINDS
+
+        kind, count, dtype, op, root = key
+        from .ir.plan import DTYPE_SIZES
+
+        spec = CollectiveSpec(name="c", kind=kind, topology=self.topo_name, ranks=self.ranks,
+                              root=root, size_bytes=count * DTYPE_SIZES[dtype], dtype=dtype,
+                              op=(op or "sum") if kind in REDUCING_KINDS else None, adaptive=False)
+        t0 = time.perf_counter()
+        plan = compile_unit(replace(self.program, collectives=(spec,)), "c", model=self.model).plan
+        self.compile_s += time.perf_counter() - t0
+        self.compiled += 1
+        return plan
+
+
+# ---------------------------------------------------------------------------- transport view
+
+
+class SlotComm(Transport):
+    """One run's view of the shared transport: its tags moved into the run's slot, its plan id
+    stamped per message (so runs in flight at once never read each other's frames)."""
+
+    name = "sockets"
+
+    def __init__(self, base, slot: int):
+        self.base, self.rank, self.world = base, base.rank, base.world
+        self.shift = slot << 24
+        self.plan_id = 0
+
+    def bind_plan(self, plan_id: int, max_message: int) -> None:
+        self.plan_id = plan_id
+
+    def isend(self, peer, tag, data):
+        return self.base.isend(peer, tag | self.shift, data, plan=self.plan_id)
+
+    def irecv(self, peer, tag, buf):
+        return self.base.irecv(peer, tag | self.shift, buf, plan=self.plan_id)
+
+    def irecv_fold(self, peer, tag, nbytes, fold):
+        return self.base.irecv_fold(peer, tag | self.shift, nbytes, fold, plan=self.plan_id)
+
+    def wait_any(self, requests, timeout):
+        return self.base.wait_any(requests, timeout)
+
+    def failed(self):
+        return self.base.failed()
+
+
+def _run_plan(plan, comm: Transport, array, out, timeout: float):
+    from . import api
+
+    run = getattr(api, "run", None)  # the runtime's one entry, where it lives
+    if run is not None:
+        return run(plan, comm, array, out=out, timeout=timeout)
+    return plan.run(comm, array, out=out, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------- handles
+
+
+class Handle:
+    """A call in flight. ``wait()`` returns once it completed (outputs filled in place) or
+    raises its :class:`CollectiveError`; ``done()`` does not block. ``on_done(fn)`` calls
+    ``fn(handle)`` once it finishes, in the lane that finished it (or at once)."""
+
+    __slots__ = ("seq", "info", "_event", "error", "_callbacks", "_lock", "elapsed_s")
+
+    def __init__(self, seq: int, info: CallInfo):
+        self.seq, self.info = seq, info
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        self._callbacks: list[Callable[["Handle"], None]] = []
+        self._lock = threading.Lock()
+        self.elapsed_s = 0.0
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._event.wait(timeout):
+            raise CollectiveError(f"collective #{self.seq} ({self.info.text()}) not finished "
+                                  f"after {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+
+    def on_done(self, fn: Callable[["Handle"], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _finish(self, error: BaseException | None) -> None:
+        self.error = error
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+
+# ---------------------------------------------------------------------------- communicator
+
+
+@dataclass
+class _Call:
+    handle: Handle
+    seqs: tuple[int, ...]
+    body: Callable[["Communicator", tuple[int, ...]], None]
+
+
+class Communicator:
+    """Collectives over one authenticated sockets transport (module docstring)."""
+
+    def __init__(self, transport, store: KeyStore | None, cache: PlanCache, *, timeout: float = 1800.0,
+                 lanes: int = DEFAULT_LANES, prefix: str = "hcc"):
+        self.transport, self.store, self.cache = transport, store, cache
+        self.rank, self.world = transport.rank, transport.world
+        self.timeout, self.prefix = float(timeout), prefix
+        self._seq = 0
+        self._issue = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._room = threading.Semaphore(MAX_QUEUED)
+        self.broken: CollectiveError | None = None
+        self._closed = False
+        self._lanes = [threading.Thread(target=self._lane, name=f"hcc-lane{i}-r{self.rank}", daemon=True)
+                       for i in range(max(1, lanes))]
+        for t in self._lanes:
+            t.start()
+
+    # -- making one ---------------------------------------------------------------------
+    @classmethod
+    def connect(cls, rank: int, world: int, store: KeyStore, *, timeout: float = 1800.0,
+                topology: str | os.PathLike | None = None, ranks: str | list[str] | None = None,
+                host: str | None = None, token: bytes | None = None, prefix: str = "hcc",
+                lanes: int | None = None, cache_dir: str | None = None) -> "Communicator":
+        """Join a job: listen on ``host`` (default ``HCC_HOST``, else the address that routes to
+        ``MASTER_ADDR``, else 127.0.0.1), publish the address and exchange the others' through
+        ``store``, and authenticate every connection with ``token`` (default ``HCC_TOKEN``, else
+        a random token rank 0 publishes in the store: as safe as the store itself)."""
+        from .backends.sockets import SocketTransport
+        from .backends.rendezvous import parse_address
+
+        if not 0 <= rank < world:
+            raise CollectiveError(f"rank {rank} outside a world of {world}")
+        program, name, names = resolve_topology(world, topology, ranks)
+        cache = PlanCache(program, name, names, cache_dir)
+        if token is None:
+            env = os.environ.get("HCC_TOKEN")
+            if env:
+                token = env.encode()
+            else:
+                if rank == 0:
+                    store.set(f"{prefix}/token", os.urandom(32).hex().encode())
+                token = _store_get(store, f"{prefix}/token", timeout).decode().encode()
+        host = host or os.environ.get("HCC_HOST") or _local_address()
+        listener = socket.create_server((host, 0), backlog=max(16, world))
+        lh, lp = listener.getsockname()[:2]
+        store.set(f"{prefix}/addr/{rank}", f"{lh}:{lp}".encode())
+        addresses = {}
+        try:
+            for p in range(world):
+                if p != rank:
+                    addresses[p] = parse_address(_store_get(store, f"{prefix}/addr/{p}", timeout).decode())
+        except BaseException:
+            listener.close()
+            raise
+        transport = SocketTransport(rank, world, token, addresses, listener, timeout=min(timeout, 60.0))
+        if lanes is None:
+            lanes = int(os.environ.get("HCC_LANES", DEFAULT_LANES))
+        return cls(transport, store, cache, timeout=timeout, lanes=lanes, prefix=prefix)
+
+    # -- issuing ------------------------------------------------------------------------
+    def submit(self, info: CallInfo, body: Callable[["Communicator", tuple[int, ...]], None],
+               runs: int = 1) -> Handle:
+        """Issue a call of ``runs`` plan runs; ``body(comm, seqs)`` runs in a lane."""
+        if self._closed:
+            raise CollectiveError(f"rank {self.rank}: the communicator is closed")
+        self._room.acquire()
+        with self._issue:
+            seqs = tuple(range(self._seq, self._seq + runs))
+            self._seq += runs
+            handle = Handle(seqs[0], info)
+            self._queue.put(_Call(handle, seqs, body))
+        return handle
+
+    def run(self, seq: int, kind: str, count: int, dtype: str, array, out, *, op: str | None = None,
+            root: int = -1, info: CallInfo | None = None) -> None:
+        """One plan run of a call, in a lane: ``array``/``out`` flat numpy buffers."""
+        plan = self.cache.get(kind, count, dtype, op, root)
+        comm = SlotComm(self.transport, 1 + seq % SLOTS)
+        try:
+            _run_plan(plan, comm, array, out, self.timeout)
+        except RuntimeFault as e:
+            raise self._diagnose(seq, info or CallInfo(kind, count, dtype, op, root), e) from None
+
+    def _lane(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            h = call.handle
+            t0 = time.perf_counter()
+            err: BaseException | None = self.broken
+            if err is None:
+                try:
+                    call.body(self, call.seqs)
+                except CollectiveError as e:
+                    err = e
+                    if self.broken is None:
+                        self.broken = e
+                except Exception as e:  # a bug or bad input found late: still the Handle's error
+                    err = CollectiveError(f"rank {self.rank}: collective #{h.seq} ({h.info.text()}) "
+                                          f"failed: {type(e).__name__}: {e}")
+                    err.__cause__ = e
+            h.elapsed_s = time.perf_counter() - t0
+            self._room.release()
+            h._finish(err)
+
+    # -- failures -----------------------------------------------------------------------
+    def _diagnose(self, seq: int, info: CallInfo, err: BaseException) -> CollectiveError:
+        """Publish this rank's call, read the others' (bounded), and say who called what."""
+        head = f"rank {self.rank}: collective #{seq} ({info.text()}) failed: {err}"
+        if self.store is None:
+            return CollectiveError(head)
+        key = f"{self.prefix}/diag/{seq}"
+        try:
+            self.store.set(f"{key}/{self.rank}", json.dumps(info.__dict__).encode())
+        except Exception:
+            return CollectiveError(head)
+        calls: dict[int, CallInfo] = {self.rank: info}
+        deadline = time.monotonic() + min(DIAG_WAIT_S, self.timeout)
+        for _ in range(int(DIAG_WAIT_S / 0.05) + 1):
+            for r in range(self.world):
+                if r not in calls:
+                    try:
+                        if self.store.check([f"{key}/{r}"]):
+                            d = json.loads(self.store.get(f"{key}/{r}"))
+                            d["shape"] = tuple(d.get("shape") or ())
+                            calls[r] = CallInfo(**d)
+                    except Exception:
+                        pass
+            if len(calls) == self.world or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        groups: dict[CallInfo, list[int]] = {}
+        for r in sorted(calls):
+            groups.setdefault(calls[r], []).append(r)
+        lines = [head]
+        if len(groups) > 1:
+            lines.append("the ranks issued different calls as this collective: "
+                         + "; ".join(f"{_ranks(rs)} called {c.text()}" for c, rs in groups.items()))
+        missing = [r for r in range(self.world) if r not in calls]
+        if missing and len(groups) == 1:
+            lines.append(f"{_ranks(missing)} did not report this collective within "
+                         f"{DIAG_WAIT_S:g} s of the failure (never called it, or still waiting in it)")
+        return CollectiveError("\n".join(lines))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._lanes:
+            self._queue.put(None)
+        for t in self._lanes:
+            t.join(timeout=max(5.0, min(self.timeout, 30.0)))
+        self.transport.close()
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _store_get(store: KeyStore, key: str, timeout: float) -> bytes:
+    """``store.get`` bounded by ``timeout`` (torch's Store.get blocks for the store's own)."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.01) + 2):
+        if store.check([key]):
+            return store.get(key)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    raise CollectiveError(f"no value for {key!r} in the store after {timeout:g} s (a rank never joined?)")
+
+
+def _local_address() -> str:
+    """The local address that routes to ``MASTER_ADDR`` (127.0.0.1 without one)."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        addr = socket.gethostbyname(master)
+    except OSError:
+        return "127.0.0.1"
+    if addr.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
