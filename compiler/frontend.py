@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..grammar import ast
 from ..grammar.diagnostics import Source, SourceError, Span
-from ..grammar.parser import parse
+from ..grammar.parser import MAX_SOURCE_CHARS, parse
 from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, PEERS, REDUCING_KINDS, ROOTED_KINDS
 from ..ir.topology import Link, Topology
 from .program import CollectiveSpec, Program
@@ -50,11 +50,27 @@ ADAPTIVE = ("on", "off")
 KEYS = ("ranks", "root", "size", "dtype", "op", "algorithm", "chunk", "compress",
         "on_failure", "adaptive", "peers")
 
-# Caps that keep a typo like gpu[0..10000000] from exhausting memory: 65536 vertices per
-# range is 64x the 1024-rank fat tree of the benchmarks; 2**20 arcs per link statement is a
-# 1024-vertex clique.
-MAX_RANGE = 1 << 16
-MAX_LINKS_PER_STATEMENT = 1 << 20
+# Limits (docs/language.md "Limits"), checked on counts *before* anything is expanded, so a
+# hostile or mistyped file (`host h[0..65535] { node g[0..65535] }`, a clique over 65536
+# vertices: 4e9 names or arcs) is refused with a caret in microseconds instead of exhausting
+# memory. Each message states the limit.
+# - 65536 vertices per topology (and names per range or reference): 64x the 1024-rank fat tree
+#   of the benchmarks.
+# - 65536 hosts per topology: a host groups at least one vertex in any useful topology.
+# - 2**20 arcs per topology (and so per statement): a 1024-vertex clique; the Link values alone
+#   take ~200 MB, and the compiler's graphs several times that.
+# - bandwidth 1 B/s .. 10**18 B/s (a million TB/s), latency at most 3600 s, sizes and chunks at
+#   most 2**50 B (1 PiB): beyond these a float64 time or an int64 element count loses meaning
+#   long before any real network does.
+MAX_VERTICES = 1 << 16
+MAX_RANGE = MAX_VERTICES
+MAX_HOSTS = 1 << 16
+MAX_LINKS = 1 << 20
+MAX_LINKS_PER_STATEMENT = MAX_LINKS
+MIN_BANDWIDTH = Fraction(1)  # B/s
+MAX_BANDWIDTH = Fraction(10**18)  # B/s
+MAX_LATENCY = Fraction(3600)  # s
+MAX_BYTES = 1 << 50  # size and chunk
 
 
 def load_program(path_or_source: str | os.PathLike) -> Program:
@@ -64,14 +80,50 @@ def load_program(path_or_source: str | os.PathLike) -> Program:
     Raises :class:`SourceError` for every fault of language.md "Errors"."""
     if isinstance(path_or_source, os.PathLike) or _names_a_file(path_or_source):
         path = os.fspath(path_or_source)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise UnreadableSource(path, f"cannot read {path}: {reason}") from None
+        text = read_source(path)
     else:
         path, text = "<string>", str(path_or_source)
     return check_module(parse(text, path))
+
+
+def read_source(path: str) -> str:
+    """The text of the program file ``path``: at most MAX_SOURCE_CHARS bytes, UTF-8 (a
+    leading byte-order mark is skipped). A file that is not UTF-8 (a binary file, a Latin-1
+    one) is refused at its first bad byte with line, column and caret."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SOURCE_CHARS + 1)
+    except OSError as e:
+        raise UnreadableSource(path, f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_SOURCE_CHARS:
+        raise UnreadableSource(path, f"cannot read {path}: larger than {MAX_SOURCE_CHARS} bytes "
+                                     "(16 MiB), the limit for a program")
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = _newlines(data[bom:bom + e.start].decode("utf-8"))  # valid up to the bad byte
+        line = before.count("\n") + 1
+        col = len(before) - (before.rfind("\n") + 1) + 1
+        shown = _newlines(data[bom:].decode("utf-8", errors="replace"))
+        bad = data[bom + e.start]
+        raise SourceError(
+            Span(Source(path, shown), line, col),
+            f"not UTF-8 text: byte 0x{bad:02x} at byte offset {bom + e.start} {_why_bad(e)}"
+            + (" (a binary file?)" if b"\0" in data[:4096] or bad < 0x20 else ""),
+            hint="HCL files are UTF-8; re-save the file as UTF-8",
+        ) from None
+
+
+def _newlines(text: str) -> str:
+    """``\r\n`` and a lone ``\r`` as ``\n``, as the parser counts lines (grammar/parser.py)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _why_bad(e: UnicodeDecodeError) -> str:
+    return {"invalid start byte": "cannot start a character",
+            "invalid continuation byte": "starts a sequence that is not valid UTF-8",
+            "unexpected end of data": "ends the file inside a character"}.get(e.reason, f"({e.reason})")
 
 
 class UnreadableSource(SourceError):
@@ -143,12 +195,11 @@ def _set_text(names, limit: int = 12) -> str:
     return "{" + ", ".join(names) + "}"
 
 
-def _expand_part(part: ast.Part) -> list[tuple[str, Span]]:
-    """``gpu[0,3..4]`` -> ``[("gpu0", span of 0), ("gpu3", span of 3..4), ("gpu4", …)]``:
-    each name with the span of the index item that made it (the whole part when plain)."""
+def _part_size(part: ast.Part) -> int:
+    """How many names ``part`` expands to, without expanding it (refused past MAX_RANGE)."""
     if part.indices is None:
-        return [(part.name, part.span)]
-    out: list[tuple[str, Span]] = []
+        return 1
+    n = 0
     for ix in part.indices:
         if ix.lo > ix.hi:
             raise SourceError(
@@ -156,8 +207,30 @@ def _expand_part(part: ast.Part) -> list[tuple[str, Span]]:
                 f"bad range {ix.lo}..{ix.hi}: the first bound is larger than the second",
                 hint=f"ranges count up: write {part.name}[{ix.hi}..{ix.lo}]",
             )
-        if ix.hi - ix.lo + 1 + len(out) > MAX_RANGE:
-            raise SourceError(ix.span, f"range too large: more than {MAX_RANGE} names")
+        n += ix.hi - ix.lo + 1
+        if n > MAX_RANGE:
+            raise SourceError(ix.span, f"range too large: {part.text()} names more than {MAX_RANGE} "
+                                       f"names (the limit per range)")
+    return n
+
+
+def _ref_size(ref: ast.Ref) -> int:
+    """How many names ``ref`` expands to (hosts × vertices), refused past MAX_VERTICES."""
+    n = _part_size(ref.vertex) * (1 if ref.host is None else _part_size(ref.host))
+    if n > MAX_VERTICES:
+        raise SourceError(ref.span, f"{ref.text()} names {n} vertices; a topology has at most "
+                                    f"{MAX_VERTICES}")
+    return n
+
+
+def _expand_part(part: ast.Part) -> list[tuple[str, Span]]:
+    """``gpu[0,3..4]`` -> ``[("gpu0", span of 0), ("gpu3", span of 3..4), ("gpu4", …)]``:
+    each name with the span of the index item that made it (the whole part when plain)."""
+    if part.indices is None:
+        return [(part.name, part.span)]
+    _part_size(part)
+    out: list[tuple[str, Span]] = []
+    for ix in part.indices:
         out.extend((f"{part.name}{i}", ix.span) for i in range(ix.lo, ix.hi + 1))
     return out
 
@@ -165,6 +238,7 @@ def _expand_part(part: ast.Part) -> list[tuple[str, Span]]:
 def _expand_ref(ref: ast.Ref) -> list[tuple[str, Span]]:
     """Names as written (qualified when the ref is), before host-local resolution, each with
     the span to blame for it: its index item in a range, else the whole reference."""
+    _ref_size(ref)
     vs = _expand_part(ref.vertex)
     if ref.host is None:
         return vs if ref.vertex.indices is not None else [(ref.vertex.name, ref.span)]
@@ -182,6 +256,27 @@ def _positive_exact(q: ast.Quantity, family: str, what: str) -> Fraction:
     if v <= 0:
         raise SourceError(q.number_span, f"{what} must be positive, got {q.text()}")
     return v
+
+
+def _bandwidth(q: ast.Quantity, mult: int = 1, mult_span: Span | None = None) -> Fraction:
+    """A link's bandwidth in B/s, times its multiplicity, inside the limits."""
+    bw = _positive_exact(q, "bandwidth", "a link bandwidth")
+    if bw < MIN_BANDWIDTH:
+        raise SourceError(q.number_span, f"a link bandwidth of {q.text()} is below the limit of 1 B/s")
+    if bw * mult > MAX_BANDWIDTH:
+        shown = q.text() + (f" x{mult}" if mult != 1 else "")
+        raise SourceError(mult_span if mult != 1 and bw <= MAX_BANDWIDTH else q.number_span,
+                          f"a link bandwidth of {shown} is above the limit of 10^18 B/s (1000000 TB/s)")
+    return bw * mult
+
+
+def _latency(q: ast.Quantity) -> Fraction:
+    lat = convert(q, "time")
+    if lat < 0:
+        raise SourceError(q.number_span, f"latency cannot be negative, got {q.text()}")
+    if lat > MAX_LATENCY:
+        raise SourceError(q.number_span, f"latency {q.text()} is above the limit of 3600 s")
+    return lat
 
 
 # ---- topology ----------------------------------------------------------------------------
@@ -202,13 +297,28 @@ class _TopologyBuilder:
         self.topology: Topology | None = None
 
     # -- pass 1
+    def _room(self, span: Span, adding: int, what: str) -> None:
+        """Refuse a declaration that would take the topology past MAX_VERTICES, counted
+        before a name is made."""
+        if len(self.kind) + adding > MAX_VERTICES:
+            raise SourceError(span, f"{what} declares {adding} vertices, {len(self.kind) + adding} in "
+                                    f"topology {self.name}; a topology has at most {MAX_VERTICES}")
+
     def build(self) -> Topology:
         for stmt in self.decl.body:
             if isinstance(stmt, ast.Decl):
+                self._room(stmt.span, sum(_ref_size(r) for r in stmt.refs), "this declaration")
                 self._declare(stmt, None)
             elif isinstance(stmt, ast.ClassDecl):
                 self._class(stmt)
             elif isinstance(stmt, ast.Host):
+                n_hosts = _part_size(stmt.part)
+                if len(self.hosts) + n_hosts > MAX_HOSTS:
+                    raise SourceError(stmt.part.span, f"{len(self.hosts) + n_hosts} hosts in topology "
+                                                      f"{self.name}; a topology has at most {MAX_HOSTS}")
+                per_host = sum(_ref_size(r) for s in stmt.body if isinstance(s, ast.Decl) for r in s.refs)
+                self._room(stmt.part.span, n_hosts * per_host,
+                           f"host {stmt.part.text()} ({n_hosts} × {per_host})")
                 for h, _ in _expand_part(stmt.part):
                     if h in self.hosts:
                         _duplicate(stmt.part.span, "host", h, self.hosts[h])
@@ -261,12 +371,8 @@ class _TopologyBuilder:
     def _class(self, c: ast.ClassDecl) -> None:
         if c.name in self.classes:
             _duplicate(c.name_span, "link class", c.name, self.classes[c.name][2])
-        bw = _positive_exact(c.bandwidth, "bandwidth", "a link bandwidth")
-        lat = Fraction(0)
-        if c.latency is not None:
-            lat = convert(c.latency, "time")
-            if lat < 0:
-                raise SourceError(c.latency.number_span, f"latency cannot be negative, got {c.latency.text()}")
+        bw = _bandwidth(c.bandwidth)
+        lat = Fraction(0) if c.latency is None else _latency(c.latency)
         self.classes[c.name] = (bw, lat, c.name_span)
 
     # -- references
@@ -303,6 +409,9 @@ class _TopologyBuilder:
         srcs = self.resolve(l.src, host)
         dsts = self.resolve(l.dst, host)
         spec = l.spec
+        mult = 1 if spec.mult is None else spec.mult
+        if mult < 1:
+            raise SourceError(spec.mult_span, f"link multiplicity must be at least 1, got x{spec.mult}")
         if isinstance(spec.bandwidth, ast.ClassRef):
             cref = spec.bandwidth
             if cref.name not in self.classes:
@@ -313,22 +422,27 @@ class _TopologyBuilder:
                     if not self.classes else "classes: " + ", ".join(self.classes),
                 )
             bw, lat, _ = self.classes[cref.name]
+            if bw * mult > MAX_BANDWIDTH:
+                raise SourceError(spec.mult_span, f"{cref.name} x{mult} is above the bandwidth "
+                                                  "limit of 10^18 B/s (1000000 TB/s)")
+            bw *= mult
         else:
-            bw = _positive_exact(spec.bandwidth, "bandwidth", "a link bandwidth")
+            bw = _bandwidth(spec.bandwidth, mult, spec.mult_span)
             lat = Fraction(0)
-        if spec.mult is not None:
-            if spec.mult < 1:
-                raise SourceError(spec.mult_span, f"link multiplicity must be at least 1, got x{spec.mult}")
-            bw *= spec.mult
         if spec.latency is not None:
-            lat = convert(spec.latency, "time")
-            if lat < 0:
-                raise SourceError(spec.latency.number_span, f"latency cannot be negative, got {spec.latency.text()}")
-        pairs = [(a, b) for a in srcs for b in dsts if a != b]
-        if not pairs:
+            lat = _latency(spec.latency)
+        # count the arcs before making them: S×D ordered pairs less the self-pairs (one per
+        # vertex on both sides); `<->` makes an arc each way per unordered pair, and a pair
+        # with both ends on both sides is met twice in S×D
+        both = len(set(srcs) & set(dsts))
+        ordered = len(srcs) * len(dsts) - both
+        arcs = ordered if l.arrow == "->" else 2 * (ordered - both * (both - 1) // 2)
+        if arcs == 0:
             raise SourceError(l.dst.span, f"a link from '{srcs[0]}' to itself")
-        if len(pairs) > MAX_LINKS_PER_STATEMENT:
-            raise SourceError(l.span, f"this statement makes {len(pairs)} links; at most {MAX_LINKS_PER_STATEMENT}")
+        if len(self.links) + arcs > MAX_LINKS:
+            raise SourceError(l.span, f"this statement makes {arcs} links, {len(self.links) + arcs} in "
+                                      f"topology {self.name}; a topology has at most {MAX_LINKS}")
+        pairs = [(a, b) for a in srcs for b in dsts if a != b]
         cap, latency = float(bw), float(lat)
         if l.arrow == "->":
             for a, b in pairs:
@@ -523,6 +637,8 @@ class _CollectiveChecker:
             raise SourceError(q.span, f"{what} {q.text()} is not a whole number of bytes")
         if v <= 0:
             raise SourceError(q.number_span, f"{what} must be positive, got {q.text()}")
+        if v > MAX_BYTES:
+            raise SourceError(q.number_span, f"{what} {q.text()} is above the limit of 2^50 B (1024 TiB)")
         return int(v)
 
     def _size(self, dtype: str, n: int) -> int:

@@ -14,11 +14,21 @@ Terms
 """
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Union
 
-from .diagnostics import Source, Span
+from .diagnostics import Source, SourceError, Span
+
+# Bounds the parser itself applies, so no later stage does unbounded work on what a file says
+# (the limits on vertices, links and hosts are the front end's: compiler/frontend.py).
+MAX_INDEX = 10**9 - 1  # a range index: 9 digits (the front end caps a range at 65536 names)
+MAX_MULT = 1 << 16  # `x k` parallel links: 65536, far beyond any real cable bundle
+MAX_DIGITS = 100  # digits of one number: 17 already exhaust a float64
+_NUMBER = re.compile(r"[+-]?([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
+_FLOAT_MAX = Fraction(sys.float_info.max)
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,37 @@ class Quantity:
 
     @property
     def value(self) -> Fraction:
-        """The number exactly (``Fraction("12.5")``), before the unit is applied."""
-        return Fraction(self.number)
+        """The number exactly (``Fraction("12.5")``), before the unit is applied.
+
+        Bounded work whatever is written: the digits and the exponent are measured before any
+        arithmetic (``Fraction("1e999999999")`` would build a billion-digit integer). A number
+        with more than :data:`MAX_DIGITS` digits, or beyond the largest finite float (about
+        1.8e308: it could not become a float64 capacity or time), raises :class:`SourceError`
+        at the number; one below the smallest float's scale (``1e-400``) is 0, as in float.
+
+        >>> Quantity("1.5e3", "B", *(None,) * 3).value
+        Fraction(1500, 1)
+        """
+        m = _NUMBER.fullmatch(self.number)
+        if m is None:  # the grammar's QUANTITY guarantees the form; keep the error typed anyway
+            raise SourceError(self.number_span, f"'{self.number}' is not a number")
+        whole, frac, exp = m.group(1) or "", m.group(2) or "", m.group(3) or "0"
+        if len(whole) + len(frac) > MAX_DIGITS:
+            raise SourceError(self.number_span, f"a number of {len(whole) + len(frac)} digits; "
+                                                f"at most {MAX_DIGITS} are read")
+        digits = (whole + frac).lstrip("0")
+        if not digits:
+            return Fraction(0)
+        e = int(exp) if len(exp.lstrip("+-")) <= 6 else (10**7 if exp[0] != "-" else -10**7)
+        # the value lies in [10**(order-1), 10**order)
+        order = len(digits) - len(frac) + e
+        if order < -330:  # below float's smallest subnormal (4.9e-324): zero, as a float has it
+            return Fraction(0)
+        v = Fraction(self.number) if order <= 310 else None
+        if v is None or abs(v) > _FLOAT_MAX:
+            raise SourceError(self.number_span, f"number {self.number} is too large: "
+                                                "beyond the largest finite float (about 1.8e308)")
+        return v
 
     def text(self) -> str:
         return f"{self.number} {self.unit}" if self.unit else self.number

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from .errors import HccError
 
+SHOWN_COLUMNS = 120  # a longer source line is shown as a window of this many columns
+
 
 @dataclass(frozen=True)
 class Source:
@@ -54,7 +56,15 @@ class SourceError(HccError):
         width = 1
         if s.end_line in (0, s.line) and s.end_col > s.col:
             width = s.end_col - s.col
-        caret = " " * (s.col - 1) + "^" * max(1, min(width, max(1, len(text) - s.col + 1)))
+        col, tail = s.col, ""
+        if len(text) > SHOWN_COLUMNS:  # a window of the line around the fault, not all of it
+            start = max(0, col - 1 - SHOWN_COLUMNS // 3)
+            head = "…" if start else ""
+            tail = "…" if start + SHOWN_COLUMNS < len(text) else ""
+            text = head + text[start:start + SHOWN_COLUMNS]
+            col = col - start + len(head)
+        caret = " " * (col - 1) + "^" * max(1, min(width, len(text) - col + 1))
+        text += tail
         out = f"{s.path}:{s.line}:{s.col}: error: {self.message}\n    {text}\n    {caret}"
         if self.hint:
             out += f"\n    {self.hint}"

@@ -13,13 +13,17 @@ import functools
 from pathlib import Path
 
 from lark import Lark
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast
 from .diagnostics import Source, SourceError, Span
 from .transform import ToAst
 
 GRAMMAR_PATH = Path(__file__).with_name("hcl.lark")
+
+# 16 MiB of source: the largest sample (dgx1.hcl) is under 4 KB and a 1024-rank fat tree is 26
+# lines; lark takes about a second per MB, so this bounds a parse to tens of seconds.
+MAX_SOURCE_CHARS = 16 << 20
 
 # Terminals that are patterns, in words; literal terminals are shown quoted as written.
 _WORDS = {
@@ -75,7 +79,7 @@ def describe_expected(names) -> str:
 
 def _end_span(source: Source) -> Span:
     """Just after the last character that is not blank or a comment."""
-    lines = source.text.splitlines() or [""]
+    lines = source.text.split("\n")  # lines as lark counts them (see Source.line)
     for i in range(len(lines) - 1, -1, -1):
         code = lines[i].split("#", 1)[0].rstrip()
         if code:
@@ -171,9 +175,22 @@ def parse(text: str, path: str = "<string>") -> ast.Module:
     >>> [r.text() for r in m.topologies[0].body[0].refs]
     ['a', 'b']
     """
+    if not isinstance(text, str):
+        raise TypeError(f"parse: the source must be a str, got {type(text).__name__}")
+    # lark counts lines at "\n" only; a file read by Python has its "\r\n" and lone "\r"
+    # turned into "\n" already (universal newlines), and source text passed in gets the same
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     source = Source(path, text)
+    if len(text) > MAX_SOURCE_CHARS:
+        raise SourceError(Span(source, 1, 1), f"the program is {len(text)} characters long; "
+                                              f"at most {MAX_SOURCE_CHARS} (16 MiB) are read")
     try:
         tree = _lark().parse(text)
     except UnexpectedInput:
         raise _diagnose(source) from None
-    return ToAst(source).transform(tree)
+    try:
+        return ToAst(source).transform(tree)
+    except VisitError as e:  # a SourceError raised while building the AST (a number too large)
+        if isinstance(e.orig_exc, SourceError):
+            raise e.orig_exc from None
+        raise

@@ -12,7 +12,7 @@ import re
 from lark import Token, Transformer, v_args
 
 from . import ast
-from .diagnostics import Source, Span
+from .diagnostics import Source, SourceError, Span
 
 # A QUANTITY token is "<number>[ \t]*<unit>"; this splits it (the grammar guarantees a match).
 _QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)([ \t]*)(.*)")
@@ -34,9 +34,21 @@ class ToAst(Transformer):
         return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
 
     # ---- references ------------------------------------------------------------------
+    @staticmethod
+    def _int(digits: str, span: Span, what: str, most: int) -> int:
+        """A digit string as an int, refused with a caret above ``most`` (checked on its length
+        first: converting 10**5000 digits costs time, and Python refuses past 4300)."""
+        text = digits.lstrip("0") or "0"
+        if len(text) > len(str(most)) or int(text) > most:
+            shown = text if len(text) <= 20 else f"{text[:8]}… ({len(text)} digits)"
+            raise SourceError(span, f"{what} {shown} is too large: at most {most}")
+        return int(text)
+
     def index(self, meta, children):
-        lo = int(children[0])
-        hi = int(children[1]) if len(children) > 1 else lo
+        lo, hi = children[0], children[-1]
+        lo_v = self._int(str(lo), self._tok(lo), "index", ast.MAX_INDEX)
+        hi_v = self._int(str(hi), self._tok(hi), "index", ast.MAX_INDEX)
+        return ast.Index(lo_v, hi_v, self._meta(meta))
         return ast.Index(lo, hi, self._meta(meta))
 
     def part(self, meta, children):
@@ -81,7 +93,8 @@ class ToAst(Transformer):
         mult = mult_span = lat = None
         for c in children[1:]:
             if isinstance(c, Token) and c.type == "MULT":
-                mult, mult_span = int(str(c)[1:]), self._tok(c)
+                mult_span = self._tok(c)
+                mult = self._int(str(c)[1:], mult_span, "link multiplicity", ast.MAX_MULT)
             else:
                 lat = self._quantity(c)
         return ast.LinkSpec(bw, mult, mult_span, lat, self._meta(meta))
