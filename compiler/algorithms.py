@@ -293,9 +293,12 @@ def _ring_allreduce(spec: Any, topo: Topology, order: list[int], ce: int) -> Pla
 
 
 def _ring_allreduce_ops(B: ProgramBuilder, order: Sequence[int], lo: int, hi: int, ce: int,
-                        avg: bool) -> None:
-    """The ring allreduce of elements ``[lo, hi)`` along ``order``, added to ``B``."""
+                        avg: bool, hop_tree=None) -> None:
+    """The ring allreduce of elements ``[lo, hi)`` along ``order``, added to ``B``.
+    ``hop_tree(i)``: the plan tree whose route the hop from position ``i`` takes (its
+    messages' ``tree``; None: -1, the cost model's cheapest route)."""
     n = len(order)
+    tree_of = [hop_tree(i) if hop_tree else -1 for i in range(n)]
     segs = [(lo + a, lo + b) for a, b in (block_range(hi - lo, n, k) for k in range(n))]
     longest = max(sb - sa for sa, sb in segs)
     C = max(1, -(-longest // ce))  # same chunk count for every segment: ceil(longest / ce)
@@ -324,7 +327,7 @@ def _ring_allreduce_ops(B: ProgramBuilder, order: Sequence[int], lo: int, hi: in
                 sd = () if s == 0 else (rr[i][k],)
                 rs_send[i][k], rr[j][k] = B.message(
                     order[i], order[j], src, ChunkRef("out", a, b - a), send_deps=sd,
-                    recv_deps=(copy[j][k],), reduce=True, chunk=q)
+                    recv_deps=(copy[j][k],), reduce=True, tree=tree_of[i], chunk=q)
         final = [None] * n
         for i in range(n):
             k = (i + 1) % n
@@ -346,7 +349,7 @@ def _ring_allreduce_ops(B: ProgramBuilder, order: Sequence[int], lo: int, hi: in
                 wd = (rs_send[j][k],) if rs_send[j][k] is not None else ()
                 _, got[j] = B.message(order[i], order[j], ChunkRef("out", a, b - a),
                                       ChunkRef("out", a, b - a), send_deps=(have[i],),
-                                      recv_deps=wd, chunk=q)
+                                      recv_deps=wd, tree=tree_of[i], chunk=q)
             have = got
 
 

@@ -135,6 +135,8 @@ class LinkUse:
     bytes: int  # wire bytes that crossed the link
     busy_s: float  # Σ over messages of the reservation α + per-message cost + bytes / capacity
     utilisation: float  # busy_s / simulated time
+    first_s: float = 0.0  # start of the link's first reservation
+    last_s: float = 0.0  # end of its last reservation (reservations are FIFO: the latest end)
 
 
 @dataclass(frozen=True)
@@ -405,6 +407,7 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     link_free = [0.0] * len(cap)
     link_busy = [0.0] * len(cap)
     link_bytes = [0] * len(cap)
+    link_first = [-1.0] * len(cap)
     posted = [-1.0] * total  # time an op's deps completed (-1: not yet)
     ready_at = [0.0] * total
     done = [-1.0] * total
@@ -497,6 +500,8 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
             if detail:
                 hop_start.append(t_hop)
             hold = fixed + nbytes * inv
+            if link_first[e] < 0.0:
+                link_first[e] = t_hop
             link_free[e] = t_hop + hold
             link_busy[e] += hold
             link_bytes[e] += nbytes
@@ -532,7 +537,7 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     time = max(rank_finish, default=0.0)
     links = [
         LinkUse(net.ends[e][0], net.ends[e][1], cap[e], link_bytes[e], link_busy[e],
-                link_busy[e] / time if time > 0 else 0.0)
+                link_busy[e] / time if time > 0 else 0.0, link_first[e], link_free[e])
         for e in range(len(cap)) if link_bytes[e] > 0
     ]
     links.sort(key=lambda l: (-l.busy_s, l.src, l.dst))
@@ -702,24 +707,3 @@ def choose_chunk(
         # equal times are a plateau, not evidence that smaller chunks lose: keep going
     return ChunkChoice(best.chunk_bytes, best.plan, best.simulation, tuple(tried))
 
-
-def _baseline(which: str, spec, topo, chunk_bytes: int | None, model: CostModel) -> ChunkChoice:
-    from . import algorithms
-
-    build = getattr(algorithms, f"{which}_plan")
-    from ..ir.plan import DTYPE_SIZES
-
-    itemsize = DTYPE_SIZES[spec.dtype]
-    cands = (chunk_bytes,) if chunk_bytes else chunk_candidates(spec.size_bytes, itemsize)
-    return choose_chunk(lambda c: build(spec, topo, c), cands, model=model)
-
-
-def ring_time(spec, topo, chunk_bytes: int | None = None, *, model: CostModel = DEFAULT_MODEL) -> float:
-    """Predicted seconds of the NCCL-style ring baseline (``algorithms.ring_plan``), lowered
-    on the same topology and priced by :func:`simulate` at its own best chunk size."""
-    return _baseline("ring", spec, topo, chunk_bytes, model).simulation.time
-
-
-def dbtree_time(spec, topo, chunk_bytes: int | None = None, *, model: CostModel = DEFAULT_MODEL) -> float:
-    """Predicted seconds of the NCCL-style double binary tree (``algorithms.dbtree_plan``)."""
-    return _baseline("dbtree", spec, topo, chunk_bytes, model).simulation.time

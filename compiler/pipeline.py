@@ -16,12 +16,15 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
              (algorithms.two_level_cut) and rings (algorithms.ring_packing)
     lower    every candidate algorithm the spec allows, each lowered (compiler/lower.py,
              algorithms.py, lower_relax.py) at the chunk size that minimises the simulated
-             time (cost.choose_chunk); NCCL-style ring and double binary tree are always
-             priced too, as the baselines of the figures; ``direct`` is tried by auto up to
-             16 ranks
+             time (cost.choose_chunk); the NCCL-like baselines (compiler/baselines.py: the
+             single ring, multi-channel rings, double binary tree, recursive doubling) are
+             always priced too, for the figures; ``direct`` is tried by auto up to 16 ranks
     select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
-    figures  predicted time, bound, efficiency = bound_s / predicted_s, baselines, algbw,
-             busbw (nccl-tests factors), wire bytes
+    figures  predicted time, bound, efficiency = bound_s / predicted_s, the best NCCL-like
+             baseline, algbw, busbw (nccl-tests factors), wire bytes, and the explanation:
+             the cut that sets the bound (bounds.binding_cut), the packing's rate, and the
+             predicted time split into bound, load, fill, per-message cost and contention
+             (:func:`breakdown`)
     verify   ir/verify.py symbolically executes the plan
 
 Candidate names: ``treepack`` (trees of the packing), ``treepack-rsag`` (allreduce as
@@ -33,7 +36,8 @@ rank cut: reduce to a leader per side, the leaders exchange partials across the 
 at once, broadcast back: the cut bound M / c on two hosts joined by one slow link),
 ``treepack-rings`` (allreduce as a ring allreduce on each of several directed Hamiltonian
 rings packed by an LP, up to algorithms.RINGS_MAX_RANKS ranks: the floor on DGX-1 and rings),
-``ring``, ``tree`` (double binary tree), ``direct``, and ``relax`` (the compressed /
+``ring``, ``rings`` (NCCL's multi-channel rings), ``tree`` (double binary tree), ``rd``
+(recursive doubling / Bruck, allgather and reduce_scatter), ``direct``, and ``relax`` (the compressed /
 decentralized lowering, only when ``compress != none`` or for ``neighbor_average``).
 ``algorithm = treepack`` chooses among every ``treepack*`` candidate.
 """
@@ -75,6 +79,9 @@ TREE_KINDS = frozenset({"broadcast", "reduce", "gather", "scatter", "allgather",
 # tree for the kinds NCCL runs on trees (algorithms.dbtree_plan falls back to the ring for others)
 RING_KINDS = TREE_KINDS
 DBTREE_KINDS = frozenset({"broadcast", "reduce", "allreduce"})
+RD_KINDS = frozenset({"allgather", "reduce_scatter"})
+# the NCCL-like baselines (compiler/baselines.py), lowered first and always searched fully
+BASELINES = ("ring", "rings", "tree", "rd")
 DIRECT_KINDS = TREE_KINDS | {"alltoall"}
 ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
 # direct (every rank to every rank in one message each) puts n(n-1) messages per chunk on a
@@ -232,9 +239,11 @@ def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ..
     if kind == "allreduce" and 2 <= len(spec.ranks) <= BIDIR_MAX_RANKS:
         auto.append("treepack-bidir")
     if kind in RING_KINDS:
-        auto.append("ring")
+        auto += ["ring", "rings"]
     if kind in DBTREE_KINDS:
         auto.append("tree")
+    if kind in RD_KINDS:
+        auto.append("rd")
     if kind in DIRECT_KINDS and (len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS or kind == "alltoall"):
         auto.append("direct")
     if spec.compress != "none" and kind == "allreduce":
@@ -245,7 +254,7 @@ def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ..
         eligible = tuple(a for a in auto if a.startswith("treepack"))
     else:
         eligible = (alg,)
-    baselines = tuple(b for b in ("ring", "tree") if b in auto and b not in eligible)
+    baselines = tuple(b for b in BASELINES if b in auto and b not in eligible)
     return eligible, eligible + baselines
 
 
@@ -268,13 +277,19 @@ class Pack:
     def apply(self, u: Unit) -> Unit:
         spec = u.spec
         _, want = candidates_for(spec)
+        out: list[tuple[str, object]] = []
+        if "rings" in want and len(spec.ranks) >= 2:
+            from .baselines import ring_channels
+
+            channels = ring_channels(u.topology, spec.ranks)
+            if channels:
+                out.append(("channels", channels))
         if not any(w.startswith("treepack") for w in want) or len(spec.ranks) < 2:
-            return u
+            return replace(u, packings=tuple(out))
         from . import treepack
 
         kind, topo, ranks = spec.kind, u.topology, spec.ranks
         root = ranks[spec.root] if spec.root >= 0 else ranks[0]
-        out: list[tuple[str, object]] = []
         if kind in ("broadcast", "scatter"):
             out.append(("trees", treepack.pack_broadcast(topo, ranks, root)))
         elif kind in ("reduce", "gather"):
@@ -351,6 +366,17 @@ class Lower:
             from .lower_relax import relax_plan
 
             return lambda c: relax_plan(spec, topo, c)
+        if alg == "rings":
+            channels = u.packing("channels")
+            if channels is None:
+                return None
+            from .baselines import rings_plan
+
+            return lambda c: rings_plan(spec, topo, channels, c)
+        if alg == "rd":
+            from .baselines import rd_plan
+
+            return lambda c: rd_plan(spec, topo, c)
         from . import algorithms
 
         fn = {"ring": algorithms.ring_plan, "tree": algorithms.dbtree_plan,
@@ -365,14 +391,14 @@ class Lower:
         # baselines first (their searches always run to the end: the figures report them),
         # then the others, each stopping once it cannot catch up with the best so far (auto
         # only: a forced algorithm is returned whatever its time, so it is searched fully)
-        order = [a for a in lowered if a in ("ring", "tree")] + [a for a in lowered if a not in ("ring", "tree")]
+        order = [a for a in lowered if a in BASELINES] + [a for a in lowered if a not in BASELINES]
         out = []
         best = float("inf")
         for alg in order:
             build = self._builder(alg, u)
             if build is None:
                 continue
-            prune = spec.algorithm == "auto" and alg not in ("ring", "tree")
+            prune = spec.algorithm == "auto" and alg not in BASELINES
             mine = cands
             if alg in NEW_FORMS and not spec.chunk_bytes:
                 mine = tuple(c for c in cands if c * NEW_FORMS_MAX_CHUNKS >= spec.size_bytes) or cands[:1]
@@ -417,6 +443,12 @@ class FiguresPass:
             )
         rate = self._rate(u, plan, predicted)
         algbw = spec.size_bytes / predicted if predicted > 0 else float("inf")
+        base = [b for b in (u.candidate(a) for a in BASELINES) if b is not None]
+        best_base = min(base, key=lambda b: (b.predicted_s, BASELINES.index(b.algorithm))) if base else None
+        rings = u.candidate("rings")
+        rd = u.candidate("rd")
+        cut = self._cut(u)
+        parts = breakdown(sim, u.bandwidth_bound_s)
         figures = Figures(
             rate_Bps=rate,
             bound_rate_Bps=u.bound_rate_Bps,
@@ -430,8 +462,45 @@ class FiguresPass:
             algbw_Bps=algbw,
             busbw_Bps=algbw * BUSBW_FACTOR[spec.kind](n) if n > 1 else algbw,
             exact_predicted_s=self._exact(u) if plan.compress != "none" else 0.0,
+            baseline=best_base.algorithm if best_base else "",
+            baseline_predicted_s=best_base.predicted_s if best_base else 0.0,
+            rings_predicted_s=rings.predicted_s if rings else 0.0,
+            ring_channels=len(u.packing("channels") or ()),
+            rd_predicted_s=rd.predicted_s if rd else 0.0,
+            pack_rate_Bps=self._pack_rate(u),
+            cut_vertices=cut.vertices if cut else (),
+            cut_links=cut.links if cut else (),
+            cut_capacity_Bps=cut.capacity_Bps if cut else 0.0,
+            cut_direction=cut.direction if cut else "",
+            cut_note=cut.what if cut else "",
+            **parts,
         )
         return replace(u, plan=replace(plan, figures=figures))
+
+    @staticmethod
+    def _cut(u: Unit):
+        """The cut that sets the bandwidth bound, checked against it (bounds.binding_cut)."""
+        from .bounds import binding_cut
+
+        spec = u.spec
+        if len(spec.ranks) < 2 or not u.bandwidth_bound_s > 0:
+            return None
+        cut = binding_cut(spec.kind, u.topology, spec.ranks, spec.root, _bound_size(spec),
+                          peers=spec.peers or "ring")
+        if cut is not None and abs(cut.time(_bound_size(spec)) - u.bandwidth_bound_s) > 1e-6 * u.bandwidth_bound_s:
+            raise CompileError(f"{spec.name}: the named cut gives {cut.time(_bound_size(spec)):.6g} s, "
+                               f"the bound is {u.bandwidth_bound_s:.6g} s")
+        return cut
+
+    @staticmethod
+    def _pack_rate(u: Unit) -> float:
+        """The rate the chosen algorithm's packing sustains (size / time at the LP's rates, in
+        bound_rate_Bps's units), or, for an algorithm without one, the best of the packings
+        computed; 0 when none was. Trees of an allreduce are loaded both ways."""
+        chosen = u.chosen.algorithm
+        algs = [chosen] if chosen.startswith("treepack") else [c.algorithm for c in u.candidates
+                                                               if c.algorithm.startswith("treepack")]
+        return max((pack_rate(u, a) for a in algs), default=0.0)
 
     @staticmethod
     def _exact(u: Unit) -> float:
@@ -457,6 +526,80 @@ class FiguresPass:
         if p is not None and getattr(p, "bound", 0) and u.bound_rate_Bps != float("inf"):
             return u.bound_rate_Bps * min(1.0, p.rate / p.bound)
         return u.spec.size_bytes / predicted if predicted > 0 else 0.0
+
+
+def _link_factor(trees, both: bool, caps: dict[tuple[str, str], float]) -> float:
+    """min over arcs of capacity / load when the trees carry their rates (``both``: every
+    tree edge loaded in each direction, as reduce-then-broadcast does), orientation of a
+    reversed packing taken either way; at most 1."""
+    best = 0.0
+    for flip in ((False,) if both else (False, True)):
+        load: dict[tuple[str, str], float] = {}
+        for t in trees:
+            for edge in t.edges:
+                path = tuple(edge[2]) if len(edge) > 2 else (edge[0], edge[1])
+                arcs = list(zip(path, path[1:]))
+                if flip:
+                    arcs = [(b, a) for a, b in arcs]
+                if both:
+                    arcs += [(b, a) for a, b in arcs]
+                for arc in arcs:
+                    load[arc] = load.get(arc, 0.0) + t.rate
+        best = max(best, min((1.0 if l <= 0 else caps.get(arc, 0.0) / l for arc, l in load.items()), default=1.0))
+    return min(1.0, best)
+
+
+def pack_rate(u: Unit, alg: str) -> float:
+    """The rate of ``alg``'s packing in bound_rate_Bps's units (size / time), 0 if none."""
+    n = len(u.spec.ranks)
+    if alg == "treepack-bidir":
+        p = u.packing("bidir")
+        return p.rate if p is not None else 0.0
+    if alg == "treepack-rings":
+        rings = u.packing("rings")
+        return sum(r for _, r in rings) * n / (2 * (n - 1)) if rings and n > 1 else 0.0
+    role = {"treepack": "trees", "treepack-rsag": "rsag"}.get(alg)
+    p = u.packing(role) if role else None
+    if p is None or not p.trees:
+        return 0.0
+    if u.spec.kind in ("gather", "scatter"):
+        return u.bound_rate_Bps * p.rate / p.bound if getattr(p, "bound", 0) else 0.0
+    caps: dict[tuple[str, str], float] = {}
+    for l in u.topology.restricted(tuple(u.spec.ranks)).links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+    f = _link_factor(p.trees, u.spec.kind == "allreduce", caps)
+    return sum(t.rate for t in p.trees) * f
+
+
+def breakdown(sim, bandwidth_bound_s: float) -> dict:
+    """The predicted time ``sim.time`` as ``bandwidth_bound_s + load_s + fill_s + message_s
+    + contention_s``, from the simulation's *bottleneck link* e: the link with the most bytes
+    per capacity (the one that must be busy longest; ties: the busier).
+
+    - ``load_s = bytes(e) / c(e) - bandwidth_bound_s``: how far the schedule's heaviest link
+      load sits above the cut bound (0 when the packing reaches the bound and its shares round
+      evenly; >= 0 always, since some link of the binding cut carries at least its share).
+    - ``message_s = busy(e) - bytes(e) / c(e)``: the per-message charge of e's reservations,
+      (latency + software cost per message) x its messages.
+    - ``contention_s = (last(e) - first(e)) - busy(e)``: e idle between its first and its last
+      reservation, waiting for chunks held up elsewhere (other links, dependencies).
+    - ``fill_s = first(e) + (time - last(e))``: before e's first reservation and after its
+      last: the pipeline filling and draining (every hop's latency and per-message cost
+      elsewhere before the first chunk reaches e, and after the last leaves it).
+
+    The parts sum to the predicted time exactly (up to rounding). A plan with no messages
+    is all fill."""
+    t = sim.time
+    out = {"bandwidth_bound_s": bandwidth_bound_s, "load_s": 0.0, "fill_s": t - bandwidth_bound_s,
+           "message_s": 0.0, "contention_s": 0.0, "bottleneck_link": ()}
+    if not sim.links:
+        return out
+    e = max(sim.links, key=lambda l: (l.bytes / l.capacity, l.busy_s))
+    data = e.bytes / e.capacity
+    out.update(load_s=data - bandwidth_bound_s, message_s=e.busy_s - data,
+               contention_s=(e.last_s - e.first_s) - e.busy_s,
+               fill_s=e.first_s + (t - e.last_s), bottleneck_link=(e.src, e.dst))
+    return out
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,26 @@ class Figures:
     algbw_Bps: float = 0.0  # size_bytes / predicted_s
     busbw_Bps: float = 0.0  # algbw x the nccl-tests factor of the kind
     exact_predicted_s: float = 0.0  # compress != none: best uncompressed plan, same model (else 0)
+    # the NCCL-like baselines (compiler/baselines.py), same cost model; 0 / "" where none applies
+    baseline: str = ""  # the fastest of them: rings | tree | rd | ring
+    baseline_predicted_s: float = 0.0
+    rings_predicted_s: float = 0.0  # NCCL's multi-channel rings
+    ring_channels: int = 0  # how many ring channels the NCCL-style search found
+    rd_predicted_s: float = 0.0  # recursive doubling / Bruck (allgather, reduce_scatter)
+    # why the plan is as fast as it is (docs/plan-format.md "Figures")
+    pack_rate_Bps: float = 0.0  # the tree packing's rate, in bound_rate_Bps's units (0: none)
+    cut_vertices: tuple[str, ...] = ()  # the vertex set S whose links set the bound
+    cut_links: tuple[tuple[str, str], ...] = ()  # the links its bytes must cross
+    cut_capacity_Bps: float = 0.0
+    cut_direction: str = ""  # out: the links leave S; in: they enter S
+    cut_note: str = ""
+    # predicted_s = bandwidth_bound_s + load_s + fill_s + message_s + contention_s
+    bandwidth_bound_s: float = 0.0  # the cut bound alone (bound_s less the least latency)
+    load_s: float = 0.0  # the bottleneck link's bytes / capacity beyond the bandwidth bound
+    fill_s: float = 0.0  # bottleneck link idle before its first and after its last message
+    message_s: float = 0.0  # per-message costs: its links' latency per message + software cost
+    contention_s: float = 0.0  # bottleneck link idle between its first and last message
+    bottleneck_link: tuple[str, ...] = ()  # (src, dst) of the bottleneck link
 
 
 _FIGURE_NAMES = frozenset(Figures.__dataclass_fields__)

@@ -234,7 +234,21 @@ def _decode(d: Any, rd: _Reader) -> Plan:
     fig_d = g(d, "figures", (dict,), optional=True, default={})
     fig_kw = {}
     for f in dataclasses.fields(Figures):
-        if f.name in fig_d:
+        if f.name not in fig_d:  # figures added later keep their defaults in older files
+            continue
+        if f.type in ("str", str):
+            fig_kw[f.name] = g(fig_d, f.name, (str,), where="figures.")
+        elif str(f.type).startswith("tuple"):
+            v = g(fig_d, f.name, (list,), where="figures.")
+            if f.name == "cut_links":
+                if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in v):
+                    raise rd.fail("field 'figures.cut_links' must be a list of [src, dst] vertex names")
+                fig_kw[f.name] = tuple((x[0], x[1]) for x in v)
+            else:
+                if not all(isinstance(x, str) for x in v):
+                    raise rd.fail(f"field 'figures.{f.name}' must be a list of vertex names")
+                fig_kw[f.name] = tuple(v)
+        else:
             want = (int,) if f.type in ("int", int) else (float,)
             v = g(fig_d, f.name, want, where="figures.")
             fig_kw[f.name] = int(v) if want == (int,) else float(v)
@@ -350,4 +364,17 @@ def summary(plan: Plan) -> dict:
         "exact_predicted_s": f.exact_predicted_s or None,
         "speedup_over_exact": f.exact_predicted_s / f.predicted_s if f.exact_predicted_s and f.predicted_s > 0 else None,
         "compile_s": f.compile_s,
+        "baseline": f.baseline or None,
+        "baseline_predicted_s": f.baseline_predicted_s or None,
+        "speedup_over_baseline": f.baseline_predicted_s / f.predicted_s if f.baseline_predicted_s and f.predicted_s > 0 else None,
+        "rings_predicted_s": f.rings_predicted_s or None,
+        "ring_channels": f.ring_channels,
+        "rd_predicted_s": f.rd_predicted_s or None,
+        "pack_rate_Bps": f.pack_rate_Bps or None,
+        "cut": {"vertices": list(f.cut_vertices), "links": [list(l) for l in f.cut_links],
+                "capacity_Bps": f.cut_capacity_Bps, "direction": f.cut_direction, "what": f.cut_note}
+        if f.cut_direction else None,
+        "breakdown": {"bandwidth_bound_s": f.bandwidth_bound_s, "load_s": f.load_s, "fill_s": f.fill_s,
+                      "message_s": f.message_s, "contention_s": f.contention_s,
+                      "bottleneck_link": list(f.bottleneck_link)} if f.bottleneck_link else None,
     }

@@ -1,0 +1,538 @@
+"""hcc.compiler.baselines — NCCL-like schedules that hcc's plans are measured against.
+
+Every baseline is lowered to the same plan IR and priced by the same cost model
+(compiler/cost.py) at its own best chunk size, so "hcc vs NCCL-like" compares schedules, not
+models. The baselines, by candidate name:
+
+- ``rings`` — NCCL's multi-channel rings. NCCL's graph search (src/graph/search.cc) picks a
+  per-channel bandwidth from high to low and, at each, looks for as many rings ("channels")
+  as it can, every ring consuming that bandwidth on every link it crosses (a path through a
+  switch consumes it on each hop), until the channels' total stops improving; the data is
+  then split over the channels. :func:`ring_channels` does the same on any hcc topology:
+  per-channel rates ``c / k`` for each link capacity ``c`` of a rank and ``k = 1..8``, highest
+  first; at each, Hamiltonian cycles found one at a time by a bounded depth-first search
+  (direct links widest first, then switch routes to ranks nearby in rank order, as NCCL
+  orders GPUs), subtracting each ring's rate from the links it uses; the best total wins
+  (fewer channels on a tie). The search stops early once the total reaches
+  ``min(least capacity into or out of a rank, narrowest cut between ranks)``, which no set of
+  rings can exceed (every ring leaves every rank and crosses every cut). On DGX-1's NVLinks
+  it finds NCCL's six rings of 25 GB/s; on two 8-GPU NVSwitch servers with 8 x 25 GB/s NICs,
+  eight rings of 25 GB/s (one per NIC pair). Each kind runs per channel on a share of the
+  buffer proportional to the channel's rate: the ring allreduce, the n-1-step ring
+  allgather / reduce-scatter (a chain per rank along the ring), and a chain from (into) the
+  root for broadcast and scatter (reduce and gather).
+- ``tree`` — NCCL's double binary tree (compiler/algorithms.py ``dbtree_plan``), for
+  broadcast, reduce and allreduce.
+- ``rd`` — the logarithmic allgather and reduce-scatter: recursive doubling for a power-of-two
+  rank count (at step s rank r exchanges its aligned group of 2^s blocks with rank r XOR 2^s:
+  log2(n) messages per rank and chunk), Bruck's dissemination otherwise (at step s rank r
+  sends its blocks r .. r + min(2^s, n - 2^s) - 1 (mod n) to rank r - 2^s: ceil(log2 n) steps,
+  at most two contiguous ranges each). Reduce-scatter is the same pattern reversed in time
+  (recursive halving): every block's allgather dissemination is a tree, and reversing a
+  tree's messages reduces over it. NCCL 2.23's PAT is this family for one rank per node.
+- ``ring`` — the single ring of compiler/algorithms.py ``ring_plan`` (kept: ``algorithm =
+  ring`` forces it).
+
+The best NCCL-like baseline of a plan is the fastest predicted of these (pipeline.py).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..ir.errors import PlanError
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Tree, block_range
+from ..ir.topology import Topology
+from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_by_rate
+
+__all__ = ["RingChannel", "ring_channels", "rings_plan", "rd_plan", "rd_steps", "MAX_CHANNELS"]
+
+# NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
+# no bandwidth); the same cap here
+MAX_CHANNELS = 16
+# per-channel rates tried: c / k for k = 1 .. 8 (NCCL's speed arrays step down in about as
+# many steps per link type)
+_SPEED_DIVISORS = 8
+# a ring may use up to this many shortest switch routes per rank pair (a fat tree's spines)
+_ROUTES_PER_PAIR = 8
+# depth-first search budget, in extensions: per ring 50 000 (DGX-1's rings are found in
+# dozens), at least 20 per rank on large topologies; 2 000 000 for the whole search (a few
+# seconds of CPython), after which the best channels found so far are used
+_RING_BUDGET = 50_000
+_TOTAL_BUDGET = 2_000_000
+# switch-route candidates tried per rank visit on topologies above 64 ranks (nearest in rank
+# order first): a ring over 1024 ranks cannot afford every rank at every step
+_FAR_CANDIDATES = 24
+_SMALL = 64
+
+
+@dataclass(frozen=True)
+class RingChannel:
+    """One ring channel: ``order`` (rank positions, the ring's direction), its ``rate``
+    (bytes/s it may use on every link it crosses) and ``paths[i]``, the topology vertices from
+    ``order[i]`` to ``order[i + 1 mod n]``."""
+
+    order: tuple[int, ...]
+    rate: float
+    paths: tuple[tuple[str, ...], ...]
+
+
+class _Search:
+    def __init__(self, topo: Topology, ranks: Sequence[str]):
+        self.ranks = tuple(ranks)
+        self.n = len(self.ranks)
+        sub = topo.restricted(self.ranks)
+        self.switches = set(sub.switches)
+        self.cap: dict[tuple[str, str], float] = {}
+        for l in sub.links:
+            if l.src != l.dst:
+                self.cap[(l.src, l.dst)] = self.cap.get((l.src, l.dst), 0.0) + l.capacity
+        self.out: dict[str, list[str]] = {}
+        for (u, v) in sorted(self.cap):
+            self.out.setdefault(u, []).append(v)
+        self.pos = {v: i for i, v in enumerate(self.ranks)}
+        self._routes: dict[tuple[int, int], tuple[tuple[str, ...], ...]] = {}
+        self.direct: list[list[int]] = []
+        for i, name in enumerate(self.ranks):
+            nb = [(self.cap[(name, y)], self.pos[y]) for y in self.out.get(name, ()) if y in self.pos]
+            nb.sort(key=lambda cv: (-cv[0], (cv[1] - i) % self.n))
+            self.direct.append([v for _, v in nb])
+        self.spent = 0
+
+    def routes(self, u: int, v: int) -> tuple[tuple[str, ...], ...]:
+        """The direct link, else up to :data:`_ROUTES_PER_PAIR` shortest switch-only routes."""
+        key = (u, v)
+        hit = self._routes.get(key)
+        if hit is not None:
+            return hit
+        a, b = self.ranks[u], self.ranks[v]
+        if (a, b) in self.cap:
+            found: tuple[tuple[str, ...], ...] = ((a, b),)
+        else:
+            found = self._switch_routes(a, b)
+        self._routes[key] = found
+        return found
+
+    def _switch_routes(self, a: str, b: str) -> tuple[tuple[str, ...], ...]:
+        # BFS through switches only, level by level, until b's level; then the shortest routes
+        preds: dict[str, list[str]] = {a: []}
+        frontier = [a]
+        reached = False
+        while frontier and not reached:
+            nxt: list[str] = []
+            level: dict[str, list[str]] = {}
+            for x in frontier:
+                if x != a and x not in self.switches:
+                    continue
+                for y in self.out.get(x, ()):
+                    if y in preds:
+                        continue
+                    if y not in self.switches and y != b:
+                        continue
+                    level.setdefault(y, []).append(x)
+            for y, ps in level.items():
+                preds[y] = ps
+                nxt.append(y)
+                if y == b:
+                    reached = True
+            frontier = nxt
+        if not reached:
+            return ()
+        out: list[tuple[str, ...]] = []
+        stack: list[tuple[str, tuple[str, ...]]] = [(b, (b,))]
+        while stack and len(out) < _ROUTES_PER_PAIR:
+            x, tail = stack.pop()
+            if x == a:
+                out.append(tail)
+                continue
+            for p in reversed(preds[x]):
+                stack.append((p, (p,) + tail))
+        return tuple(out)
+
+    def candidates(self, u: int, used: list[bool]):
+        seen = set()
+        for v in self.direct[u]:
+            if not used[v]:
+                seen.add(v)
+                yield v
+        limit = self.n if self.n <= _SMALL else _FAR_CANDIDATES
+        tried = 0
+        for d in range(1, self.n):
+            v = (u + d) % self.n
+            if used[v] or v in seen:
+                continue
+            yield v
+            tried += 1
+            if tried >= limit:
+                return
+
+    def usable(self, u: int, v: int, rate: float, res: dict) -> tuple[str, ...] | None:
+        for path in self.routes(u, v):
+            if all(res[(x, y)] >= rate * (1 - 1e-9) for x, y in zip(path, path[1:])):
+                return path
+        return None
+
+    def ring(self, rate: float, res: dict, start: int, budget: int) -> list[tuple[int, tuple[str, ...]]] | None:
+        """A Hamiltonian cycle from ``start`` of hops usable at ``rate`` (taking it from
+        ``res`` as it goes, so one ring never over-books a link), or None."""
+        n = self.n
+        used = [False] * n
+        used[start] = True
+        hops: list[tuple[int, tuple[str, ...]]] = []  # (next rank, path) per hop taken
+        stack = [self.candidates(start, used)]
+        cur = start
+
+        def take(path, sign):
+            for x, y in zip(path, path[1:]):
+                res[(x, y)] -= sign * rate
+
+        while stack:
+            if self.spent >= _TOTAL_BUDGET or budget <= 0:
+                break
+            if len(hops) == n - 1:
+                close = self.usable(cur, start, rate, res)
+                if close is not None:
+                    take(close, 1)
+                    return hops + [(start, close)]
+            else:
+                found = None
+                for v in stack[-1]:
+                    self.spent += 1
+                    budget -= 1
+                    if used[v]:
+                        continue
+                    path = self.usable(cur, v, rate, res)
+                    if path is not None:
+                        found = (v, path)
+                        break
+                if found is not None:
+                    v, path = found
+                    take(path, 1)
+                    used[v] = True
+                    hops.append((v, path))
+                    cur = v
+                    stack.append(self.candidates(v, used))
+                    continue
+            # dead end: undo the last hop
+            stack.pop()
+            if not hops:
+                break
+            v, path = hops.pop()
+            take(path, -1)
+            used[v] = False
+            cur = hops[-1][0] if hops else start
+        for _, path in hops:
+            take(path, -1)
+        return None
+
+
+def _upper(s: _Search, topo: Topology) -> float:
+    """No set of rings carries more than the least capacity out of (into) a rank, or than the
+    narrowest cut between ranks: each ring leaves every rank and crosses every cut."""
+    from .bounds import min_rank_cut_rate
+
+    outs = {v: 0.0 for v in s.ranks}
+    ins = {v: 0.0 for v in s.ranks}
+    for (a, b), c in s.cap.items():
+        if a in outs:
+            outs[a] += c
+        if b in ins:
+            ins[b] += c
+    return min(min(outs.values()), min(ins.values()), min_rank_cut_rate(topo, s.ranks))
+
+
+def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_CHANNELS
+                  ) -> tuple[RingChannel, ...]:
+    """NCCL-style ring channels over ``ranks`` (see the module docstring): the channels of the
+    best total rate found, or () when no ring exists (fewer than 2 ranks, or no Hamiltonian
+    cycle within the search budget).
+
+    >>> from hcc.ir.topology import Link
+    >>> sq = Topology("sq", ("a", "b", "c", "d"), links=tuple(Link(x, y, 1.0) for x, y in
+    ...     ["ab", "ba", "bc", "cb", "cd", "dc", "da", "ad"]))
+    >>> [(c.order, c.rate) for c in ring_channels(sq, ("a", "b", "c", "d"))]
+    [((0, 1, 2, 3), 1.0), ((0, 3, 2, 1), 1.0)]
+    """
+    ranks = tuple(ranks)
+    n = len(ranks)
+    if n < 2:
+        return ()
+    s = _Search(topo, ranks)
+    upper = _upper(s, topo)
+    if not upper > 0:
+        return ()
+    caps = sorted({c for (a, b), c in s.cap.items() if a in s.pos or b in s.pos}, reverse=True)
+    speeds: list[float] = []
+    for c in caps:
+        for k in range(1, _SPEED_DIVISORS + 1):
+            b = c / k
+            if b <= upper * (1 + 1e-9) and b * max_channels >= upper * 1e-3:
+                speeds.append(b)
+    speeds = sorted(set(speeds), reverse=True)
+    best: tuple[float, list[RingChannel]] = (0.0, [])
+    budget = _RING_BUDGET if n <= _SMALL else max(20 * n, 4 * _RING_BUDGET // 10)
+    for b in speeds:
+        most = min(max_channels, int(upper / b * (1 + 1e-9)))
+        if most * b <= best[0] * (1 + 1e-9):
+            continue
+        if s.spent >= _TOTAL_BUDGET:
+            break
+        res = dict(s.cap)
+        found: list[RingChannel] = []
+        for k in range(most):
+            # start each ring at a different rank: a ring must close into its start, and the
+            # links into the previous starts are the first to be used up
+            start = (k * max(1, n // most)) % n
+            hops = s.ring(b, res, start, budget)
+            if hops is None:
+                break
+            order = [start] + [v for v, _ in hops[:-1]]
+            paths = [p for _, p in hops]
+            # rotate so the ring begins at rank 0 (a canonical form)
+            i = order.index(0)
+            found.append(RingChannel(tuple(order[i:] + order[:i]), b, tuple(paths[i:] + paths[:i])))
+        total = len(found) * b
+        if total > best[0] * (1 + 1e-9):
+            best = (total, found)
+        if best[0] >= upper * (1 - 1e-9):
+            break
+    return tuple(best[1])
+
+
+# -- plans over the channels -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Chain:
+    """A lower.py tree value: ``root`` and (parent, child, path) edges, with a rate."""
+
+    root: int
+    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
+    rate: float
+
+
+def _chain_from(ch: RingChannel, at: int) -> _Chain:
+    """Along the ring from rank ``at``: data flows in the ring's direction."""
+    n = len(ch.order)
+    i = ch.order.index(at)
+    edges = []
+    for k in range(n - 1):
+        a, b = ch.order[(i + k) % n], ch.order[(i + k + 1) % n]
+        edges.append((a, b, ch.paths[(i + k) % n]))
+    return _Chain(at, tuple(edges), ch.rate)
+
+
+def _chain_into(ch: RingChannel, at: int) -> _Chain:
+    """Along the ring into rank ``at`` (the ring's direction, ending at ``at``): an in-tree,
+    whose path from parent to child is the data's route reversed (ir/plan.py ``Tree``)."""
+    n = len(ch.order)
+    i = ch.order.index(at)
+    edges = []
+    for k in range(1, n):
+        child, parent = ch.order[(i + k) % n], ch.order[(i + k + 1) % n]
+        edges.append((parent, child, tuple(reversed(ch.paths[(i + k) % n]))))
+    return _Chain(at, tuple(edges), ch.rate)
+
+
+def rings_plan(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int) -> Plan:
+    """The NCCL multi-channel ring schedule of ``spec`` over ``channels``."""
+    kind, n = spec.kind, len(spec.ranks)
+    if not channels:
+        raise PlanError(f"no ring channels for {spec.name!r}")
+    if kind == "allreduce":
+        return _rings_allreduce(spec, topo, channels, chunk_bytes)
+    if kind in ("broadcast", "scatter"):
+        trees = [_chain_from(c, spec.root) for c in channels]
+    elif kind in ("reduce", "gather"):
+        trees = [_chain_into(c, spec.root) for c in channels]
+    elif kind == "allgather":
+        trees = [_chain_from(c, j) for c in channels for j in range(n)]
+    elif kind == "reduce_scatter":
+        trees = [_chain_into(c, j) for c in channels for j in range(n)]
+    else:
+        raise PlanError(f"no ring form for collective kind {kind!r}")
+    return lower(spec, topo, trees, chunk_bytes, algorithm="rings")
+
+
+def _rings_allreduce(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int) -> Plan:
+    """A ring allreduce per channel on its rate share; its messages carry the channel's
+    routes: tree 2c is the chain order[0] -> ... -> order[n-1] of channel c, tree 2c + 1 its
+    closing hop order[n-1] -> order[0]."""
+    from .algorithms import _ring_allreduce_ops
+
+    n = len(spec.ranks)
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    B = ProgramBuilder(n)
+    avg = plan_op(spec.kind, spec.op) == "avg"
+    trees: list[Tree] = []
+    for c, (ch, (lo, hi)) in enumerate(zip(channels, split_by_rate(0, E, [ch.rate for ch in channels]))):
+        order = list(ch.order)
+        parent = [-1] * n
+        paths: list[tuple[str, ...]] = [()] * n
+        for i in range(n - 1):
+            parent[order[i + 1]] = order[i]
+            paths[order[i + 1]] = ch.paths[i]
+        trees.append(Tree(2 * c, order[0], tuple(parent), ch.rate, (lo, hi), tuple(paths)))
+        close_parent = [-1] * n
+        close_paths: list[tuple[str, ...]] = [()] * n
+        close_parent[order[0]] = order[-1]
+        close_paths[order[0]] = ch.paths[n - 1]
+        trees.append(Tree(2 * c + 1, order[-1], tuple(close_parent), ch.rate, (lo, lo), tuple(close_paths)))
+        if hi > lo:
+            _ring_allreduce_ops(B, order, lo, hi, ce, avg,
+                                hop_tree=lambda i, c=c: 2 * c + (1 if i == n - 1 else 0))
+    return assemble(spec, topo, B, tuple(trees), "rings", ce)
+
+
+# -- recursive doubling / Bruck ---------------------------------------------------------------------
+def rd_steps(n: int) -> list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]:
+    """The allgather pattern: per step, (src, dst, block runs) with runs ``(b0, b1)`` of block
+    indices (``b1`` exclusive, no wrap): recursive doubling for a power of two, Bruck
+    otherwise (module docstring).
+
+    >>> rd_steps(4)[1]
+    [(0, 2, ((0, 2),)), (1, 3, ((0, 2),)), (2, 0, ((2, 4),)), (3, 1, ((2, 4),))]
+    >>> len(rd_steps(6)), rd_steps(6)[2][0]
+    (3, (0, 2, ((0, 2),)))
+    """
+    steps = []
+    if n < 2:
+        return steps
+    if n & (n - 1) == 0:
+        d = 1
+        while d < n:
+            steps.append([(r, r ^ d, ((r & ~(d - 1), (r & ~(d - 1)) + d),)) for r in range(n)])
+            d *= 2
+        return steps
+    d = 1
+    while d < n:
+        cnt = min(d, n - d)
+        step = []
+        for r in range(n):
+            lo, hi = r, r + cnt
+            runs = ((lo, hi),) if hi <= n else ((lo, n), (0, hi - n))
+            step.append((r, (r - d) % n, runs))
+        steps.append(step)
+        d *= 2
+    return steps
+
+
+class _Latest:
+    """The op that last wrote each element range of one buffer of one rank (non-overlapping
+    segments, sorted), so a reader depends on exactly the writes it reads."""
+
+    def __init__(self):
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.op: list[int] = []
+
+    def readers_deps(self, a: int, b: int) -> tuple[int, ...]:
+        i = max(0, bisect.bisect_right(self.lo, a) - 1)
+        out = set()
+        while i < len(self.lo) and self.lo[i] < b:
+            if self.hi[i] > a:
+                out.add(self.op[i])
+            i += 1
+        return tuple(sorted(out))
+
+    def write(self, a: int, b: int, op: int) -> None:
+        i = max(0, bisect.bisect_right(self.lo, a) - 1)
+        keep_lo, keep_hi, keep_op = [], [], []
+        j = i
+        while j < len(self.lo) and self.lo[j] < b:
+            if self.hi[j] > a:
+                if self.lo[j] < a:
+                    keep_lo.append(self.lo[j]); keep_hi.append(a); keep_op.append(self.op[j])
+                if self.hi[j] > b:
+                    keep_lo.append(b); keep_hi.append(self.hi[j]); keep_op.append(self.op[j])
+            else:
+                keep_lo.append(self.lo[j]); keep_hi.append(self.hi[j]); keep_op.append(self.op[j])
+            j += 1
+        new = sorted(zip(keep_lo + [a], keep_hi + [b], keep_op + [op]))
+        self.lo[i:j] = [x for x, _, _ in new]
+        self.hi[i:j] = [y for _, y, _ in new]
+        self.op[i:j] = [o for _, _, o in new]
+
+
+def _pieces(a: int, b: int, ce: int):
+    while a < b:
+        yield a, min(b, a + ce)
+        a += ce
+
+
+def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
+    """Recursive doubling / Bruck allgather, or its time reversal for reduce_scatter (module
+    docstring). Each step's ranges are cut into chunks of ``chunk_bytes``; a chunk waits only
+    for the earlier messages that wrote the elements it sends, so steps pipeline."""
+    kind, n = spec.kind, len(spec.ranks)
+    if kind not in ("allgather", "reduce_scatter"):
+        raise PlanError(f"no recursive-doubling form for collective kind {kind!r}")
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    blocks = [block_range(E, n, j) for j in range(n)]
+    B = ProgramBuilder(n)
+    steps = rd_steps(n)
+
+    def elems(run):
+        return blocks[run[0]][0], blocks[run[1] - 1][1]
+
+    if kind == "allgather":
+        out = [_Latest() for _ in range(n)]
+        for r in range(n):
+            lo, hi = blocks[r]
+            if hi > lo:
+                out[r].write(lo, hi, B.add(r, Copy(ChunkRef("in", 0, hi - lo), ChunkRef("out", lo, hi - lo))))
+        for s, step in enumerate(steps):
+            for src, dst, runs in step:
+                for run in runs:
+                    for a, b in _pieces(*elems(run), ce):
+                        ref = ChunkRef("out", a, b - a)
+                        _, rv = B.message(src, dst, ref, ref, send_deps=out[src].readers_deps(a, b), chunk=s)
+                        out[dst].write(a, b, rv)
+        return assemble(spec, topo, B, (), "rd", ce)
+
+    # reduce_scatter: the allgather's messages reversed, last step first. Rank r accumulates
+    # partials of other ranks' blocks in tmp (absolute offsets) and of its own in out.
+    mine = [_Latest() for _ in range(n)]  # per rank: writes to tmp (others' blocks) / out (own)
+    touched: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for step in steps:
+        for src, dst, runs in step:
+            for run in runs:  # reversed: dst sends these blocks' partials to src, src adds them
+                touched[src].append(run)
+                touched[dst].append(run)
+    for r in range(n):
+        lo, hi = blocks[r]
+        if hi > lo:
+            mine[r].write(lo, hi, B.add(r, Copy(ChunkRef("in", lo, hi - lo), ChunkRef("out", 0, hi - lo))))
+        # one copy in -> tmp per maximal run of other blocks this rank sends or receives
+        marks = sorted({b for b0, b1 in touched[r] for b in range(b0, b1) if b != r})
+        run_start = None
+        for k, b in enumerate(marks):
+            if run_start is None:
+                run_start = b
+            if k + 1 == len(marks) or marks[k + 1] != b + 1:
+                a0, a1 = blocks[run_start][0], blocks[b][1]
+                if a1 > a0:
+                    mine[r].write(a0, a1, B.add(r, Copy(ChunkRef("in", a0, a1 - a0), ChunkRef("tmp", a0, a1 - a0))))
+                run_start = None
+
+    def ref(r: int, a: int, b: int) -> ChunkRef:
+        lo, hi = blocks[r]
+        if lo <= a and b <= hi:
+            return ChunkRef("out", a - lo, b - a)
+        return ChunkRef("tmp", a, b - a)
+
+    for s in range(len(steps) - 1, -1, -1):
+        for recv_rank, send_rank, runs in steps[s]:
+            own_lo, own_hi = blocks[recv_rank]
+            for run in runs:
+                lo, hi = elems(run)
+                # the receiver's own block goes to its out, the rest to tmp: cut there too
+                cuts = sorted({lo, hi} | {x for x in (own_lo, own_hi) if lo < x < hi})
+                for a, b in (p for x, y in zip(cuts, cuts[1:]) for p in _pieces(x, y, ce)):
+                    _, rv = B.message(send_rank, recv_rank, ref(send_rank, a, b), ref(recv_rank, a, b),
+                                      send_deps=mine[send_rank].readers_deps(a, b),
+                                      recv_deps=mine[recv_rank].readers_deps(a, b), reduce=True, chunk=s)
+                    mine[recv_rank].write(a, b, rv)
+    return assemble(spec, topo, B, (), "rd", ce)
