@@ -423,8 +423,8 @@ class _TopologyBuilder:
                 )
             bw, lat, _ = self.classes[cref.name]
             if bw * mult > MAX_BANDWIDTH:
-                raise SourceError(spec.mult_span, f"{cref.name} x{mult} is above the bandwidth "
-                                                  "limit of 10^18 B/s (1000000 TB/s)")
+                raise SourceError(spec.mult_span, f"a link bandwidth of {cref.name} x{mult} is above "
+                                                  "the limit of 10^18 B/s (1000000 TB/s)")
             bw *= mult
         else:
             bw = _bandwidth(spec.bandwidth, mult, spec.mult_span)
