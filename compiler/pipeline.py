@@ -419,7 +419,8 @@ class Select:
         pool = [c for c in u.candidates if c.algorithm in eligible]
         if not pool:
             raise CompileError(f"{u.spec.name}: algorithm {u.spec.algorithm} produced no plan")
-        best = min(pool, key=lambda c: (c.predicted_s, c.algorithm))
+        # on a tie the compiler's own schedule over a baseline (the same rings, say)
+        best = min(pool, key=lambda c: (c.predicted_s, c.algorithm in BASELINES, c.algorithm))
         return replace(u, chosen=best, plan=best.choice.plan)
 
 

@@ -343,7 +343,9 @@ def test_dgx1_rings_decompose_the_nvlinks_at_the_floor():
     size = 64 << 20
     unit = compile_unit(program(topo, spec("allreduce", topo, size=size)))
     check_figures(unit.plan)
-    assert unit.plan.algorithm == "treepack-rings"
+    # the LP's rings, or NCCL's six rings (the same rings, searched at any chunk size)
+    assert unit.plan.algorithm in ("treepack-rings", "rings")
+    assert unit.plan.figures.ring_channels == 6
     floor = 2 * 7 * size / total
     # 0.875 of the floor: each of the 14 ring steps pays the links' 1 us latency per chunk
     assert floor <= unit.plan.predicted_s <= floor / 0.85
