@@ -69,7 +69,7 @@ def test_compile_table_and_json():
     r = hcc_cmd("compile", DEMO)
     assert r.returncode == 0, r.stderr
     header = r.stdout.splitlines()[0].split()
-    for col in ("collective", "algorithm", "trees", "chunk", "predicted", "bound", "eff", "algbw", "busbw", "ring"):
+    for col in ("collective", "algorithm", "trees", "chunk", "predicted", "bound", "eff", "algbw", "busbw", "NCCL-like"):
         assert col in header
     prog = hcc.load(DEMO)
     for c in prog.collectives:
