@@ -1,0 +1,1495 @@
+/* hcc.backends._native — the native core of hcc's runtime: reduction kernels, the
+ * shared-memory channel engine, and the loop that runs one rank's compiled program.
+ *
+ * Terms (see backends/native.py and backends/shm.py for the Python side)
+ * - segment: one memfd per rank, mapped MAP_SHARED by every local peer. It holds the rank's
+ *   bell (64 bytes) and one ring per local peer it sends to. A peer maps the segment from an
+ *   fd passed over an authenticated unix socket; nothing has a name in any filesystem, so a
+ *   segment dies with the last process that maps it, SIGKILL included.
+ * - ring: a single-producer single-consumer queue of `nslots` slots of `slot_bytes` bytes.
+ *   `head` (pieces published) is written only by the sender, `tail` (pieces consumed) only by
+ *   the receiver; a slot is a 64-byte header (tag, plan id, message length, offset, length)
+ *   and the piece's bytes. A message is sent as consecutive pieces; messages from one
+ *   sender arrive in the order it sent them and are matched to receives by tag.
+ * - bell: a sequence number every producer or consumer bumps after it published or freed
+ *   slots of this rank's rings, a `sleeping` flag, and `closed` (set by a clean close). A
+ *   rank with nothing to do spins a bounded number of times on the sequence number, then
+ *   sets `sleeping`, re-checks, and blocks in poll() on its eventfd and on the unix sockets
+ *   of its peers: a waker writes the eventfd only when `sleeping` is set (no syscall while
+ *   both sides run), and a peer's death makes its socket readable (EOF) at once, so no
+ *   timed polling is needed to notice it.
+ * - receive straight from the slot: a piece is copied (Recv) or reduced (RecvReduce, from
+ *   the fused Copy's source when there is one) from the slot into its destination; only a
+ *   message that arrives before its receive is posted is held in a private buffer.
+ * Everything read from a peer's segment is copied out of the slot header before it is
+ * checked: lengths and offsets are bounded before any byte moves (a protocol error, never
+ * an overrun).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() do { } while (0)
+#endif
+
+/* ------------------------------------------------------------------ dtypes and ops */
+enum { DT_F16, DT_BF16, DT_F32, DT_F64, DT_I8, DT_I32, DT_I64, DT_U8, DT_COUNT };
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_COUNT };
+static const int DT_SIZE[DT_COUNT] = {2, 2, 4, 8, 1, 4, 8, 1};
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* round to nearest, ties to even; NaN keeps a quiet NaN (backends/kernels.py from_float32) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (f != f)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* NaN-propagating min/max, as numpy.minimum / numpy.maximum */
+#define FMIN(a, b) ((a) != (a) ? (a) : ((b) != (b) ? (b) : ((a) < (b) ? (a) : (b))))
+#define FMAX(a, b) ((a) != (a) ? (a) : ((b) != (b) ? (b) : ((a) > (b) ? (a) : (b))))
+#define IMIN(a, b) ((a) < (b) ? (a) : (b))
+#define IMAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* The kernels are compiled twice (AVX2+F16C and baseline x86-64) and picked at load time:
+ * float16 converts in hardware with F16C, otherwise through libgcc one element at a time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define KERNEL
+#endif
+
+#define LOOP(T, EXPR)                                                           \
+    do {                                                                         \
+        T *restrict d_ = (T *)dst;                                               \
+        const T *a_ = (const T *)a;                                              \
+        const T *b_ = (const T *)b;                                              \
+        for (size_t i = 0; i < n; i++) {                                         \
+            T x = a_[i], y = b_[i];                                              \
+            d_[i] = (EXPR);                                                      \
+        }                                                                        \
+    } while (0)
+
+/* integer sum and product wrap modulo 2**bits (numpy's in-place ufuncs): computed unsigned */
+#define INT_CASES(T, U)                                                                       \
+    switch (op) {                                                                              \
+    case OP_SUM: LOOP(T, (T)((U)x + (U)y)); break;                                             \
+    case OP_PROD: LOOP(T, (T)((U)x * (U)y)); break;                                            \
+    case OP_MIN: LOOP(T, IMIN(x, y)); break;                                                   \
+    default: LOOP(T, IMAX(x, y)); break;                                                       \
+    }
+
+#define FLOAT_CASES(T)                                                                        \
+    switch (op) {                                                                              \
+    case OP_SUM: LOOP(T, x + y); break;                                                        \
+    case OP_PROD: LOOP(T, x * y); break;                                                       \
+    case OP_MIN: LOOP(T, FMIN(x, y)); break;                                                   \
+    default: LOOP(T, FMAX(x, y)); break;                                                       \
+    }
+
+/* float16 as numpy computes it: widen both to float32, operate, round once to float16 */
+#define HALF_CASES()                                                                          \
+    switch (op) {                                                                              \
+    case OP_SUM: LOOP(_Float16, (_Float16)((float)x + (float)y)); break;                       \
+    case OP_PROD: LOOP(_Float16, (_Float16)((float)x * (float)y)); break;                      \
+    case OP_MIN: LOOP(_Float16, FMIN(x, y)); break;                                            \
+    default: LOOP(_Float16, FMAX(x, y)); break;                                                \
+    }
+
+#define BF16_LOOP(EXPR)                                                         \
+    do {                                                                         \
+        uint16_t *restrict d_ = (uint16_t *)dst;                                 \
+        const uint16_t *a_ = (const uint16_t *)a;                                \
+        const uint16_t *b_ = (const uint16_t *)b;                                \
+        for (size_t i = 0; i < n; i++) {                                         \
+            float x = bf16_to_f32(a_[i]), y = bf16_to_f32(b_[i]);                \
+            d_[i] = f32_to_bf16(EXPR);                                           \
+        }                                                                        \
+    } while (0)
+
+/* dst[i] = a[i] (op) b[i], n elements; dst may be a (in place) */
+KERNEL static void combine(int op, int dt, void *dst, const void *a, const void *b, size_t n) {
+    switch (dt) {
+    case DT_F16: HALF_CASES(); break;
+    case DT_BF16:
+        switch (op) {
+        case OP_SUM: BF16_LOOP(x + y); break;
+        case OP_PROD: BF16_LOOP(x * y); break;
+        case OP_MIN: BF16_LOOP(FMIN(x, y)); break;
+        default: BF16_LOOP(FMAX(x, y)); break;
+        }
+        break;
+    case DT_F32: FLOAT_CASES(float); break;
+    case DT_F64: FLOAT_CASES(double); break;
+    case DT_I8: INT_CASES(int8_t, uint8_t); break;
+    case DT_I32: INT_CASES(int32_t, uint32_t); break;
+    case DT_I64: INT_CASES(int64_t, uint64_t); break;
+    default: INT_CASES(uint8_t, uint8_t); break;
+    }
+}
+
+#define FLOORDIV(T)                                                             \
+    do {                                                                         \
+        T *d_ = (T *)dst;                                                        \
+        T q_d = (T)divisor;                                                      \
+        for (size_t i = 0; i < n; i++) {                                         \
+            T x = d_[i], q = x / q_d;                                            \
+            if ((x % q_d) != 0 && ((x < 0) != (q_d < 0))) q -= 1;                \
+            d_[i] = q;                                                           \
+        }                                                                        \
+    } while (0)
+
+/* dst /= divisor in place: floor division for integers (numpy //), else the dtype's division
+ * (float16 and bfloat16 in float32, rounded once) */
+KERNEL static void scale(int dt, void *dst, size_t n, int64_t divisor) {
+    switch (dt) {
+    case DT_F16: {
+        _Float16 *d_ = (_Float16 *)dst;
+        float q = (float)(_Float16)divisor;
+        for (size_t i = 0; i < n; i++) d_[i] = (_Float16)((float)d_[i] / q);
+        break;
+    }
+    case DT_BF16: {
+        uint16_t *d_ = (uint16_t *)dst;
+        float q = (float)divisor;
+        for (size_t i = 0; i < n; i++) d_[i] = f32_to_bf16(bf16_to_f32(d_[i]) / q);
+        break;
+    }
+    case DT_F32: {
+        float *d_ = (float *)dst;
+        float q = (float)divisor;
+        for (size_t i = 0; i < n; i++) d_[i] = d_[i] / q;
+        break;
+    }
+    case DT_F64: {
+        double *d_ = (double *)dst;
+        double q = (double)divisor;
+        for (size_t i = 0; i < n; i++) d_[i] = d_[i] / q;
+        break;
+    }
+    case DT_I8: FLOORDIV(int8_t); break;
+    case DT_I32: FLOORDIV(int32_t); break;
+    case DT_I64: FLOORDIV(int64_t); break;
+    default: {
+        uint8_t *d_ = (uint8_t *)dst;
+        uint8_t q = (uint8_t)divisor;
+        for (size_t i = 0; i < n; i++) d_[i] = d_[i] / q;
+        break;
+    }
+    }
+}
+
+/* ------------------------------------------------------------------ shared layout */
+#define SEG_MAGIC 0x4843435348314D31ull /* "HCCSH1M1" */
+#define BELL_BYTES 4096                 /* the bell page; rings follow it */
+
+typedef struct {
+    uint64_t magic;
+    _Atomic uint32_t seq;      /* bumped by every waker */
+    _Atomic uint32_t sleeping; /* the owner is (about to be) blocked in poll */
+    _Atomic uint32_t closed;   /* the owner closed cleanly */
+    uint32_t pad[11];
+} bell_t;
+
+typedef struct {
+    _Atomic uint64_t head; /* pieces published (the sender writes it) */
+    char pad1[56];
+    _Atomic uint64_t tail; /* pieces consumed (the receiver writes it) */
+    char pad2[56];
+} ring_t;
+
+typedef struct {
+    uint32_t tag, plan;
+    uint64_t msg_len, offset;
+    uint32_t len, pad;
+    uint64_t pad2[4];
+} slot_hdr_t; /* 64 bytes: the piece's bytes start cache-line aligned */
+
+#define SLOT_HDR 64
+static inline size_t ring_stride(uint32_t nslots, uint32_t slot_bytes) {
+    size_t s = sizeof(ring_t) + (size_t)nslots * (SLOT_HDR + (size_t)slot_bytes);
+    return (s + 4095) & ~(size_t)4095;
+}
+
+/* ------------------------------------------------------------------ requests */
+enum { R_SEND, R_RECV, R_RECV_REDUCE };
+
+typedef struct held held_t;
+
+typedef struct req {
+    int kind, peer; /* peer: local index */
+    uint32_t tag, plan;
+    char *buf;        /* send: source; receive: destination */
+    const char *fsrc; /* RecvReduce with a fused Copy: dst = fsrc (op) piece */
+    char *owned;      /* a send's remaining bytes copied here when its run was abandoned */
+    size_t nbytes, moved;
+    int op, dt;
+    int done, discard;
+    int64_t id; /* program op index, or the Python-side handle */
+    struct req *next;
+} req_t;
+
+struct held {
+    uint32_t tag, plan;
+    size_t len, got;
+    char *data;
+    int complete;
+    req_t *waiter;
+    held_t *next;
+};
+
+typedef struct {
+    int rank;
+    ring_t *out, *in;
+    char *out_slots, *in_slots;
+    bell_t *bell;
+    int evfd, sock;
+    int dead; /* 0 alive, 1 died, 2 closed cleanly */
+    int broken; /* a protocol error from this peer */
+    uint64_t out_head, in_tail;
+    req_t *sq_head, *sq_tail;         /* sends, in order */
+    req_t *posted;                    /* receives posted, in order */
+    req_t *cur;                       /* the receive the current message lands in */
+    held_t *cur_held;                 /* or the held buffer it lands in */
+    uint32_t cur_tag, cur_plan;
+    uint64_t cur_len, cur_off;
+    int cur_active;
+    held_t *held;
+    int64_t outstanding;
+} peer_t;
+
+typedef struct {
+    PyObject_HEAD
+    int rank, npeers;
+    uint32_t nslots, slot_bytes;
+    int spin;
+    size_t max_held;
+    char *seg;
+    size_t seg_size;
+    bell_t *bell;
+    int evfd;
+    peer_t *peers;
+    char **peer_segs;
+    size_t *peer_seg_sizes;
+    pthread_mutex_t mu;
+    _Atomic int interrupt;
+    int closed;
+    char err[256];
+    /* Python-API requests: handle -> req */
+    req_t **table;
+    int64_t table_len;
+    /* runner completions */
+    int64_t *rdone;
+    int64_t rdone_len, rdone_cap;
+    int in_runner;
+    uint64_t messages; /* data messages sent and received, for tests and benchmarks */
+} Engine;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void ring_bell(peer_t *p) {
+    atomic_fetch_add(&p->bell->seq, 1);
+    if (atomic_load(&p->bell->sleeping)) {
+        uint64_t one = 1;
+        ssize_t w = write(p->evfd, &one, sizeof one);
+        (void)w;
+    }
+}
+
+static int push_i64(int64_t **arr, int64_t *len, int64_t *cap, int64_t v) {
+    if (*len == *cap) {
+        int64_t nc = *cap ? *cap * 2 : 64;
+        int64_t *na = realloc(*arr, nc * sizeof(int64_t));
+        if (!na) return -1;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*len)++] = v;
+    return 0;
+}
+
+static void complete_req(Engine *e, req_t *r) {
+    r->done = 1;
+    e->peers[r->peer].outstanding--;
+    e->messages++;
+    if (r->owned) {
+        free(r->owned);
+        r->owned = NULL;
+        free(r); /* an abandoned send: nobody waits for it */
+        return;
+    }
+    if (r->discard) {
+        free(r);
+        return;
+    }
+    /* a Python-API request (handle bit 62) is only marked done: wait() looks at it */
+    if (e->in_runner && r->id >= 0 && !(r->id & ((int64_t)1 << 62)))
+        push_i64(&e->rdone, &e->rdone_len, &e->rdone_cap, r->id);
+}
+
+/* a piece of `len` bytes at `off` of the receive `r` */
+static void land(req_t *r, size_t off, const char *src, size_t len) {
+    if (r->discard || len == 0) return;
+    if (r->kind == R_RECV) {
+        memcpy(r->buf + off, src, len);
+    } else {
+        size_t es = DT_SIZE[r->dt];
+        combine(r->op, r->dt, r->buf + off, r->fsrc ? r->fsrc + off : r->buf + off, src, len / es);
+    }
+}
+
+static void protocol_error(Engine *e, peer_t *p, const char *msg) {
+    if (!p->broken) {
+        p->broken = 1;
+        snprintf(e->err, sizeof e->err, "from rank %d: %s", p->rank, msg);
+    }
+}
+
+/* the first posted receive of `p` with `tag` (removed from the list), or NULL */
+static req_t *take_posted(peer_t *p, uint32_t tag) {
+    req_t **pp = &p->posted;
+    while (*pp) {
+        if ((*pp)->tag == tag) {
+            req_t *r = *pp;
+            *pp = r->next;
+            r->next = NULL;
+            return r;
+        }
+        pp = &(*pp)->next;
+    }
+    return NULL;
+}
+
+/* consume the pieces waiting in p's inbound ring; returns how many */
+static int drain_in(Engine *e, peer_t *p) {
+    int moved = 0;
+    size_t sstride = SLOT_HDR + (size_t)e->slot_bytes;
+    while (!p->broken) {
+        uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+        if (head == p->in_tail) break;
+        if (head - p->in_tail > e->nslots) {
+            protocol_error(e, p, "ring head ahead of its capacity");
+            break;
+        }
+        char *slot = p->in_slots + (p->in_tail % e->nslots) * sstride;
+        slot_hdr_t h;
+        memcpy(&h, slot, sizeof h); /* checked after the copy: the peer cannot change it under us */
+        const char *data = slot + SLOT_HDR;
+        if (h.len > e->slot_bytes || h.offset > h.msg_len || h.len > h.msg_len - h.offset) {
+            protocol_error(e, p, "piece outside its message");
+            break;
+        }
+        if (!p->cur_active) {
+            if (h.offset != 0) {
+                protocol_error(e, p, "message does not start at offset 0");
+                break;
+            }
+            req_t *r = take_posted(p, h.tag);
+            if (r) {
+                if (r->plan != h.plan) {
+                    snprintf(e->err, sizeof e->err,
+                             "from rank %d: message tag %u belongs to plan %08x, the posted receive to plan %08x: "
+                             "the ranks are running different plans", p->rank, h.tag, h.plan, r->plan);
+                    p->broken = 1;
+                    break;
+                }
+                if (r->nbytes != h.msg_len) {
+                    snprintf(e->err, sizeof e->err,
+                             "from rank %d: message tag %u has %llu bytes, the posted receive expects %zu",
+                             p->rank, h.tag, (unsigned long long)h.msg_len, r->nbytes);
+                    p->broken = 1;
+                    break;
+                }
+                p->cur = r;
+                p->cur_held = NULL;
+            } else {
+                if (h.msg_len > e->max_held) {
+                    snprintf(e->err, sizeof e->err,
+                             "from rank %d: early message of %llu bytes exceeds the bound of %zu bytes", p->rank,
+                             (unsigned long long)h.msg_len, e->max_held);
+                    p->broken = 1;
+                    break;
+                }
+                held_t *hd = calloc(1, sizeof *hd);
+                char *buf = h.msg_len ? malloc(h.msg_len) : NULL;
+                if (!hd || (h.msg_len && !buf)) {
+                    free(hd);
+                    free(buf);
+                    protocol_error(e, p, "out of memory holding an early message");
+                    break;
+                }
+                hd->tag = h.tag;
+                hd->plan = h.plan;
+                hd->len = h.msg_len;
+                hd->data = buf;
+                held_t **pp = &p->held;
+                while (*pp) pp = &(*pp)->next;
+                *pp = hd;
+                p->cur = NULL;
+                p->cur_held = hd;
+            }
+            p->cur_active = 1;
+            p->cur_tag = h.tag;
+            p->cur_plan = h.plan;
+            p->cur_len = h.msg_len;
+            p->cur_off = 0;
+        } else if (h.tag != p->cur_tag || h.offset != p->cur_off || h.msg_len != p->cur_len) {
+            protocol_error(e, p, "piece out of order");
+            break;
+        }
+        if (p->cur)
+            land(p->cur, h.offset, data, h.len);
+        else if (h.len)
+            memcpy(p->cur_held->data + h.offset, data, h.len);
+        p->cur_off += h.len;
+        p->in_tail++;
+        atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
+        moved++;
+        if (p->cur_off == p->cur_len) {
+            p->cur_active = 0;
+            if (p->cur) {
+                req_t *r = p->cur;
+                p->cur = NULL;
+                complete_req(e, r);
+            } else {
+                held_t *hd = p->cur_held;
+                p->cur_held = NULL;
+                hd->complete = 1;
+                hd->got = hd->len;
+                if (hd->waiter) { /* its receive was posted while it arrived */
+                    req_t *r = hd->waiter;
+                    land(r, 0, hd->data, hd->len);
+                    held_t **pp = &p->held;
+                    while (*pp != hd) pp = &(*pp)->next;
+                    *pp = hd->next;
+                    free(hd->data);
+                    free(hd);
+                    complete_req(e, r);
+                }
+            }
+        }
+    }
+    if (moved) ring_bell(p);
+    return moved;
+}
+
+/* publish the next pieces of p's queued sends while slots are free; returns how many */
+static int fill_out(Engine *e, peer_t *p) {
+    int moved = 0;
+    size_t sstride = SLOT_HDR + (size_t)e->slot_bytes;
+    while (p->sq_head) {
+        uint64_t tail = atomic_load_explicit(&p->out->tail, memory_order_acquire);
+        if (p->out_head - tail >= e->nslots) break;
+        req_t *r = p->sq_head;
+        size_t len = r->nbytes - r->moved;
+        if (len > e->slot_bytes) len = e->slot_bytes;
+        char *slot = p->out_slots + (p->out_head % e->nslots) * sstride;
+        slot_hdr_t h = {r->tag, r->plan, r->nbytes, r->moved, (uint32_t)len, 0, {0, 0, 0, 0}};
+        memcpy(slot, &h, sizeof h);
+        if (len) memcpy(slot + SLOT_HDR, (r->owned ? r->owned : r->buf) + r->moved, len);
+        p->out_head++;
+        atomic_store_explicit(&p->out->head, p->out_head, memory_order_release);
+        r->moved += len;
+        moved++;
+        if (r->moved == r->nbytes) {
+            p->sq_head = r->next;
+            if (!p->sq_head) p->sq_tail = NULL;
+            r->next = NULL;
+            complete_req(e, r);
+        }
+    }
+    if (moved) ring_bell(p);
+    return moved;
+}
+
+static int progress(Engine *e) {
+    int moved = 0;
+    for (int i = 0; i < e->npeers; i++) {
+        peer_t *p = &e->peers[i];
+        if (p->broken) continue;
+        moved += drain_in(e, p);
+        if (p->dead != 1) moved += fill_out(e, p);
+    }
+    return moved;
+}
+
+/* post: call with the mutex held */
+static void post_send(Engine *e, req_t *r) {
+    peer_t *p = &e->peers[r->peer];
+    p->outstanding++;
+    r->next = NULL;
+    if (p->sq_tail)
+        p->sq_tail->next = r;
+    else
+        p->sq_head = r;
+    p->sq_tail = r;
+    fill_out(e, p);
+}
+
+static void post_recv(Engine *e, req_t *r) {
+    peer_t *p = &e->peers[r->peer];
+    p->outstanding++;
+    r->next = NULL;
+    held_t **pp = &p->held;
+    while (*pp) {
+        held_t *hd = *pp;
+        if (hd->tag == r->tag && !hd->waiter) {
+            if (hd->plan != r->plan) {
+                snprintf(e->err, sizeof e->err,
+                         "from rank %d: tag %u was sent for plan %08x, this rank receives it for plan %08x: "
+                         "the ranks are running different plans", p->rank, r->tag, hd->plan, r->plan);
+                p->broken = 1;
+                return;
+            }
+            if (hd->len != r->nbytes) {
+                snprintf(e->err, sizeof e->err, "from rank %d: tag %u has %zu bytes, the receive expects %zu",
+                         p->rank, r->tag, hd->len, r->nbytes);
+                p->broken = 1;
+                return;
+            }
+            if (hd->complete) {
+                *pp = hd->next;
+                land(r, 0, hd->data, hd->len);
+                free(hd->data);
+                free(hd);
+                complete_req(e, r);
+            } else {
+                hd->waiter = r;
+            }
+            return;
+        }
+        pp = &hd->next;
+    }
+    req_t **q = &p->posted;
+    while (*q) q = &(*q)->next;
+    *q = r;
+}
+
+/* check the unix sockets of peers whose socket is readable: EOF = gone (closed cleanly when
+ * its bell says so); returns 1 when a peer's state changed */
+static int check_peers(Engine *e, struct pollfd *fds, int nfds_peers) {
+    int changed = 0;
+    for (int i = 0; i < nfds_peers; i++) {
+        if (!fds[i].revents) continue;
+        peer_t *p = NULL;
+        for (int k = 0; k < e->npeers; k++)
+            if (e->peers[k].sock == fds[i].fd) p = &e->peers[k];
+        if (!p || p->dead) continue;
+        char b[16];
+        ssize_t got = recv(p->sock, b, sizeof b, MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            p->dead = atomic_load(&p->bell->closed) ? 2 : 1;
+            changed = 1;
+        }
+    }
+    return changed;
+}
+
+/* sleep until a bell rings, a peer socket changes, or `left` seconds pass (bounded spin first) */
+static void nap(Engine *e, uint32_t seq0, double left, int interruptible) {
+    for (int i = 0; i < e->spin; i++) {
+        if (atomic_load(&e->bell->seq) != seq0 || (interruptible && atomic_load(&e->interrupt))) return;
+        CPU_RELAX();
+    }
+    struct pollfd fds[e->npeers + 1];
+    int n = 0;
+    for (int k = 0; k < e->npeers; k++)
+        if (!e->peers[k].dead) {
+            fds[n].fd = e->peers[k].sock;
+            fds[n].events = POLLIN;
+            fds[n].revents = 0;
+            n++;
+        }
+    fds[n].fd = e->evfd;
+    fds[n].events = POLLIN;
+    fds[n].revents = 0;
+    atomic_store(&e->bell->sleeping, 1);
+    if (atomic_load(&e->bell->seq) == seq0 && !(interruptible && atomic_load(&e->interrupt))) {
+        int ms = (int)(left * 1000.0) + 1;
+        if (ms > 1000) ms = 1000;
+        poll(fds, n + 1, ms);
+    }
+    atomic_store(&e->bell->sleeping, 0);
+    uint64_t v;
+    ssize_t r = read(e->evfd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&e->mu);
+    check_peers(e, fds, n);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ------------------------------------------------------------------ Engine type */
+static void engine_release(Engine *e) {
+    if (e->seg && e->seg != MAP_FAILED) munmap(e->seg, e->seg_size);
+    e->seg = NULL;
+    if (e->peer_segs) {
+        for (int i = 0; i < e->npeers; i++)
+            if (e->peer_segs[i] && e->peer_segs[i] != MAP_FAILED) munmap(e->peer_segs[i], e->peer_seg_sizes[i]);
+        free(e->peer_segs);
+        e->peer_segs = NULL;
+    }
+    free(e->peer_seg_sizes);
+    e->peer_seg_sizes = NULL;
+    if (e->peers) {
+        for (int i = 0; i < e->npeers; i++) {
+            peer_t *p = &e->peers[i];
+            held_t *h = p->held;
+            while (h) {
+                held_t *nx = h->next;
+                free(h->data);
+                free(h);
+                h = nx;
+            }
+            if (p->evfd >= 0) close(p->evfd);
+            if (p->sock >= 0) close(p->sock);
+        }
+        free(e->peers);
+        e->peers = NULL;
+    }
+    if (e->evfd >= 0) close(e->evfd);
+    e->evfd = -1;
+    if (e->table) {
+        for (int64_t i = 0; i < e->table_len; i++) free(e->table[i]);
+        free(e->table);
+        e->table = NULL;
+    }
+    free(e->rdone);
+    e->rdone = NULL;
+}
+
+static void Engine_dealloc(Engine *e) {
+    engine_release(e);
+    pthread_mutex_destroy(&e->mu);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Engine *e = (Engine *)type->tp_alloc(type, 0);
+    if (!e) return NULL;
+    e->evfd = -1;
+    pthread_mutex_init(&e->mu, NULL);
+    return (PyObject *)e;
+}
+
+/* Engine(rank, seg_fd, seg_size, evfd, nslots, slot_bytes, spin, max_held, peers)
+ * peers: list of (rank, seg_fd, seg_size, evfd, sock, out_index, in_index); the fds are
+ * duplicated, the caller keeps (and closes) its own. out_index: the ring to this peer in our
+ * segment; in_index: the ring to us in the peer's segment. */
+static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
+    int rank, seg_fd, evfd, spin;
+    Py_ssize_t seg_size, max_held;
+    unsigned int nslots, slot_bytes;
+    PyObject *peers;
+    if (!PyArg_ParseTuple(args, "iiniIIinO", &rank, &seg_fd, &seg_size, &evfd, &nslots, &slot_bytes, &spin,
+                          &max_held, &peers))
+        return -1;
+    if (e->seg) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
+        return -1;
+    }
+    if (nslots < 2 || slot_bytes < 64 || slot_bytes % 64) {
+        PyErr_SetString(PyExc_ValueError, "nslots >= 2 and slot_bytes a multiple of 64 are required");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(peers, "peers must be a sequence");
+    if (!seq) return -1;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(seq);
+    e->rank = rank;
+    e->nslots = nslots;
+    e->slot_bytes = slot_bytes;
+    e->spin = spin;
+    e->max_held = (size_t)max_held;
+    e->npeers = (int)np;
+    e->peers = calloc(np ? np : 1, sizeof(peer_t));
+    e->peer_segs = calloc(np ? np : 1, sizeof(char *));
+    e->peer_seg_sizes = calloc(np ? np : 1, sizeof(size_t));
+    if (!e->peers || !e->peer_segs || !e->peer_seg_sizes) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < np; i++) e->peers[i].evfd = e->peers[i].sock = -1;
+    size_t stride = ring_stride(nslots, slot_bytes);
+    e->seg_size = (size_t)seg_size;
+    e->seg = mmap(NULL, e->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+    if (e->seg == MAP_FAILED) {
+        e->seg = NULL;
+        Py_DECREF(seq);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    e->bell = (bell_t *)e->seg;
+    e->bell->magic = SEG_MAGIC;
+    e->evfd = dup(evfd);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        int prank, pfd, pev, psock;
+        Py_ssize_t psize, out_index, in_index;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiniinn", &prank, &pfd, &psize, &pev, &psock,
+                              &out_index, &in_index)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (BELL_BYTES + (size_t)(out_index + 1) * stride > e->seg_size ||
+            BELL_BYTES + (size_t)(in_index + 1) * stride > (size_t)psize || out_index < 0 || in_index < 0) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "ring index outside the segment");
+            return -1;
+        }
+        peer_t *p = &e->peers[i];
+        p->rank = prank;
+        char *ps = mmap(NULL, (size_t)psize, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+        if (ps == MAP_FAILED) {
+            Py_DECREF(seq);
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        e->peer_segs[i] = ps;
+        e->peer_seg_sizes[i] = (size_t)psize;
+        if (((bell_t *)ps)->magic != SEG_MAGIC) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "rank %d's segment is not an hcc segment", prank);
+            return -1;
+        }
+        p->bell = (bell_t *)ps;
+        p->out = (ring_t *)(e->seg + BELL_BYTES + (size_t)out_index * stride);
+        p->out_slots = (char *)p->out + sizeof(ring_t);
+        p->in = (ring_t *)(ps + BELL_BYTES + (size_t)in_index * stride);
+        p->in_slots = (char *)p->in + sizeof(ring_t);
+        p->out_head = atomic_load(&p->out->head);
+        p->in_tail = atomic_load(&p->in->tail);
+        p->evfd = dup(pev);
+        p->sock = dup(psock);
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *status_error(Engine *e, int status, int peer) {
+    /* (status, peer, message) for the Python side to raise as a typed error */
+    return Py_BuildValue("(iis)", status, peer, e->err);
+}
+
+/* the Python API --------------------------------------------------------------- */
+static int64_t table_put(Engine *e, req_t *r) {
+    for (int64_t i = 0; i < e->table_len; i++)
+        if (!e->table[i]) {
+            e->table[i] = r;
+            return i;
+        }
+    int64_t nl = e->table_len ? e->table_len * 2 : 64;
+    req_t **nt = realloc(e->table, nl * sizeof(req_t *));
+    if (!nt) return -1;
+    memset(nt + e->table_len, 0, (nl - e->table_len) * sizeof(req_t *));
+    int64_t i = e->table_len;
+    e->table = nt;
+    e->table_len = nl;
+    e->table[i] = r;
+    return i;
+}
+
+static int check_peer_index(Engine *e, int peer) {
+    if (peer < 0 || peer >= e->npeers || e->closed) {
+        PyErr_SetString(PyExc_ValueError, e->closed ? "engine closed" : "no such local peer");
+        return -1;
+    }
+    return 0;
+}
+
+/* isend(peer_index, tag, plan, buffer) -> handle; the caller keeps the buffer alive until done */
+static PyObject *Engine_isend(Engine *e, PyObject *args) {
+    int peer;
+    unsigned int tag, plan;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "iIIy*", &peer, &tag, &plan, &b)) return NULL;
+    if (check_peer_index(e, peer)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    req_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory();
+    }
+    r->kind = R_SEND;
+    r->peer = peer;
+    r->tag = tag;
+    r->plan = plan;
+    r->buf = b.buf;
+    r->nbytes = (size_t)b.len;
+    PyBuffer_Release(&b);
+    pthread_mutex_lock(&e->mu);
+    int64_t h = table_put(e, r);
+    r->id = h | ((int64_t)1 << 62);
+    post_send(e, r);
+    pthread_mutex_unlock(&e->mu);
+    return PyLong_FromLongLong(h);
+}
+
+static PyObject *Engine_irecv(Engine *e, PyObject *args) {
+    int peer;
+    unsigned int tag, plan;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "iIIw*", &peer, &tag, &plan, &b)) return NULL;
+    if (check_peer_index(e, peer)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    req_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory();
+    }
+    r->kind = R_RECV;
+    r->peer = peer;
+    r->tag = tag;
+    r->plan = plan;
+    r->buf = b.buf;
+    r->nbytes = (size_t)b.len;
+    PyBuffer_Release(&b);
+    pthread_mutex_lock(&e->mu);
+    int64_t h = table_put(e, r);
+    r->id = h | ((int64_t)1 << 62);
+    post_recv(e, r);
+    pthread_mutex_unlock(&e->mu);
+    return PyLong_FromLongLong(h);
+}
+
+/* failure of a peer that some request in `peers_busy` depends on: (status, peer) or 0 */
+static int failure_of(Engine *e, const char *busy, int *peer_out) {
+    for (int k = 0; k < e->npeers; k++) {
+        if (!busy[k]) continue;
+        peer_t *p = &e->peers[k];
+        if (p->broken) {
+            *peer_out = p->rank;
+            return 3;
+        }
+        if (p->dead) {
+            *peer_out = p->rank;
+            return p->dead == 1 ? 2 : 4;
+        }
+    }
+    return 0;
+}
+
+/* wait(handles, timeout) -> (completed handles, status, peer, message): returns once at least
+ * one handle of `handles` is done (all done ones are reported and released), after `timeout`
+ * seconds (status 1), when a peer a waited request depends on failed (2 died, 4 closed, 3
+ * protocol error), or when interrupt() was called (status 5). */
+static PyObject *Engine_wait(Engine *e, PyObject *args) {
+    PyObject *handles;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Od", &handles, &timeout)) return NULL;
+    PyObject *seq = PySequence_Fast(handles, "handles must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *hs = malloc((n ? n : 1) * sizeof(int64_t));
+    char *busy = calloc(e->npeers ? e->npeers : 1, 1);
+    if (!hs || !busy) {
+        free(hs);
+        free(busy);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        hs[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (hs[i] < 0 || hs[i] >= e->table_len || !e->table[hs[i]]) {
+            free(hs);
+            free(busy);
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unknown request handle");
+            return NULL;
+        }
+        busy[e->table[hs[i]]->peer] = 1;
+    }
+    Py_DECREF(seq);
+    int status = 0, fpeer = -1;
+    double deadline = now_s() + timeout;
+    int any = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        uint32_t seq0 = atomic_load(&e->bell->seq);
+        pthread_mutex_lock(&e->mu);
+        progress(e);
+        for (Py_ssize_t i = 0; i < n && !any; i++) any = e->table[hs[i]]->done;
+        if (!any) status = failure_of(e, busy, &fpeer);
+        pthread_mutex_unlock(&e->mu);
+        if (any || status) break;
+        if (atomic_exchange(&e->interrupt, 0)) {
+            status = 5;
+            break;
+        }
+        double left = deadline - now_s();
+        if (left <= 0) {
+            status = 1;
+            break;
+        }
+        nap(e, seq0, left, 1);
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *done = PyList_New(0);
+    for (Py_ssize_t i = 0; i < n && done; i++) {
+        req_t *r = e->table[hs[i]];
+        if (r && r->done) {
+            PyObject *v = PyLong_FromLongLong(hs[i]);
+            PyList_Append(done, v);
+            Py_DECREF(v);
+        }
+    }
+    free(hs);
+    free(busy);
+    if (!done) return NULL;
+    PyObject *res = Py_BuildValue("(Niis)", done, status, fpeer, status == 3 ? e->err : "");
+    return res;
+}
+
+/* done(handle) -> bool; release(handle): forget a completed request */
+static PyObject *Engine_done(Engine *e, PyObject *args) {
+    long long h;
+    if (!PyArg_ParseTuple(args, "L", &h)) return NULL;
+    if (h < 0 || h >= e->table_len || !e->table[h]) Py_RETURN_TRUE;
+    return PyBool_FromLong(e->table[h]->done);
+}
+
+static PyObject *Engine_release(Engine *e, PyObject *args) {
+    long long h;
+    if (!PyArg_ParseTuple(args, "L", &h)) return NULL;
+    pthread_mutex_lock(&e->mu);
+    if (h >= 0 && h < e->table_len && e->table[h] && e->table[h]->done) {
+        free(e->table[h]);
+        e->table[h] = NULL;
+    }
+    pthread_mutex_unlock(&e->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_poll(Engine *e, PyObject *noargs) {
+    /* one progress pass and a look at the peers' sockets, without sleeping */
+    pthread_mutex_lock(&e->mu);
+    progress(e);
+    struct pollfd fds[e->npeers + 1];
+    int n = 0;
+    for (int k = 0; k < e->npeers; k++)
+        if (!e->peers[k].dead) {
+            fds[n].fd = e->peers[k].sock;
+            fds[n].events = POLLIN;
+            fds[n].revents = 0;
+            n++;
+        }
+    if (n) poll(fds, n, 0);
+    check_peers(e, fds, n);
+    pthread_mutex_unlock(&e->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_interrupt(Engine *e, PyObject *noargs) {
+    atomic_store(&e->interrupt, 1);
+    atomic_fetch_add(&e->bell->seq, 1);
+    uint64_t one = 1;
+    ssize_t w = write(e->evfd, &one, sizeof one);
+    (void)w;
+    Py_RETURN_NONE;
+}
+
+/* dead() -> {rank: 1 died | 2 closed cleanly | 3 protocol error} */
+static PyObject *Engine_dead(Engine *e, PyObject *noargs) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int k = 0; k < e->npeers; k++) {
+        peer_t *p = &e->peers[k];
+        int s = p->broken ? 3 : p->dead;
+        if (s) {
+            PyObject *key = PyLong_FromLong(p->rank), *v = PyLong_FromLong(s);
+            PyDict_SetItem(d, key, v);
+            Py_DECREF(key);
+            Py_DECREF(v);
+        }
+    }
+    return d;
+}
+
+static PyObject *Engine_close(Engine *e, PyObject *noargs) {
+    if (e->closed) Py_RETURN_NONE;
+    e->closed = 1;
+    if (e->bell) atomic_store(&e->bell->closed, 1);
+    for (int k = 0; k < e->npeers; k++) {
+        peer_t *p = &e->peers[k];
+        if (p->sock >= 0) {
+            ssize_t w = send(p->sock, "B", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            (void)w;
+            shutdown(p->sock, SHUT_WR);
+        }
+        if (p->bell) ring_bell(p);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
+    int64_t held = 0;
+    for (int k = 0; k < e->npeers; k++)
+        for (held_t *h = e->peers[k].held; h; h = h->next) held++;
+    return Py_BuildValue("{s:K,s:L}", "messages", (unsigned long long)e->messages, "held", (long long)held);
+}
+
+/* the program runner ------------------------------------------------------------ */
+enum { K_SEND, K_RECV, K_RECV_REDUCE, K_COPY, K_REDUCE, K_SCALE, K_NOP };
+#define NF 10 /* fields per op, see backends/native.py encode() */
+
+typedef struct {
+    Engine *e;
+    const int64_t *ops;
+    const int64_t *dep_ptr, *dep_idx;
+    int32_t *missing;
+    char *bufs[3];
+    req_t *reqs;
+    int op, dt;
+    uint32_t plan;
+    int64_t completed;
+    int64_t *stack;
+    int64_t sp;
+} runner_t;
+
+static inline char *at(runner_t *R, int64_t buf, int64_t off) { return R->bufs[buf] + off; }
+
+/* run op k and, depth first, every local op it releases; transfers are posted */
+static void run_from(runner_t *R, int64_t k0) {
+    Engine *e = R->e;
+    R->stack[R->sp++] = k0;
+    while (R->sp) {
+        int64_t k = R->stack[--R->sp];
+        const int64_t *f = R->ops + k * NF;
+        int kind = (int)f[0];
+        if (kind == K_SEND || kind == K_RECV || kind == K_RECV_REDUCE) {
+            req_t *r = &R->reqs[k];
+            memset(r, 0, sizeof *r);
+            r->kind = kind == K_SEND ? R_SEND : kind == K_RECV ? R_RECV : R_RECV_REDUCE;
+            r->peer = (int)f[1];
+            r->tag = (uint32_t)f[2];
+            r->plan = R->plan;
+            r->buf = at(R, f[3], f[4]);
+            r->nbytes = (size_t)f[5];
+            r->fsrc = f[6] >= 0 ? at(R, f[6], f[7]) : NULL;
+            r->op = R->op;
+            r->dt = R->dt;
+            r->id = k;
+            if (kind == K_SEND)
+                post_send(e, r);
+            else
+                post_recv(e, r);
+            continue;
+        }
+        size_t nb = (size_t)f[5];
+        if (kind == K_COPY) {
+            char *d = at(R, f[3], f[4]);
+            const char *s = at(R, f[6], f[7]);
+            if (d != s && nb) memmove(d, s, nb);
+        } else if (kind == K_REDUCE) {
+            char *d = at(R, f[3], f[4]);
+            combine(R->op, R->dt, d, d, at(R, f[6], f[7]), nb / DT_SIZE[R->dt]);
+        } else if (kind == K_SCALE) {
+            if (f[8] != 1) scale(R->dt, at(R, f[3], f[4]), nb / DT_SIZE[R->dt], f[8]);
+        }
+        R->completed++;
+        for (int64_t j = R->dep_ptr[k]; j < R->dep_ptr[k + 1]; j++) {
+            int64_t d = R->dep_idx[j];
+            if (--R->missing[d] == 0) R->stack[R->sp++] = d;
+        }
+    }
+}
+
+/* a run that stops early leaves nothing of its own behind: queued sends not yet started and
+ * posted receives are dropped, a send half way through finishes from a private copy of its
+ * rest, and a receive half way through discards the rest of its message */
+static void abandon(runner_t *R, int64_t n_ops) {
+    Engine *e = R->e;
+    for (int k = 0; k < e->npeers; k++) {
+        peer_t *p = &e->peers[k];
+        req_t **pp = &p->posted;
+        while (*pp) {
+            req_t *r = *pp;
+            if (r >= R->reqs && r < R->reqs + n_ops) {
+                *pp = r->next;
+                p->outstanding--;
+            } else {
+                pp = &r->next;
+            }
+        }
+        if (p->cur >= R->reqs && p->cur < R->reqs + n_ops) {
+            req_t *c = malloc(sizeof *c);
+            if (c) {
+                *c = *p->cur;
+                c->discard = 1;
+            }
+            p->cur = c; /* NULL: the held path never sees it; the piece checks stop the stream */
+            if (!c) p->broken = 1;
+        }
+        for (held_t *h = p->held; h; h = h->next)
+            if (h->waiter >= R->reqs && h->waiter < R->reqs + n_ops) {
+                h->waiter = NULL;
+                p->outstanding--;
+            }
+        /* sends: rebuild the queue */
+        req_t *q = p->sq_head, *nh = NULL, *nt = NULL;
+        while (q) {
+            req_t *nx = q->next;
+            req_t *keep = q;
+            if (q >= R->reqs && q < R->reqs + n_ops) {
+                if (q->moved == 0) {
+                    keep = NULL;
+                    p->outstanding--;
+                } else {
+                    keep = malloc(sizeof *keep);
+                    char *rest = keep ? malloc(q->nbytes) : NULL;
+                    if (!keep || !rest) {
+                        free(keep);
+                        keep = NULL;
+                        p->broken = 1;
+                    } else {
+                        *keep = *q;
+                        memcpy(rest, q->buf, q->nbytes);
+                        keep->owned = rest;
+                        keep->buf = rest;
+                    }
+                }
+            }
+            if (keep) {
+                keep->next = NULL;
+                if (nt)
+                    nt->next = keep;
+                else
+                    nh = keep;
+                nt = keep;
+            }
+            q = nx;
+        }
+        p->sq_head = nh;
+        p->sq_tail = nt;
+    }
+}
+
+/* run(ops, dep_ptr, dep_idx, missing, first, in, out, tmp, op, dtype, plan, timeout)
+ *   -> (status, op index, peer rank, message): status 0 done, 1 timeout (op: the oldest
+ *   outstanding receive, else send), 2 peer died, 3 protocol error, 4 peer closed.
+ * Releases the GIL for the whole run. */
+static PyObject *Engine_run(Engine *e, PyObject *args) {
+    Py_buffer ops, dptr, didx, miss, first, bin = {0}, bout = {0}, btmp = {0};
+    PyObject *oin, *oout, *otmp;
+    int op, dt;
+    unsigned int plan;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiId", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
+                          &dt, &plan, &timeout))
+        return NULL;
+    PyObject *result = NULL;
+    int got_in = 0, got_out = 0, got_tmp = 0;
+    if (e->closed || e->in_runner) {
+        PyErr_SetString(PyExc_RuntimeError, e->closed ? "engine closed" : "a run is already in progress");
+        goto out;
+    }
+    if (op < 0 || op >= OP_COUNT || dt < 0 || dt >= DT_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "unknown op or dtype code");
+        goto out;
+    }
+    if (oin != Py_None) {
+        if (PyObject_GetBuffer(oin, &bin, PyBUF_SIMPLE) < 0) goto out;
+        got_in = 1;
+    }
+    if (oout != Py_None) {
+        if (PyObject_GetBuffer(oout, &bout, PyBUF_WRITABLE) < 0) goto out;
+        got_out = 1;
+    }
+    if (otmp != Py_None) {
+        if (PyObject_GetBuffer(otmp, &btmp, PyBUF_WRITABLE) < 0) goto out;
+        got_tmp = 1;
+    }
+    int64_t n_ops = ops.len / (int64_t)(NF * sizeof(int64_t));
+    if (ops.len != n_ops * (Py_ssize_t)(NF * sizeof(int64_t)) || dptr.len != (n_ops + 1) * 8 ||
+        miss.len != n_ops * 4) {
+        PyErr_SetString(PyExc_ValueError, "malformed program arrays");
+        goto out;
+    }
+    const int64_t *O = ops.buf;
+    Py_ssize_t sizes[3] = {got_in ? bin.len : 0, got_out ? bout.len : 0, got_tmp ? btmp.len : 0};
+    int ro_in = got_in && bin.readonly;
+    for (int64_t k = 0; k < n_ops; k++) { /* every range inside its buffer, every peer known */
+        const int64_t *f = O + k * NF;
+        int kind = (int)f[0];
+        if (kind < 0 || kind > K_NOP || f[5] < 0) goto bad;
+        if (kind == K_NOP) continue;
+        if (f[3] < 0 || f[3] > 2 || f[4] < 0 || f[4] + f[5] > sizes[f[3]]) goto bad;
+        if (kind != K_SEND && f[3] == 0 && ro_in) goto bad;
+        if ((kind == K_COPY || kind == K_REDUCE || (kind == K_RECV_REDUCE && f[6] >= 0)) &&
+            (f[6] < 0 || f[6] > 2 || f[7] < 0 || f[7] + f[5] > sizes[f[6]]))
+            goto bad;
+        if (kind <= K_RECV_REDUCE && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
+        if ((kind == K_RECV_REDUCE || kind == K_REDUCE || kind == K_SCALE) && f[5] % DT_SIZE[dt]) goto bad;
+        if (kind == K_SCALE && f[8] <= 0) goto bad;
+    }
+    const int64_t *DP = dptr.buf;
+    if (DP[0] != 0 || DP[n_ops] * 8 != didx.len) goto bad;
+    for (int64_t k = 0; k < n_ops; k++)
+        if (DP[k + 1] < DP[k]) goto bad;
+    for (int64_t j = 0; j < DP[n_ops]; j++) {
+        int64_t d = ((const int64_t *)didx.buf)[j];
+        if (d < 0 || d >= n_ops) goto bad;
+    }
+    for (Py_ssize_t j = 0; j < first.len / 8; j++) {
+        int64_t d = ((const int64_t *)first.buf)[j];
+        if (d < 0 || d >= n_ops) goto bad;
+    }
+    {
+        runner_t R;
+        R.e = e;
+        R.ops = O;
+        R.dep_ptr = DP;
+        R.dep_idx = didx.buf;
+        R.missing = malloc((n_ops ? n_ops : 1) * sizeof(int32_t));
+        R.reqs = calloc(n_ops ? n_ops : 1, sizeof(req_t));
+        R.stack = malloc((n_ops + 1) * sizeof(int64_t));
+        if (!R.missing || !R.reqs || !R.stack) {
+            free(R.missing);
+            free(R.reqs);
+            free(R.stack);
+            PyErr_NoMemory();
+            goto out;
+        }
+        memcpy(R.missing, miss.buf, n_ops * sizeof(int32_t));
+        for (int64_t k = 0; k < n_ops; k++) R.reqs[k].id = -1; /* not posted */
+        R.bufs[0] = got_in ? bin.buf : NULL;
+        R.bufs[1] = got_out ? bout.buf : NULL;
+        R.bufs[2] = got_tmp ? btmp.buf : NULL;
+        R.op = op;
+        R.dt = dt;
+        R.plan = plan;
+        R.completed = 0;
+        R.sp = 0;
+        int64_t nfirst = first.len / 8;
+        const int64_t *F = first.buf;
+        int status = 0, fpeer = -1;
+        int64_t fop = -1;
+        char *busy = calloc(e->npeers ? e->npeers : 1, 1);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&e->mu);
+        e->in_runner = 1;
+        e->rdone_len = 0;
+        for (int64_t i = 0; i < nfirst; i++)
+            if (R.missing[F[i]] == 0) run_from(&R, F[i]);
+        pthread_mutex_unlock(&e->mu);
+        double last = now_s();
+        while (R.completed < n_ops) {
+            uint32_t seq0 = atomic_load(&e->bell->seq);
+            pthread_mutex_lock(&e->mu);
+            int moved = progress(e);
+            int64_t nd = e->rdone_len;
+            for (int64_t i = 0; i < e->rdone_len; i++) {
+                int64_t k = e->rdone[i];
+                R.completed++;
+                for (int64_t j = DP[k]; j < DP[k + 1]; j++) {
+                    int64_t d = R.dep_idx[j];
+                    if (--R.missing[d] == 0) run_from(&R, d);
+                }
+            }
+            e->rdone_len = 0;
+            if (!moved && !nd && R.completed < n_ops) {
+                /* who are we waiting on: a failed peer there ends the run */
+                memset(busy, 0, e->npeers ? e->npeers : 1);
+                for (int k = 0; k < e->npeers; k++) {
+                    peer_t *p = &e->peers[k];
+                    if (p->sq_head || p->cur || p->broken) busy[k] = 1;
+                    for (req_t *r = p->posted; r; r = r->next) busy[k] = 1;
+                    for (held_t *h = p->held; h; h = h->next)
+                        if (h->waiter) busy[k] = 1;
+                }
+                status = failure_of(e, busy, &fpeer);
+            }
+            pthread_mutex_unlock(&e->mu);
+            if (status) break;
+            if (moved || nd) {
+                last = now_s();
+                continue;
+            }
+            if (R.completed >= n_ops) break;
+            double left = last + timeout - now_s();
+            if (left <= 0) {
+                status = 1;
+                break;
+            }
+            nap(e, seq0, left, 0);
+        }
+        pthread_mutex_lock(&e->mu);
+        if (status) {
+            /* blame: the oldest outstanding receive, else the oldest send */
+            int64_t best_recv = -1, best_send = -1;
+            for (int64_t k = 0; k < n_ops; k++) {
+                int kind = (int)O[k * NF];
+                if (kind > K_RECV_REDUCE || R.missing[k] != 0 || R.reqs[k].done || R.reqs[k].id != k) continue;
+                if (kind == K_SEND) {
+                    if (best_send < 0) best_send = k;
+                } else if (best_recv < 0) {
+                    best_recv = k;
+                }
+            }
+            fop = best_recv >= 0 ? best_recv : best_send;
+            if (status == 1 && fop >= 0) fpeer = e->peers[O[fop * NF + 1]].rank;
+            if (status != 1 && fop >= 0) {
+                /* name the op waiting on the failed peer when there is one */
+                for (int64_t k = 0; k < n_ops; k++) {
+                    int kind = (int)O[k * NF];
+                    if (kind > K_RECV_REDUCE || R.missing[k] != 0 || R.reqs[k].done || R.reqs[k].id != k) continue;
+                    if (e->peers[O[k * NF + 1]].rank == fpeer) {
+                        fop = k;
+                        break;
+                    }
+                }
+            }
+            abandon(&R, n_ops);
+        }
+        e->in_runner = 0;
+        pthread_mutex_unlock(&e->mu);
+        Py_END_ALLOW_THREADS
+        free(busy);
+        free(R.missing);
+        free(R.reqs);
+        free(R.stack);
+        result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer, status == 3 ? e->err : "");
+    }
+    goto out;
+bad:
+    PyErr_SetString(PyExc_ValueError, "program outside its buffers or peers (encode() and the buffers disagree)");
+out:
+    PyBuffer_Release(&ops);
+    PyBuffer_Release(&dptr);
+    PyBuffer_Release(&didx);
+    PyBuffer_Release(&miss);
+    PyBuffer_Release(&first);
+    if (got_in) PyBuffer_Release(&bin);
+    if (got_out) PyBuffer_Release(&bout);
+    if (got_tmp) PyBuffer_Release(&btmp);
+    return result;
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"isend", (PyCFunction)Engine_isend, METH_VARARGS, "isend(peer_index, tag, plan, buffer) -> handle"},
+    {"irecv", (PyCFunction)Engine_irecv, METH_VARARGS, "irecv(peer_index, tag, plan, buffer) -> handle"},
+    {"wait", (PyCFunction)Engine_wait, METH_VARARGS, "wait(handles, timeout) -> (done, status, peer, message)"},
+    {"done", (PyCFunction)Engine_done, METH_VARARGS, "done(handle) -> bool"},
+    {"release", (PyCFunction)Engine_release, METH_VARARGS, "release(handle): forget a completed request"},
+    {"poll", (PyCFunction)Engine_poll, METH_NOARGS, "one progress pass, no sleeping"},
+    {"interrupt", (PyCFunction)Engine_interrupt, METH_NOARGS, "make a blocked wait return (status 5)"},
+    {"dead", (PyCFunction)Engine_dead, METH_NOARGS, "{rank: 1 died, 2 closed, 3 protocol error}"},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "mark this rank closed and tell the peers"},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "counters"},
+    {"run", (PyCFunction)Engine_run, METH_VARARGS, "run one rank's encoded program (GIL released)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hcc.backends._native.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Engine_new,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+    .tp_doc = "The shared-memory channels of one rank to its local peers, and its program runner.",
+};
+
+/* ------------------------------------------------------------------ module functions */
+/* combine(op, dtype, dst, a, b): dst = a (op) b, elementwise, GIL released */
+static PyObject *py_combine(PyObject *self, PyObject *args) {
+    int op, dt;
+    Py_buffer d, a, b;
+    if (!PyArg_ParseTuple(args, "iiw*y*y*", &op, &dt, &d, &a, &b)) return NULL;
+    PyObject *res = NULL;
+    if (op < 0 || op >= OP_COUNT || dt < 0 || dt >= DT_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "unknown op or dtype code");
+    } else if (d.len != a.len || d.len != b.len || d.len % DT_SIZE[dt]) {
+        PyErr_SetString(PyExc_ValueError, "combine: lengths differ or are not whole elements");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        combine(op, dt, d.buf, a.buf, b.buf, (size_t)d.len / DT_SIZE[dt]);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+static PyObject *py_scale(PyObject *self, PyObject *args) {
+    int dt;
+    Py_buffer d;
+    long long divisor;
+    if (!PyArg_ParseTuple(args, "iw*L", &dt, &d, &divisor)) return NULL;
+    PyObject *res = NULL;
+    if (dt < 0 || dt >= DT_COUNT || divisor <= 0 || d.len % DT_SIZE[dt]) {
+        PyErr_SetString(PyExc_ValueError, "scale: bad dtype, divisor or length");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        scale(dt, d.buf, (size_t)d.len / DT_SIZE[dt], divisor);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&d);
+    return res;
+}
+
+static PyObject *py_ring_bytes(PyObject *self, PyObject *args) {
+    unsigned int nslots, slot_bytes;
+    if (!PyArg_ParseTuple(args, "II", &nslots, &slot_bytes)) return NULL;
+    return PyLong_FromSize_t(ring_stride(nslots, slot_bytes));
+}
+
+static PyMethodDef module_methods[] = {
+    {"combine", py_combine, METH_VARARGS, "combine(op, dtype, dst, a, b): dst = a (op) b"},
+    {"scale", py_scale, METH_VARARGS, "scale(dtype, dst, divisor): dst /= divisor"},
+    {"ring_bytes", py_ring_bytes, METH_VARARGS, "ring_bytes(nslots, slot_bytes): one ring's stride"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "hcc.backends._native",
+                                       "The native core of hcc's runtime (see backends/native.py).", -1,
+                                       module_methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&EngineType);
+    PyModule_AddObject(m, "Engine", (PyObject *)&EngineType);
+    PyModule_AddIntConstant(m, "BELL_BYTES", BELL_BYTES);
+    PyModule_AddIntConstant(m, "ABI", 1);
+    PyModule_AddObject(m, "SEG_MAGIC", PyLong_FromUnsignedLongLong(SEG_MAGIC));
+    return m;
+}

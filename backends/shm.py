@@ -1,0 +1,409 @@
+"""hcc.backends.shm — shared-memory channels between the ranks of one host, inside the sockets
+backend, chosen per peer.
+
+    comm = hcc.backends.sockets.connect(rank, world, rendezvous, token=tok)   # shm="auto"
+
+Terms
+- host: ranks share one when they have the same kernel boot id and network namespace
+  (``/proc/sys/kernel/random/boot_id``, the inode of ``/proc/self/ns/net``): the same memory,
+  and the abstract unix socket namespace the setup uses. Ranks in different namespaces on
+  one machine (``hcc netem``'s emulated hosts) are different hosts and keep TCP.
+- per-peer choice: after :func:`~hcc.backends.sockets.connect` every rank publishes its host
+  and the name of an abstract unix socket in the rendezvous store; peers on the same host
+  exchange data through shared memory, the others over the sockets transport's TCP
+  connections, so one job can mix both. ``shm="off"`` (or ``HCC_SHM=off``) keeps TCP for
+  every peer; ``"on"`` requires the channels (an error when the native core is not built).
+- setup: for each pair of local ranks the lower dials the higher's abstract unix socket
+  (nothing in any filesystem), both authenticate with the sockets backend's HMAC challenge
+  over the shared token (:func:`~hcc.backends.sockets.dial_handshake` /
+  :func:`~hcc.backends.sockets.accept_handshake`), then pass each other, with SCM_RIGHTS, a
+  memfd (the rank's segment: its bell and one ring per local peer) and an eventfd (its
+  wake-up). No segment has a name: it lives exactly as long as some process of the job maps
+  it, so nothing outlives the job, SIGKILL included.
+- liveness: the unix connection stays open. A peer's death closes it (EOF at once, noticed
+  by a rank blocked on the channels without any timed polling); a clean close first sets
+  the ``closed`` flag in its bell and sends one byte. A dead peer a wait depends on is a
+  :class:`~hcc.backends.base.PeerFailed` (the executor's ``RankFailed``), as an EOF on TCP.
+
+The data path, the wake-ups and the program runner are the native core's
+(``backends/_native.c``); this module sets the channels up and adapts them to the
+:class:`~hcc.backends.base.Transport` interface, so the pure-Python executor and the adaptive
+runtime run over them unchanged. ``RankExecution.execute`` hands a program whose every peer
+is local to :meth:`ShmSocketTransport.native_run` (the core runs it without the GIL).
+
+Ring geometry: ``HCC_SHM_SLOTS`` slots (default 8) of ``HCC_SHM_SLOT_KIB`` KiB (default 256)
+per ordered pair: a piece is reduced from the slot while it is in the receiver's L2, and
+eight of them keep the sender a few pieces ahead (see :data:`DEFAULT_SLOT_KIB`).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from typing import AbstractSet, Callable
+
+from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RootFailed, RuntimeFault
+from .rendezvous import AuthenticationError, recv_exact
+from .sockets import ProtocolError, SocketTransport, accept_handshake, dial_handshake
+from . import native
+
+__all__ = ["ShmSocketTransport", "enable", "host_id", "ShmUnavailable", "DEFAULT_SLOTS", "DEFAULT_SLOT_KIB"]
+
+DEFAULT_SLOTS = 8
+DEFAULT_SLOT_KIB = 256
+# bounded spin before a rank sleeps on its eventfd: ~2000 pauses are a few microseconds, less
+# than one wake-up through the kernel; longer spins take the core from the peer being waited
+# on when ranks outnumber cores (4 ranks on 2 cores here)
+DEFAULT_SPIN = 2000
+_INFO = struct.Struct("!4sIIIQI")  # magic, rank, nslots, slot_bytes, segment bytes, ring index
+_INFO_MAGIC = b"HCCM"
+_SLICE = 0.002  # s: a wait over both channels and TCP alternates in slices this long
+
+
+class ShmUnavailable(RuntimeFault):
+    """``shm="on"`` but the native core is not built."""
+
+
+def host_id() -> str:
+    """This process's host as the channels see it: boot id and network namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return ""  # no /proc: never local to anyone
+    return f"{boot}:{net}"
+
+
+def _geometry() -> tuple[int, int, int]:
+    slots = int(os.environ.get("HCC_SHM_SLOTS", DEFAULT_SLOTS))
+    slot_kib = int(os.environ.get("HCC_SHM_SLOT_KIB", DEFAULT_SLOT_KIB))
+    spin = int(os.environ.get("HCC_SHM_SPIN", DEFAULT_SPIN))
+    if not 2 <= slots <= 1024 or not 1 <= slot_kib <= 65536 or not 0 <= spin <= 10_000_000:
+        raise RuntimeFault(f"HCC_SHM_SLOTS={slots} / HCC_SHM_SLOT_KIB={slot_kib} / HCC_SHM_SPIN={spin} "
+                           "out of range (2..1024, 1..65536, 0..10^7)")
+    return slots, slot_kib << 10, spin
+
+
+def enable(comm: SocketTransport, mode: str | None = None, timeout: float | None = None) -> SocketTransport:
+    """Give ``comm`` shared-memory channels to the ranks on its host (collective: every rank
+    of the job calls it once, right after connecting). ``mode``: ``auto`` (default, from
+    ``HCC_SHM``), ``on`` or ``off``. Returns ``comm``, whose class becomes
+    :class:`ShmSocketTransport` when it has a local peer."""
+    mode = (mode or os.environ.get("HCC_SHM") or "auto").lower()
+    if mode not in ("auto", "on", "off"):
+        raise RuntimeFault(f"shm must be auto, on or off, not {mode!r}")
+    if mode == "off":
+        return comm
+    if not native.available():
+        if mode == "on":
+            raise ShmUnavailable("shm=on, but the native core is not built (pip install -e . builds it)")
+        return comm  # every rank decides the same way: the extension is the same package
+    timeout = comm.timeout if timeout is None else timeout
+    rank, world, group, store = comm.rank, comm.world, comm.group, comm.store
+    hid = host_id()
+    name = f"hcc-shm-{secrets.token_hex(12)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)  # abstract: no file, gone with the socket
+        listener.listen(max(16, world))
+        store.set(f"{group}/shm/{rank}", f"{hid} {name}" if hid else "- -")
+        infos = {p: store.get(f"{group}/shm/{p}", timeout) for p in range(world) if p != rank}
+        local = sorted(p for p, v in infos.items() if hid and str(v).split(" ")[0] == hid)
+        if not local:
+            return comm
+        setup = _connect_local(comm, listener, local, {p: str(infos[p]).split(" ")[1] for p in local}, timeout)
+    finally:
+        listener.close()
+    comm.__class__ = ShmSocketTransport
+    comm._shm_start(setup, local)
+    return comm
+
+
+def _connect_local(comm: SocketTransport, listener: socket.socket, local: list[int], names: dict[int, str],
+                   timeout: float) -> list[tuple]:
+    """Authenticated unix connections to every local peer and their segments; returns the
+    engine's peer tuples (the fds in them are owned by the caller until the engine dups them)."""
+    rank, world, token = comm.rank, comm.world, comm.token
+    slots, slot_bytes, spin = _geometry()
+    stride = native._native.ring_bytes(slots, slot_bytes)
+    seg_size = native._native.BELL_BYTES + len(local) * stride
+    ring_of = {p: i for i, p in enumerate(local)}  # our ring to p, in our segment
+    seg = os.memfd_create(f"hcc-shm-r{rank}", os.MFD_CLOEXEC)
+    os.ftruncate(seg, seg_size)  # sparse: only the pages the rings touch are ever allocated
+    os.pwrite(seg, struct.pack("=Q", native._native.SEG_MAGIC), 0)  # before any peer maps it
+    evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    deadline = time.monotonic() + timeout
+    got: dict[int, tuple] = {}  # peer -> (sock, peer seg fd, peer size, peer evfd, our ring index in it)
+    errors: list[BaseException] = []
+
+    def exchange(sock: socket.socket, peer: int) -> None:
+        me = _INFO.pack(_INFO_MAGIC, rank, slots, slot_bytes, seg_size, ring_of[peer])
+        socket.send_fds(sock, [me], [seg, evfd])
+        msg, fds, _flags, _addr = socket.recv_fds(sock, _INFO.size, 2)
+        if len(msg) != _INFO.size or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"rank {rank}: rank {peer} sent a malformed segment message")
+        magic, prank, pslots, pslot_bytes, psize, pring = _INFO.unpack(msg)
+        if magic != _INFO_MAGIC or prank != peer or (pslots, pslot_bytes) != (slots, slot_bytes) \
+                or psize > (1 << 40) or pring >= len(local):
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"rank {rank}: rank {peer}'s shared-memory channel does not match ours "
+                                f"({pslots}x{pslot_bytes} B slots against {slots}x{slot_bytes}; "
+                                "set HCC_SHM_SLOTS / HCC_SHM_SLOT_KIB alike on every rank)")
+        if os.fstat(fds[0]).st_size < psize:
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"rank {rank}: rank {peer}'s segment is smaller than it says")
+        got[peer] = (sock, fds[0], psize, fds[1], pring)
+
+    lower = [p for p in local if p < rank]
+
+    def accept_all() -> None:
+        listener.settimeout(0.2)
+        while len([p for p in lower if p in got]) < len(lower) and time.monotonic() < deadline:
+            try:
+                sock, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as e:
+                errors.append(e)
+                return
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                peer, _session = accept_handshake(sock, token, rank, world, max(0.1, deadline - time.monotonic()))
+                if peer not in lower or peer in got:
+                    raise AuthenticationError(f"rank {rank}: unexpected local peer {peer}")
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                exchange(sock, peer)
+                sock.settimeout(None)
+            except (OSError, ConnectionError, RuntimeFault, struct.error):
+                sock.close()  # an unauthenticated connection gets nothing
+
+    acceptor = threading.Thread(target=accept_all, name=f"hcc-shm-accept-{rank}", daemon=True)
+    acceptor.start()
+    try:
+        for p in local:
+            if p < rank:
+                continue
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                for attempt in range(200):  # the peer binds before publishing: one try suffices, bounded anyway
+                    try:
+                        sock.connect("\0" + names[p])
+                        break
+                    except (ConnectionRefusedError, FileNotFoundError):
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.01)
+                dial_handshake(None, token, rank, p, world, max(0.1, deadline - time.monotonic()), sock=sock)
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                exchange(sock, p)
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+        acceptor.join(max(0.0, deadline - time.monotonic()))
+        if errors:
+            raise errors[0]
+        missing = [p for p in local if p not in got]
+        if missing:
+            raise CollectiveTimeout(rank, missing[0], "shared-memory channel setup", timeout)
+        return [(p, got[p][1], got[p][2], got[p][3], got[p][0], ring_of[p], got[p][4]) for p in local], seg, \
+            seg_size, evfd, (slots, slot_bytes, spin)
+    except BaseException:
+        for v in got.values():
+            v[0].close()
+            os.close(v[1])
+            os.close(v[3])
+        os.close(seg)
+        os.close(evfd)
+        raise
+
+
+class _ShmReq(Request):
+    """A transfer on a shared-memory channel; ``buf`` keeps the caller's memory alive until
+    the core is done with it."""
+
+    __slots__ = ("peer", "tag", "buf", "handle", "_eng", "_done")
+
+    def __init__(self, eng, handle: int, peer: int, tag: int, buf: memoryview):
+        self._eng, self.handle, self.peer, self.tag, self.buf = eng, handle, peer, tag, buf
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        if not self._done and self._eng.done(self.handle):
+            self._done = True
+            self._eng.release(self.handle)  # after this the handle may name another request
+            self.buf = None
+        return self._done
+
+
+class ShmSocketTransport(SocketTransport):
+    """The sockets transport with shared-memory channels to the ranks on its host (see the
+    module docstring). Made by :func:`enable`; the backend is still ``sockets``."""
+
+    # the executor's sockets-only fast paths see TCP completions only: off here (the executor
+    # then waits through wait_any, which covers both kinds of peer)
+    wait_completed = None
+    track_completions = None
+    irecv_fold = None
+
+    def _shm_start(self, setup, local: list[int]) -> None:
+        peers, seg, seg_size, evfd, (slots, slot_bytes, spin) = setup
+        try:
+            self._engine = native._native.Engine(self.rank, seg, seg_size, evfd, slots, slot_bytes, spin,
+                                                 self.max_message,
+                                                 [(p[0], p[1], p[2], p[3], p[4].fileno(), p[5], p[6]) for p in peers])
+        finally:  # the engine holds its own duplicates
+            for p in peers:
+                os.close(p[1])
+                os.close(p[3])
+                p[4].close()
+            os.close(seg)
+            os.close(evfd)
+        self._local = {p: i for i, p in enumerate(local)}
+        self._reported: set[int] = set()
+
+    # -- what the channels carry ------------------------------------------------------
+    @property
+    def local_peers(self) -> frozenset[int]:
+        """The ranks this rank reaches through shared memory."""
+        return frozenset(self._local)
+
+    def isend(self, peer: int, tag: int, data) -> Request:
+        idx = self._local.get(peer)
+        if idx is None:
+            return super().isend(peer, tag, data)
+        view = self._bytes_view(data)
+        return _ShmReq(self._engine, self._engine.isend(idx, tag, self._plan, view), peer, tag, view)
+
+    def irecv(self, peer: int, tag: int, buf) -> Request:
+        idx = self._local.get(peer)
+        if idx is None:
+            return super().irecv(peer, tag, buf)
+        view = self._bytes_view(buf)
+        if view.readonly:
+            raise RuntimeFault(f"rank {self.rank}: irecv into a read-only buffer (tag {tag})")
+        return _ShmReq(self._engine, self._engine.irecv(idx, tag, self._plan, view), peer, tag, view)
+
+    # -- failures -----------------------------------------------------------------------
+    def _shm_failure(self, status: int, peer: int, message: str, timeout: float, detail: str) -> Exception:
+        if status == 1:
+            return CollectiveTimeout(self.rank, peer, detail, timeout)
+        if status == 3:
+            return ProtocolError(f"rank {self.rank}: {message}")
+        if status == 2:
+            self._report_dead(peer)
+            return PeerFailed(self.rank, peer, "its process died (shared-memory channel closed)")
+        return PeerFailed(self.rank, peer, "it closed the connection")
+
+    def _report_dead(self, peer: int) -> None:
+        """Tell the sockets side (which gossips it to the ranks over TCP) that ``peer`` died."""
+        if peer not in self._reported:
+            self._reported.add(peer)
+            self._mark_dead(peer, "its process died (shared-memory channel closed)")
+
+    def failed(self) -> frozenset[int]:
+        self._engine.poll()
+        for r, s in self._engine.dead().items():
+            if s == 1:
+                self._report_dead(r)
+        return super().failed()
+
+    # -- waiting --------------------------------------------------------------------------
+    def wait_any(self, requests: list[Request], timeout: float) -> list[int]:
+        shm = [r for r in requests if isinstance(r, _ShmReq)]
+        if not shm:
+            return super().wait_any(requests, timeout)
+        mixed = len(shm) != len(requests)
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [i for i, r in enumerate(requests) if r.done]
+            if done:
+                return done
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CollectiveTimeout(self.rank, requests[0].peer, "no message arrived", timeout)
+            live = [r.handle for r in shm if not r._done]
+            _, status, peer, msg = self._engine.wait(live, min(left, _SLICE) if mixed else left)
+            if status not in (0, 1, 5):
+                raise self._shm_failure(status, peer, msg, timeout, "no message arrived")
+            if mixed:
+                tcp = [r for r in requests if not isinstance(r, _ShmReq)]
+                try:
+                    super().wait_any(tcp, 1e-4)
+                except CollectiveTimeout:
+                    pass
+
+    def wait_change(self, requests: list[Request], timeout: float, *,
+                    ignore: AbstractSet[int] = frozenset(),
+                    woken: Callable[[], bool] = lambda: False) -> list[int]:
+        end = time.monotonic() + timeout
+        while True:
+            done = [i for i, r in enumerate(requests) if r.done]
+            if done:
+                return done
+            if woken() or (self.failed() - set(ignore)):
+                return []
+            left = end - time.monotonic()
+            if left <= 0:
+                return []
+            shm = [r.handle for r in requests if isinstance(r, _ShmReq) and not r._done and r.peer not in ignore]
+            tcp = [r for r in requests if not isinstance(r, _ShmReq)]
+            if shm:
+                self._engine.wait(shm, min(left, _SLICE) if tcp else min(left, 0.25))
+            if tcp or not shm:
+                super().wait_change(tcp, min(left, _SLICE) if shm else min(left, 0.25), ignore=ignore,
+                                    woken=woken)
+
+    def wake(self) -> None:
+        self._engine.interrupt()
+        super().wake()
+
+    # -- the native core ----------------------------------------------------------------
+    def native_run(self, ex) -> bool:
+        """Run ``ex`` (a :class:`~hcc.backends.executor.RankExecution`) in the native core when
+        every peer of its program is local; False (nothing ran) otherwise, and the Python
+        executor runs it. Raises what the executor would: :class:`CollectiveTimeout` naming
+        the op, :class:`RankFailed` / :class:`RootFailed` for a dead peer."""
+        if ex.codec is not None or not native.runner_enabled():
+            return False
+        enc = native.encode(ex, self._local)
+        if enc is None:
+            return False
+        bufs = ex.bufs
+        status, op, peer, msg = self._engine.run(
+            enc.ops, enc.dep_ptr, enc.dep_idx, enc.missing, enc.first,
+            native.buffer_arg(bufs.get("in")), bufs["out"], bufs.get("tmp"),
+            enc.op, enc.dtype, self._plan, float(ex.timeout))
+        if status == 0:
+            return True
+        where = ex.describe(op) if op >= 0 else "no outstanding transfer"
+        if status == 1:
+            raise CollectiveTimeout(self.rank, peer, where, ex.timeout)
+        if status == 3:
+            raise ProtocolError(f"rank {self.rank}: {msg}")
+        if status == 2:
+            self._report_dead(peer)
+        how = "its process died (shared-memory channel closed)" if status == 2 else "it closed the connection"
+        plan = ex.plan
+        cls = RootFailed if (peer == plan.root and plan.root >= 0) else RankFailed
+        raise cls(peer, by=self.rank, detail=f"while waiting on {where}; {how}")
+
+    def native_stats(self) -> dict:
+        """The core's counters (``messages``: data messages moved so far; ``held``)."""
+        return self._engine.stats()
+
+    def close(self) -> None:
+        eng = getattr(self, "_engine", None)
+        if eng is not None:
+            eng.close()
+        super().close()

@@ -1,0 +1,20 @@
+"""Build hcc's native core (backends/_native.c) with the machine's C compiler.
+
+Everything else about the package is in pyproject.toml; setuptools merges the two. Nothing is
+downloaded at build time: the extension needs only the Python headers and gcc (or clang).
+Set ``HCC_NO_NATIVE=1`` to skip it: the runtime then uses its pure-Python executor.
+"""
+import os
+
+from setuptools import Extension, setup
+
+ext_modules = []
+if not os.environ.get("HCC_NO_NATIVE"):
+    ext_modules.append(Extension(
+        "hcc.backends._native",
+        sources=["backends/_native.c"],
+        # -O3: the reduction loops are vectorised; gnu11: _Float16 and stdatomic
+        extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"],
+    ))
+
+setup(ext_modules=ext_modules)
