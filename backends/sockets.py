@@ -106,15 +106,22 @@ def _tune(sock: socket.socket) -> None:
     # TCP_NODELAY: a frame header must not wait for the next send (Nagle). Socket buffers are
     # left to the kernel's autotuning: fixing SO_SNDBUF/SO_RCVBUF at 4 MiB measured 0.6-0.9
     # GB/s for a 64 MiB loopback transfer against 1.4-1.7 GB/s autotuned (tcp_rmem max 32 MiB).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock.family != socket.AF_UNIX:  # the handshake also runs on backends/shm.py's unix sockets
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def dial_handshake(address: tuple[str, int], token: bytes, rank: int, peer: int, world: int,
-                   timeout: float) -> tuple[socket.socket, bytes]:
+def dial_handshake(address: tuple[str, int] | None, token: bytes, rank: int, peer: int, world: int,
+                   timeout: float, sock: socket.socket | None = None) -> tuple[socket.socket, bytes]:
     """Open an authenticated connection to ``peer``'s listener; returns (socket, session id).
+    ``sock``: an already connected socket to authenticate instead (backends/shm.py's unix
+    connections), closed on failure like one this function opened.
 
     Raises :class:`AuthenticationError` when the peer fails the challenge or refuses ours."""
-    sock = socket.create_connection(address, timeout=timeout)
+    if sock is None:
+        sock = socket.create_connection(address, timeout=timeout)
+    else:
+        sock.settimeout(timeout)
+        address = address or ("local peer", peer)
     try:
         _tune(sock)
         nd = os.urandom(NONCE)
@@ -787,14 +794,17 @@ class SocketTransport(Transport):
 
 def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: str | bytes | None = None,
             timeout: float = 30.0, *, serve_store: bool | None = None, host: str = "127.0.0.1",
-            group: str = "hcc", max_message: int = DEFAULT_MAX_MESSAGE, pace_Bps: float = 0.0) -> SocketTransport:
+            group: str = "hcc", max_message: int = DEFAULT_MAX_MESSAGE, pace_Bps: float = 0.0,
+            shm: str | None = None) -> SocketTransport:
     """Join a sockets job as ``rank`` of ``world``; returns a :class:`SocketTransport`.
 
     ``token``: the shared secret (default: the ``HCC_TOKEN`` environment variable). Rank 0
     serves the rendezvous store at ``rendezvous`` unless ``serve_store=False`` (a launcher
     runs it). ``host``: the address this rank listens on. Blocks until every rank has joined
     (at most ``timeout`` seconds). ``pace_Bps > 0`` paces every connection to that many
-    bytes/s (an emulated link, for measurements that must not be CPU-bound; 0 = full speed)."""
+    bytes/s (an emulated link, for measurements that must not be CPU-bound; 0 = full speed).
+    ``shm``: shared-memory channels to the ranks on this host (backends/shm.py): ``auto``
+    (default, or the ``HCC_SHM`` environment variable), ``on`` or ``off``; paced links keep TCP."""
     if token is None:
         token = os.environ.get("HCC_TOKEN")
     if not token:
@@ -827,8 +837,17 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
             if x is not None:
                 x.close()
         raise
-    return SocketTransport(rank, world, tok, addresses, listener, timeout, max_message, store, server, group,
+    comm = SocketTransport(rank, world, tok, addresses, listener, timeout, max_message, store, server, group,
                            pace_Bps)
+    if pace_Bps:  # emulated links are a property of the TCP path
+        return comm
+    from .shm import enable
+
+    try:
+        return enable(comm, shm, timeout)
+    except BaseException:
+        comm.close()
+        raise
 
 
 def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float = 60.0, **kw):
