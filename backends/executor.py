@@ -260,8 +260,12 @@ class RankExecution:
         inp, outp = bufs.get("in"), bufs.get("out")
         # an in-place call (out is the input): "in" gets written, so no Copy is fused
         aliased = inp is not None and outp is not None and np.may_share_memory(inp, outp)
-        fuse = 0 if codec is not None or aliased else (1 if self.fold_recv is not None else 2)
+        # a transport with a native runner (backends/shm.py) reduces piece by piece, as a fold does
+        self.native_run = getattr(comm, "native_run", None) if codec is None else None
+        fuse = 0 if codec is not None or aliased else (
+            1 if self.fold_recv is not None or self.native_run is not None else 2)
         sched = schedule(plan, comm.rank, program, fuse)
+        self.sched = sched
         for name, end in sched.extent.items():  # once per run, so view() needs no check
             size = bufs[name].size if name in bufs else 0
             if end > size:
@@ -403,6 +407,10 @@ class RankExecution:
         return by_op[_blame_op(self.kinds, list(by_op))]
 
     def execute(self) -> None:
+        # the native core runs the whole program when the transport has one and every peer of
+        # the program is on its channels (backends/native.py); else this Python loop runs it
+        if self.native_run is not None and self.native_run(self):
+            return
         fast = getattr(self.comm, "wait_completed", None)
         if fast is not None:
             self.comm.track_completions(True)
