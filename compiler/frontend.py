@@ -37,6 +37,16 @@ from pathlib import Path
 
 from ..grammar import ast
 from ..grammar.diagnostics import Source, SourceError, Span
+from ..grammar.limits import (
+    MAX_BANDWIDTH,
+    MAX_BYTES,
+    MAX_HOSTS,
+    MAX_LATENCY,
+    MAX_LINKS,
+    MAX_RANGE,
+    MAX_VERTICES,
+    MIN_BANDWIDTH,
+)
 from ..grammar.parser import MAX_SOURCE_CHARS, parse
 from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, PEERS, REDUCING_KINDS, ROOTED_KINDS
 from ..ir.topology import Link, Topology
@@ -50,27 +60,11 @@ ADAPTIVE = ("on", "off")
 KEYS = ("ranks", "root", "size", "dtype", "op", "algorithm", "chunk", "compress",
         "on_failure", "adaptive", "peers")
 
-# Limits (docs/language.md "Limits"), checked on counts *before* anything is expanded, so a
-# hostile or mistyped file (`host h[0..65535] { node g[0..65535] }`, a clique over 65536
-# vertices: 4e9 names or arcs) is refused with a caret in microseconds instead of exhausting
-# memory. Each message states the limit.
-# - 65536 vertices per topology (and names per range or reference): 64x the 1024-rank fat tree
-#   of the benchmarks.
-# - 65536 hosts per topology: a host groups at least one vertex in any useful topology.
-# - 2**20 arcs per topology (and so per statement): a 1024-vertex clique; the Link values alone
-#   take ~200 MB, and the compiler's graphs several times that.
-# - bandwidth 1 B/s .. 10**18 B/s (a million TB/s), latency at most 3600 s, sizes and chunks at
-#   most 2**50 B (1 PiB): beyond these a float64 time or an int64 element count loses meaning
-#   long before any real network does.
-MAX_VERTICES = 1 << 16
-MAX_RANGE = MAX_VERTICES
-MAX_HOSTS = 1 << 16
-MAX_LINKS = 1 << 20
+# Limits (docs/language.md "Limits"; the table and its reasons: grammar/limits.py), checked on
+# counts *before* anything is expanded, so a hostile or mistyped file (`host h[0..65535] {
+# node g[0..65535] }`, a clique over 65536 vertices: 4e9 names or arcs) is refused with a
+# caret in microseconds instead of exhausting memory. Each message states the limit.
 MAX_LINKS_PER_STATEMENT = MAX_LINKS
-MIN_BANDWIDTH = Fraction(1)  # B/s
-MAX_BANDWIDTH = Fraction(10**18)  # B/s
-MAX_LATENCY = Fraction(3600)  # s
-MAX_BYTES = 1 << 50  # size and chunk
 
 
 def load_program(path_or_source: str | os.PathLike) -> Program:

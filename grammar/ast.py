@@ -21,12 +21,8 @@ from fractions import Fraction
 from typing import Union
 
 from .diagnostics import Source, SourceError, Span
+from .limits import MAX_DIGITS, MAX_INDEX, MAX_MULT  # noqa: F401  (the parser's bounds)
 
-# Bounds the parser itself applies, so no later stage does unbounded work on what a file says
-# (the limits on vertices, links and hosts are the front end's: compiler/frontend.py).
-MAX_INDEX = 10**9 - 1  # a range index: 9 digits (the front end caps a range at 65536 names)
-MAX_MULT = 1 << 16  # `x k` parallel links: 65536, far beyond any real cable bundle
-MAX_DIGITS = 100  # digits of one number: 17 already exhaust a float64
 _NUMBER = re.compile(r"[+-]?([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
 _FLOAT_MAX = Fraction(sys.float_info.max)
 

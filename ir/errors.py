@@ -21,3 +21,18 @@ class VerifyError(PlanError):
         super().__init__(message, source)
         self.rank = rank
         self.op = op
+
+
+class ArgumentError(HccError):
+    """A public function was called with an argument of the wrong type or value (the caller's
+    mistake, reported before any work: ``hcc.compile(program, 123)``, ``CostModel(per_message_s=
+    float("nan"))``, an unknown keyword). Catch it as :class:`HccError`, or as the built-in
+    ``TypeError``/``ValueError`` its two kinds also are."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type, or an unknown keyword argument."""
+
+
+class ArgumentValueError(ArgumentError, ValueError):
+    """An argument of the right type with a value outside its domain (negative, NaN, ...)."""

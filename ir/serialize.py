@@ -13,16 +13,32 @@ Terms
 Every way a file can be wrong (not JSON, truncated, another format or version, a missing or
 mistyped field, an op that does not decode, a plan that fails :func:`~hcc.ir.verify.verify`)
 raises :class:`~hcc.ir.errors.PlanError` whose text starts ``<file>: error:``.
+
+Numbers are held to the language's limits (grammar/limits.py, docs/language.md "Limits") as
+they are read: NaN and infinities are refused by the JSON reader itself, an integer of more
+than 19 digits before it is converted, and the topology's numbers (a capacity of 0 divides by
+zero in every time computed from it, a negative latency makes shortest-path routing cycle
+forever) before any stage uses them.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from typing import Any
 
-from .errors import PlanError, VerifyError
+from ..grammar.limits import (
+    MAX_BANDWIDTH,
+    MAX_BYTES,
+    MAX_LATENCY,
+    MAX_LINKS,
+    MAX_VERTICES,
+    MIN_BANDWIDTH,
+)
+
+from .errors import ArgumentTypeError, PlanError, VerifyError
 from .files import atomic_write_text
 from .plan import (
     PLAN_VERSION,
@@ -37,7 +53,7 @@ from .plan import (
     Send,
     Tree,
 )
-from .topology import Topology
+from .topology import Link, Topology
 
 FORMAT = "hcc-plan"
 BUF_CODES = ("in", "out", "tmp")  # buffer code = index here
@@ -45,7 +61,13 @@ BUF_CODES = ("in", "out", "tmp")  # buffer code = index here
 OPCODES = ("send", "recv", "recv_reduce", "copy", "reduce", "scale", "copy_roundtrip")
 _MSG_TYPES = (Send, Recv, RecvReduce)
 
-__all__ = ["FORMAT", "digest", "dumps", "load", "loads", "save", "summary", "to_dict"]
+__all__ = ["FORMAT", "digest", "dumps", "load", "loads", "save", "summary", "to_dict", "topology_from_dict"]
+
+# 19 digits: every integer a plan holds (offsets, counts, tags, sizes) fits in 64 bits; a
+# longer one is refused before Python converts it (past 4300 digits Python itself refuses,
+# with a ValueError that is not a JSON error).
+MAX_INT_DIGITS = 19
+MAX_FLOAT_CHARS = 64  # "-1.7976931348623157e+308" is 24
 
 
 # -- encoding --------------------------------------------------------------------------------
@@ -102,6 +124,8 @@ def to_dict(plan: Plan, figures: bool = True) -> dict:
     if figures:
         d["figures"] = dataclasses.asdict(plan.figures)
     d["programs"] = [[_encode_op(op) for op in prog] for prog in plan.programs]
+    if plan.step_programs:  # only where present: every other plan's file and digest unchanged
+        d["step_programs"] = [[[_encode_op(op) for op in prog] for prog in progs] for progs in plan.step_programs]
     return d
 
 
@@ -113,7 +137,7 @@ def dumps(plan: Plan) -> str:
 
     fields = []
     for key, v in to_dict(plan).items():
-        if key in ("trees", "programs") and v:
+        if key in ("trees", "programs", "step_programs") and v:
             inner = ",\n".join("  " + compact(x) for x in v)
             fields.append(f' "{key}": [\n{inner}\n ]')
         else:
@@ -180,8 +204,8 @@ def _ints(rd: _Reader, v: Any, what: str) -> list[int]:
     return v
 
 
-def _decode_op(rd: _Reader, a: Any, r: int, i: int) -> Any:
-    where = f"programs[{r}][{i}]"
+def _decode_op(rd: _Reader, a: Any, r: int, i: int, field: str = "programs") -> Any:
+    where = f"{field}[{r}][{i}]"
     if not isinstance(a, list) or not a or not all(type(x) is int for x in a):
         raise rd.fail(f"{where}: an op must be a non-empty list of integers, got {json.dumps(a)[:60]}")
     code = a[0]
@@ -213,6 +237,88 @@ def _decode_op(rd: _Reader, a: Any, r: int, i: int) -> Any:
     raise rd.fail(f"{where}: unknown opcode {code} (expected 0..6: {', '.join(OPCODES)})")
 
 
+class _Refused(ValueError):
+    """A number the JSON reader refuses (raised from its hooks, turned into a PlanError)."""
+
+
+def _json_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        shown = s if len(s) <= 30 else f"{s[:12]}… ({len(s.lstrip('-'))} digits)"
+        raise _Refused(f"integer {shown} is too large: a plan's integers have at most {MAX_INT_DIGITS} digits")
+    return int(s)
+
+
+def _json_float(s: str) -> float:
+    v = float(s) if len(s) <= MAX_FLOAT_CHARS else math.inf
+    if not math.isfinite(v):
+        shown = s if len(s) <= 30 else f"{s[:12]}… ({len(s)} characters)"
+        raise _Refused(f"number {shown} is not finite as a float (beyond about 1.8e308)")
+    return v
+
+
+def _json_constant(s: str) -> float:
+    raise _Refused(f"{s} is not a number a plan may hold (JSON has no NaN or infinity)")
+
+
+def _finite(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def topology_from_dict(d: Any, source: str = "<plan>", where: str = "topology") -> Topology:
+    """A :class:`Topology` from its JSON object (``Topology.to_dict``), every field checked:
+    names are strings, unique, and within the vertex limit; each link joins two distinct
+    declared vertices with a capacity in 1 B/s .. 10^18 B/s and a latency in 0 .. 3600 s
+    (finite numbers); at most 2^20 links. Raises :class:`PlanError` naming the field."""
+    rd = _Reader(source)
+    if not isinstance(d, dict):
+        raise rd.fail(f"field {where!r} must be an object")
+    name = rd.get(d, "name", (str,), where + ".")
+    names: dict[str, str] = {}
+    for key in ("nodes", "switches"):
+        vs = rd.get(d, key, (list,), where + ".", optional=key == "switches", default=[])
+        if len(names) + len(vs) > MAX_VERTICES:
+            raise rd.fail(f"field '{where}.{key}' makes {len(names) + len(vs)} vertices; "
+                          f"a topology has at most {MAX_VERTICES}")
+        for i, v in enumerate(vs):
+            if not isinstance(v, str) or not v:
+                raise rd.fail(f"field '{where}.{key}[{i}]' must be a vertex name, got {json.dumps(v)[:60]}")
+            if v in names:
+                raise rd.fail(f"field '{where}.{key}[{i}]': vertex {v!r} is declared twice")
+            names[v] = key
+    links_d = rd.get(d, "links", (list,), where + ".")
+    if len(links_d) > MAX_LINKS:
+        raise rd.fail(f"field '{where}.links' has {len(links_d)} links; a topology has at most {MAX_LINKS}")
+    links = []
+    for i, l in enumerate(links_d):
+        w = f"{where}.links[{i}]"
+        if not (isinstance(l, list) and len(l) == 4 and isinstance(l[0], str) and isinstance(l[1], str)):
+            raise rd.fail(f"field '{w}' must be [src, dst, capacity, latency], got {json.dumps(l)[:60]}")
+        src, dst, cap, lat = l
+        for end in (src, dst):
+            if end not in names:
+                raise rd.fail(f"field '{w}' names vertex {end!r}, which the topology does not declare")
+        if src == dst:
+            raise rd.fail(f"field '{w}' is a link from {src!r} to itself")
+        if not _finite(cap) or not MIN_BANDWIDTH <= cap <= MAX_BANDWIDTH:
+            raise rd.fail(f"field '{w}' capacity {json.dumps(cap)[:40]} is outside 1 .. 10^18 B/s "
+                          "(a link needs a positive, finite bandwidth)")
+        if not _finite(lat) or not 0 <= lat <= MAX_LATENCY:
+            raise rd.fail(f"field '{w}' latency {json.dumps(lat)[:40]} is outside 0 .. 3600 s")
+        links.append(Link(src, dst, float(cap), float(lat)))
+    hosts = []
+    for i, h in enumerate(rd.get(d, "hosts", (list,), where + ".", optional=True, default=[])):
+        if not (isinstance(h, list) and len(h) == 2 and all(isinstance(x, str) for x in h)) or h[0] not in names:
+            raise rd.fail(f"field '{where}.hosts[{i}]' must be [declared vertex, host name], got {json.dumps(h)[:60]}")
+        hosts.append((h[0], h[1]))
+    return Topology(
+        name=name,
+        nodes=tuple(v for v, k in names.items() if k == "nodes"),
+        switches=tuple(v for v, k in names.items() if k == "switches"),
+        links=tuple(links),
+        hosts=tuple(hosts),
+    )
+
+
 def _decode(d: Any, rd: _Reader) -> Plan:
     if not isinstance(d, dict):
         raise rd.fail("not an hcc plan file (the top level is not a JSON object)")
@@ -226,11 +332,21 @@ def _decode(d: Any, rd: _Reader) -> Plan:
     ranks = g(d, "ranks", (list,))
     if not all(isinstance(x, str) for x in ranks):
         raise rd.fail("field 'ranks' must be a list of vertex names")
-    topo_d = g(d, "topology", (dict,))
-    try:
-        topology = Topology.from_dict(topo_d)
-    except (KeyError, TypeError, ValueError) as e:
-        raise rd.fail(f"field 'topology' is malformed ({type(e).__name__}: {e})") from None
+    if len(ranks) > MAX_VERTICES:
+        raise rd.fail(f"field 'ranks' has {len(ranks)} ranks; a topology has at most {MAX_VERTICES} vertices")
+    topology = topology_from_dict(g(d, "topology", (dict,)), rd.source)
+    strangers = [r for r in ranks if r not in set(topology.nodes)]
+    if strangers:
+        raise rd.fail(f"field 'ranks' names {strangers[0]!r}, which is not a node of the plan's topology")
+    size_bytes = g(d, "size_bytes", (int,))
+    if not 0 <= size_bytes <= MAX_BYTES:
+        raise rd.fail(f"field 'size_bytes' is {size_bytes}; a size is 0 .. 2^50 B")
+    chunk_bytes = g(d, "chunk_bytes", (int,))
+    if not 0 <= chunk_bytes <= MAX_BYTES:
+        raise rd.fail(f"field 'chunk_bytes' is {chunk_bytes}; a chunk is 0 .. 2^50 B")
+    tmp_elems = tuple(_ints(rd, g(d, "tmp_elems", (list,)), "tmp_elems"))
+    if any(not 0 <= t <= MAX_BYTES for t in tmp_elems):
+        raise rd.fail("field 'tmp_elems' holds a length outside 0 .. 2^50 elements")
     fig_d = g(d, "figures", (dict,), optional=True, default={})
     fig_kw = {}
     for f in dataclasses.fields(Figures):
@@ -263,11 +379,14 @@ def _decode(d: Any, rd: _Reader) -> Plan:
         paths = g(t, "paths", (list,), w, optional=True, default=[])
         if not all(isinstance(p, list) and all(isinstance(x, str) for x in p) for p in paths):
             raise rd.fail(f"field '{w}paths' must be a list of vertex-name lists")
+        rate = float(g(t, "rate", (float,), w))
+        if not rate >= 0:
+            raise rd.fail(f"field '{w}rate' is {rate}; a tree's rate is a finite number ≥ 0")
         trees.append(Tree(
             index=g(t, "index", (int,), w),
             root=g(t, "root", (int,), w),
             parent=tuple(_ints(rd, g(t, "parent", (list,), w), w + "parent")),
-            rate=float(g(t, "rate", (float,), w)),
+            rate=rate,
             span=(span[0], span[1]),
             paths=tuple(tuple(p) for p in paths),
         ))
@@ -277,25 +396,32 @@ def _decode(d: Any, rd: _Reader) -> Plan:
         if not isinstance(prog, list):
             raise rd.fail(f"field 'programs[{r}]' must be a list of ops")
         programs.append(tuple(_decode_op(rd, a, r, i) for i, a in enumerate(prog)))
+    steps = []
+    for k, progs in enumerate(g(d, "step_programs", (list,), optional=True, default=[])):
+        if not isinstance(progs, list) or not all(isinstance(prog, list) for prog in progs):
+            raise rd.fail(f"field 'step_programs[{k}]' must be a list of programs (lists of ops)")
+        steps.append(tuple(tuple(_decode_op(rd, a, r, i, f"step_programs[{k}]") for i, a in enumerate(prog))
+                           for r, prog in enumerate(progs)))
     return Plan(
         name=g(d, "name", (str,)),
         kind=g(d, "kind", (str,)),
         ranks=tuple(ranks),
         root=g(d, "root", (int,)),
-        size_bytes=g(d, "size_bytes", (int,)),
+        size_bytes=size_bytes,
         dtype=g(d, "dtype", (str,)),
         op=g(d, "op", (str, None)),
         algorithm=g(d, "algorithm", (str,)),
-        chunk_bytes=g(d, "chunk_bytes", (int,)),
+        chunk_bytes=chunk_bytes,
         trees=tuple(trees),
         programs=tuple(programs),
-        tmp_elems=tuple(_ints(rd, g(d, "tmp_elems", (list,)), "tmp_elems")),
+        tmp_elems=tmp_elems,
         topology=topology,
         figures=Figures(**fig_kw),
         compress=g(d, "compress", (str,), optional=True, default="none"),
         on_failure=g(d, "on_failure", (str,), optional=True, default="abort"),
         adaptive=g(d, "adaptive", (bool, None), optional=True, default=False),
         peers=g(d, "peers", (str, None), optional=True, default=None),
+        step_programs=tuple(steps),
         version=ver,
     )
 
@@ -304,11 +430,15 @@ def loads(text: str, source: str = "<plan>") -> Plan:
     """Parse a plan file's text and verify the plan; every fault is a :class:`PlanError`
     prefixed with ``source``."""
     rd = _Reader(source)
+    if not isinstance(text, str):
+        raise rd.fail(f"a plan file's text must be a str, got {type(text).__name__}")
     try:
-        d = json.loads(text)
+        d = json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
     except json.JSONDecodeError as e:
         hint = " (the file looks truncated)" if e.pos >= len(text.rstrip()) else ""
         raise rd.fail(f"not a valid plan file: {e.msg} at line {e.lineno} column {e.colno}{hint}") from None
+    except _Refused as e:
+        raise rd.fail(f"not a valid plan file: {e}") from None
     except RecursionError:
         raise rd.fail("not a valid plan file: nested too deeply") from None
     plan = _decode(d, rd)
@@ -320,7 +450,10 @@ def loads(text: str, source: str = "<plan>") -> Plan:
 
 
 def load(path: str | os.PathLike) -> Plan:
-    source = os.fspath(path)
+    """Read and verify the plan file at ``path`` (see :func:`loads`)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ArgumentTypeError(f"Plan.load: expected a path (str or os.PathLike), got {type(path).__name__}")
+    source = os.fsdecode(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -190,7 +190,7 @@ def test_malformed_fields(tmp_path):
     bad(tmp_path, d, "field 'figures.predicted_s' must be a number")
     d = good_dict()
     d["topology"] = {"name": "x"}
-    bad(tmp_path, d, "field 'topology' is malformed")
+    bad(tmp_path, d, "plan file has no field 'topology.nodes'")
     d = good_dict()
     d["programs"][1][0] = [9, 1, 2]
     bad(tmp_path, d, "programs[1][0]: unknown opcode 9")
@@ -256,3 +256,69 @@ def test_pickle_leaves_the_process_caches_behind(plan):
     assert not [k for k in vars(back) if k.startswith("_")]
     assert back.digest() == plan.digest()
     assert "_bound" in vars(plan)  # the original keeps its caches
+
+
+# ---- numbers held to the language's limits on load (issue 21) --------------------------------
+
+def test_topology_numbers_are_validated_on_load(tmp_path):
+    """A negative latency made simulate/viz/run loop forever (routing cycles on negative arcs),
+    a zero capacity raised ZeroDivisionError, a NaN loaded and failed later: each is refused
+    when the file is read, naming the field."""
+    for value, fragment in ((-1e-6, "latency -1e-06 is outside 0 .. 3600 s"),
+                            (4000.0, "latency 4000.0 is outside 0 .. 3600 s")):
+        d = good_dict()
+        d["topology"]["links"][0][3] = value
+        bad(tmp_path, d, "field 'topology.links[0]' " + fragment)
+    for value, fragment in ((0, "capacity 0 is outside 1 .. 10^18 B/s"),
+                            (-5.0, "capacity -5.0 is outside"), (1e19, "capacity 1e+19 is outside"),
+                            (True, "capacity true is outside")):
+        d = good_dict()
+        d["topology"]["links"][0][2] = value
+        bad(tmp_path, d, "field 'topology.links[0]' " + fragment)
+    d = good_dict()
+    d["topology"]["links"][0][1] = "nowhere"
+    bad(tmp_path, d, "names vertex 'nowhere', which the topology does not declare")
+    d = good_dict()
+    d["topology"]["links"][0][1] = d["topology"]["links"][0][0]
+    bad(tmp_path, d, "is a link from 'g0' to itself")
+    d = good_dict()
+    d["topology"]["nodes"].append("g1")
+    bad(tmp_path, d, "vertex 'g1' is declared twice")
+    d = good_dict()
+    d["ranks"][0] = "sw"
+    bad(tmp_path, d, "field 'ranks' names 'sw', which is not a node")
+    d = good_dict()
+    d["size_bytes"] = 1 << 60
+    bad(tmp_path, d, "field 'size_bytes' is 1152921504606846976; a size is 0 .. 2^50 B")
+    d = good_dict()
+    d["trees"][0]["rate"] = -1.0
+    bad(tmp_path, d, "field 'trees[0].rate' is -1.0")
+
+
+def test_nan_infinity_and_huge_numbers_are_refused_by_the_reader(tmp_path):
+    text = dumps(tree_plan())
+    cap = json.dumps(good_dict()["topology"]["links"][0][2])
+    assert text.count(cap) >= 1
+    for token, fragment in (("NaN", "NaN is not a number a plan may hold"),
+                            ("Infinity", "Infinity is not a number a plan may hold"),
+                            ("-Infinity", "-Infinity is not a number a plan may hold"),
+                            ("1e400", "number 1e400 is not finite as a float"),
+                            ("1" + "0" * 5000, "(5001 digits) is too large: a plan's integers have at most 19")):
+        bad(tmp_path, text.replace(cap, token, 1), fragment)
+
+
+def test_a_4301_digit_integer_anywhere_is_a_plan_error_not_a_crash(tmp_path):
+    d = good_dict()
+    text = json.dumps(d).replace('"tmp_elems": [', '"tmp_elems": [' + "9" * 4301 + ",", 1)
+    bad(tmp_path, text, "too large")
+
+
+def test_load_refuses_a_non_path_with_a_typed_error():
+    from hcc.grammar.errors import HccError
+
+    for arg in (None, 3, ["plan.json"]):
+        with pytest.raises(TypeError) as e:
+            load(arg)
+        assert isinstance(e.value, HccError) and "expected a path" in str(e.value)
+        with pytest.raises(HccError):
+            Plan.load(arg)
