@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..ir.errors import PlanError
-from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Tree, block_range
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, Tree, block_range
 from ..ir.topology import Topology
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_by_rate
 
@@ -62,6 +62,14 @@ _ROUTES_PER_PAIR = 8
 # seconds of CPython), after which the best channels found so far are used
 _RING_BUDGET = 50_000
 _TOTAL_BUDGET = 2_000_000
+# up to 64 ranks the rings of one rate are searched together, backtracking across rings
+# (K4 with unit links: six half-rate rings reach 3 GB/s where whole-link rings stop at 2), at
+# most this many extensions per rate
+_PACK_BUDGET = 5_000
+# a lower per-channel rate is searched only if its most channels could beat the best total by
+# this much: DGX-1's six NVLink rings (150 GB/s) against thirteen of 12 GB/s that would need
+# every GPU's PCIe too (156 GB/s, and not what NCCL builds); NCCL also stops at "good enough"
+_IMPROVE = 1.05
 # switch-route candidates tried per rank visit on topologies above 64 ranks (nearest in rank
 # order first): a ring over 1024 ranks cannot afford every rank at every step
 _FAR_CANDIDATES = 24
@@ -228,6 +236,99 @@ class _Search:
         return None
 
 
+    def cycles(self, rate: float, res: dict, start: int, limit: int):
+        """Every Hamiltonian cycle from ``start`` usable at ``rate``, lazily (recursive: for
+        at most :data:`_SMALL` ranks); while a yielded cycle is held its rate is taken from
+        ``res``, and given back when the generator resumes."""
+        n = self.n
+        used = [False] * n
+        used[start] = True
+        hops: list[tuple[int, tuple[str, ...]]] = []
+
+        def take(path, sign):
+            for x, y in zip(path, path[1:]):
+                res[(x, y)] -= sign * rate
+
+        def rec(cur: int):
+            if len(hops) == n - 1:
+                close = self.usable(cur, start, rate, res)
+                if close is not None:
+                    take(close, 1)
+                    hops.append((start, close))
+                    yield list(hops)
+                    hops.pop()
+                    take(close, -1)
+                return
+            options = []
+            for v in self.candidates(cur, used):
+                self.spent += 1
+                path = self.usable(cur, v, rate, res)
+                if path is not None:
+                    options.append((v, path))
+            if self.spent >= limit:
+                return
+            # Warnsdorff's rule: the rank with the fewest ways on first (ties: the search
+            # order), so the one rank of a server whose NIC is still free is kept for the exit
+            options.sort(key=lambda vp: self._onward(vp[0], used, rate, res, cur))
+            for v, path in options:
+                if used[v] or self.usable(cur, v, rate, res) is None:
+                    continue
+                take(path, 1)
+                used[v] = True
+                hops.append((v, path))
+                yield from rec(v)
+                hops.pop()
+                used[v] = False
+                take(path, -1)
+
+        yield from rec(start)
+
+    def _onward(self, v: int, used: list[bool], rate: float, res: dict, cur: int, cap: int = 16) -> int:
+        """How many unvisited ranks ``v`` could go on to (counted up to ``cap``)."""
+        k = 0
+        used[v] = True
+        for w in self.candidates(v, used):
+            if w != cur and self.usable(v, w, rate, res) is not None:
+                k += 1
+                if k >= cap:
+                    break
+        used[v] = False
+        return k
+
+    def pack(self, rate: float, most: int, budget: int) -> list[list[tuple[int, tuple[str, ...]]]]:
+        """Up to ``most`` rings at ``rate``, backtracking over earlier rings when a later one
+        cannot be found (NCCL's search backtracks across channels too), within ``budget``
+        extensions; the most rings found."""
+        res = dict(self.cap)
+        limit = min(_TOTAL_BUDGET, self.spent + budget)
+        chosen: list[list[tuple[int, tuple[str, ...]]]] = []
+        best: list[list[tuple[int, tuple[str, ...]]]] = []
+
+        def rec() -> bool:
+            nonlocal best
+            if len(chosen) > len(best):
+                best = list(chosen)
+            if len(chosen) == most or self.spent >= limit:
+                return True
+            # start where the ring can most easily close: the rank with the most usable hops
+            # into it (two A100 servers: a GPU whose NIC still has room to receive)
+            ins = [0] * self.n
+            for u in range(self.n):
+                for v in range(self.n):
+                    if u != v and self.usable(u, v, rate, res) is not None:
+                        ins[v] += 1
+            start = max(range(self.n), key=lambda r: (ins[r], -r))
+            for hops in self.cycles(rate, res, start, limit):
+                chosen.append([(start, ())] + hops)
+                if rec():
+                    return True
+                chosen.pop()
+            return self.spent >= limit
+
+        rec()
+        return best
+
+
 def _upper(s: _Search, topo: Topology) -> float:
     """No set of rings carries more than the least capacity out of (into) a rank, or than the
     narrowest cut between ranks: each ring leaves every rank and crosses every cut."""
@@ -275,19 +376,25 @@ def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_
     budget = _RING_BUDGET if n <= _SMALL else max(20 * n, 4 * _RING_BUDGET // 10)
     for b in speeds:
         most = min(max_channels, int(upper / b * (1 + 1e-9)))
-        if most * b <= best[0] * (1 + 1e-9):
+        if most * b <= best[0] * _IMPROVE:
             continue
         if s.spent >= _TOTAL_BUDGET:
             break
-        res = dict(s.cap)
+        rings: list[tuple[int, list]] = []  # (start, hops)
+        if n <= _SMALL:
+            rings = [(h[0][0], h[1:]) for h in s.pack(b, most, _PACK_BUDGET)]
+        else:
+            res = dict(s.cap)
+            for k in range(most):
+                # start each ring at a different rank: a ring must close into its start, and
+                # the links into the previous starts are the first to be used up
+                start = (k * max(1, n // most)) % n
+                hops = s.ring(b, res, start, budget)
+                if hops is None:
+                    break
+                rings.append((start, hops))
         found: list[RingChannel] = []
-        for k in range(most):
-            # start each ring at a different rank: a ring must close into its start, and the
-            # links into the previous starts are the first to be used up
-            start = (k * max(1, n // most)) % n
-            hops = s.ring(b, res, start, budget)
-            if hops is None:
-                break
+        for start, hops in rings:
             order = [start] + [v for v, _ in hops[:-1]]
             paths = [p for _, p in hops]
             # rotate so the ring begins at rank 0 (a canonical form)
@@ -493,8 +600,9 @@ def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
         return assemble(spec, topo, B, (), "rd", ce)
 
     # reduce_scatter: the allgather's messages reversed, last step first. Rank r accumulates
-    # partials of other ranks' blocks in tmp (absolute offsets) and of its own in out.
-    mine = [_Latest() for _ in range(n)]  # per rank: writes to tmp (others' blocks) / out (own)
+    # partials in tmp (absolute offsets; its own block too, so no message is cut in two) and
+    # copies its own block to out at the end.
+    mine = [_Latest() for _ in range(n)]  # per rank: the writes to tmp
     touched: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for step in steps:
         for src, dst, runs in step:
@@ -502,11 +610,8 @@ def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
                 touched[src].append(run)
                 touched[dst].append(run)
     for r in range(n):
-        lo, hi = blocks[r]
-        if hi > lo:
-            mine[r].write(lo, hi, B.add(r, Copy(ChunkRef("in", lo, hi - lo), ChunkRef("out", 0, hi - lo))))
-        # one copy in -> tmp per maximal run of other blocks this rank sends or receives
-        marks = sorted({b for b0, b1 in touched[r] for b in range(b0, b1) if b != r})
+        # one copy in -> tmp per maximal run of blocks this rank sends or receives
+        marks = sorted({b for b0, b1 in touched[r] for b in range(b0, b1)} | {r})
         run_start = None
         for k, b in enumerate(marks):
             if run_start is None:
@@ -516,23 +621,21 @@ def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
                 if a1 > a0:
                     mine[r].write(a0, a1, B.add(r, Copy(ChunkRef("in", a0, a1 - a0), ChunkRef("tmp", a0, a1 - a0))))
                 run_start = None
-
-    def ref(r: int, a: int, b: int) -> ChunkRef:
-        lo, hi = blocks[r]
-        if lo <= a and b <= hi:
-            return ChunkRef("out", a - lo, b - a)
-        return ChunkRef("tmp", a, b - a)
-
     for s in range(len(steps) - 1, -1, -1):
         for recv_rank, send_rank, runs in steps[s]:
-            own_lo, own_hi = blocks[recv_rank]
             for run in runs:
-                lo, hi = elems(run)
-                # the receiver's own block goes to its out, the rest to tmp: cut there too
-                cuts = sorted({lo, hi} | {x for x in (own_lo, own_hi) if lo < x < hi})
-                for a, b in (p for x, y in zip(cuts, cuts[1:]) for p in _pieces(x, y, ce)):
-                    _, rv = B.message(send_rank, recv_rank, ref(send_rank, a, b), ref(recv_rank, a, b),
+                for a, b in _pieces(*elems(run), ce):
+                    ref = ChunkRef("tmp", a, b - a)
+                    _, rv = B.message(send_rank, recv_rank, ref, ref,
                                       send_deps=mine[send_rank].readers_deps(a, b),
                                       recv_deps=mine[recv_rank].readers_deps(a, b), reduce=True, chunk=s)
                     mine[recv_rank].write(a, b, rv)
+    avg = plan_op(kind, spec.op) == "avg"
+    for r in range(n):
+        lo, hi = blocks[r]
+        if hi > lo:
+            out = ChunkRef("out", 0, hi - lo)
+            last = B.add(r, Copy(ChunkRef("tmp", lo, hi - lo), out, mine[r].readers_deps(lo, hi)))
+            if avg:
+                B.add(r, Scale(out, n, (last,)))
     return assemble(spec, topo, B, (), "rd", ce)
