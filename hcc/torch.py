@@ -34,7 +34,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from .collectives import CallInfo, CollectiveError, Communicator
@@ -148,24 +147,48 @@ def _same_size(ts: list[torch.Tensor], what: str) -> None:
                          + ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in ts))
 
 
-def _work(handle, result: Any) -> Any:
-    """A torch Work completed by ``handle``: its future gets ``result`` or the error."""
-    fut: Future = Future()
+class _Work(dist._Work):
+    """A call in flight as torch sees it: ``wait()`` completes it (raising its error: a Work
+    built by ``_create_work_from_future`` returns True from ``wait()`` even when its future
+    failed), ``get_future()`` is completed by the lane with the call's result."""
 
-    def finished(h) -> None:
-        if h.error is None:
+    def __init__(self, handle, result: Any):
+        super().__init__()
+        self.handle, self.result_ = handle, result
+        self.future = Future()
+        fut = self.future
+
+        def finished(h) -> None:
+            if h.error is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(h.error)
+
+        if handle is None:
             fut.set_result(result)
         else:
-            fut.set_exception(h.error)
+            handle.on_done(finished)
 
-    handle.on_done(finished)
-    return _create_work_from_future(fut)
+    def wait(self, timeout: Any = None) -> bool:
+        if self.handle is not None:
+            secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+            self.handle.wait(secs if secs else None)  # torch's "no timeout" is 0
+        return True
 
+    def is_completed(self) -> bool:
+        return self.handle is None or self.handle.done()
 
-def _done_work(result: Any) -> Any:
-    fut: Future = Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
+    def is_success(self) -> bool:
+        return self.is_completed() and (self.handle is None or self.handle.error is None)
+
+    def exception(self) -> Any:
+        return None if self.handle is None else self.handle.error
+
+    def result(self) -> Any:
+        return self.result_
+
+    def get_future(self) -> Future:
+        return self.future
 
 
 class ProcessGroupHCC(dist.ProcessGroup):
@@ -199,8 +222,8 @@ class ProcessGroupHCC(dist.ProcessGroup):
               runs: int = 1):
         if self.comm is None:  # a world of one: nothing to exchange
             body(None, ())
-            return _done_work(result)
-        return _work(self.comm.submit(info, body, runs), result)
+            return _Work(None, result)
+        return _Work(self.comm.submit(info, body, runs), result)
 
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
