@@ -22,12 +22,19 @@ Wire format
   Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
 - A request that waits is parked; the thread whose ``set``/``add`` makes it ready sends the
   reply of every parked request at once, before its own (measured: :class:`StoreServer`).
+- Every request field is type- and range-checked before use (:func:`check_request`): ``key`` a
+  string of at most :data:`MAX_KEY` characters, ``timeout`` a finite number ≥ 0 (at most an
+  hour), ``amount``/``wait``/``value`` integers of at most 2^53 in size; a bad field gets an
+  ``{"ok": false}`` reply naming it, never a traceback or a spinning thread. The handshake has
+  one deadline as a whole (:data:`HANDSHAKE_S`), not one per ``recv``, and at most
+  :data:`MAX_PENDING` connections may be in it at once (the oldest is dropped for a new one).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import struct
@@ -40,6 +47,18 @@ __all__ = ["StoreServer", "StoreClient", "RendezvousError", "AuthenticationError
 
 MAX_MESSAGE = 64 * 1024  # an address record is ~40 bytes; 64 KiB bounds any request
 MAX_KEYS = 100_000
+# 64 MiB of values in all: a 1024-rank job's addresses and barrier counters take ~100 KB; a
+# client filling MAX_KEYS keys with MAX_MESSAGE-byte values would otherwise hold 6.5 GB
+MAX_STORE_BYTES = 64 << 20
+MAX_KEY = 256  # "hcc/adaptive/ev/s/2"-like keys are ~30 characters
+MAX_WAIT_S = 3600.0  # the longest a request may be parked
+MAX_INT = 1 << 53  # counters and amounts: exact in a JSON number of any reader
+# The handshake is 3 messages of 32-64 bytes: 10 s for all of it is ~1000x a loopback round
+# trip under load, and bounds what a client that sends a byte a second can hold.
+HANDSHAKE_S = 10.0
+# Connections in the handshake at once: a job opens at most one per rank at startup, so 64
+# covers the joining burst of a 64-rank job; beyond it the oldest unauthenticated one goes.
+MAX_PENDING = 64
 NONCE = 32
 _LEN = struct.Struct("!I")
 
@@ -95,6 +114,50 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def recv_exact_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes from ``sock`` before ``time.monotonic()`` reaches ``deadline``: the socket's
+    timeout is set to what is left before every ``recv``, so a peer that trickles one byte at a
+    time cannot stretch the wait past the deadline. ``socket.timeout`` when it passes."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"handshake not done within its deadline ({got} of {n} bytes)")
+        sock.settimeout(left)
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+def _is_int(v) -> bool:
+    return type(v) is int and -MAX_INT <= v <= MAX_INT
+
+
+def check_request(req: dict) -> str:
+    """What is wrong with a store request ("" when nothing): every field the op reads has the
+    type and range it needs. Booleans are not numbers here (JSON ``true`` is Python ``1``)."""
+    op = req.get("op")
+    if op not in ("set", "get", "add", "wait", "peek"):
+        return f"unknown op {str(op)[:40]!r} (set | get | add | wait | peek)"
+    key = req.get("key")
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
+        return f"field 'key' must be a string of 1 to {MAX_KEY} characters"
+    t = req.get("timeout", 0)
+    if t is not None and not (type(t) in (int, float) and math.isfinite(t) and t >= 0):
+        return f"field 'timeout' must be a finite number of seconds ≥ 0, got {json.dumps(t)[:40]}"
+    if op == "add":
+        if not _is_int(req.get("amount", 1)):
+            return f"field 'amount' must be an integer of at most 2^53, got {json.dumps(req.get('amount'))[:40]}"
+        if req.get("wait") is not None and not _is_int(req["wait"]):
+            return f"field 'wait' must be an integer of at most 2^53, got {json.dumps(req['wait'])[:40]}"
+    if op == "wait" and not _is_int(req.get("value", 0)):
+        return f"field 'value' must be an integer of at most 2^53, got {json.dumps(req.get('value'))[:40]}"
+    return ""
+
+
 def _send_msg(sock: socket.socket, obj) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
@@ -106,10 +169,21 @@ def _recv_msg(sock: socket.socket):
     (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if n > MAX_MESSAGE:
         raise RendezvousError(f"store message of {n} bytes exceeds the {MAX_MESSAGE}-byte bound")
-    obj = json.loads(recv_exact(sock, n))
+    try:
+        obj = json.loads(recv_exact(sock, n))
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested 30000 deep
+        raise RendezvousError("store message is not a JSON object") from None
     if not isinstance(obj, dict):
         raise RendezvousError("store message is not a JSON object")
     return obj
+
+
+def _drop(conn: socket.socket) -> None:
+    """End a connection from another thread: its serving thread's recv returns at once."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class _Parked:
@@ -142,7 +216,10 @@ class StoreServer:
         self._sock = socket.create_server((host, port), backlog=256)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._closed = False
-        self._clients: list[socket.socket] = []
+        self._clients: set[socket.socket] = set()
+        self._pending: dict[socket.socket, None] = {}  # in the handshake, oldest first
+        self._bytes = 0  # the JSON size of the values held (MAX_STORE_BYTES)
+        self._sizes: dict[str, int] = {}
         self._thread = threading.Thread(target=self._accept_loop, name="hcc-store", daemon=True)
         self._thread.start()
 
@@ -152,19 +229,30 @@ class StoreServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            self._clients.append(conn)
+            with self._cond:
+                self._clients.add(conn)
+                self._pending[conn] = None
+                while len(self._pending) > MAX_PENDING:  # the oldest unauthenticated one goes
+                    old = next(iter(self._pending))
+                    del self._pending[old]
+                    _drop(old)
             threading.Thread(target=self._serve, args=(conn,), name="hcc-store-client", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            deadline = time.monotonic() + HANDSHAKE_S
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(10.0)  # the handshake is 3 short messages; 10 s bounds a stalled client
+            conn.settimeout(HANDSHAKE_S)
             ns = os.urandom(NONCE)
             conn.sendall(ns)
-            reply = recv_exact(conn, NONCE + 32)
+            reply = recv_exact_by(conn, NONCE + 32, deadline)
             nc, mac = reply[:NONCE], reply[NONCE:]
             if not hmac.compare_digest(mac, _mac(self.token, b"hcc-store-client", ns, nc)):
                 return
+            with self._cond:
+                if self._pending.pop(conn, False) is False:
+                    return  # dropped for a newer connection while it was authenticating
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
             conn.sendall(_mac(self.token, b"hcc-store-server", nc, ns))
             conn.settimeout(None)
             while True:
@@ -175,6 +263,9 @@ class StoreServer:
         except (OSError, ConnectionError, RendezvousError, ValueError):
             return
         finally:
+            with self._cond:
+                self._pending.pop(conn, None)
+                self._clients.discard(conn)
             conn.close()
 
     def _ready(self, key: str, op: str, want: int) -> bool:
@@ -206,24 +297,34 @@ class StoreServer:
         self._cond.notify_all()
 
     def _handle(self, req: dict, conn: socket.socket) -> dict | None:
-        op, key = req.get("op"), req.get("key")
-        if not isinstance(key, str):
-            return {"ok": False, "error": "key must be a string"}
-        timeout = min(float(req.get("timeout", 0) or 0), 3600.0)
+        bad = check_request(req)
+        if bad:
+            return {"ok": False, "error": bad}
+        op, key = req["op"], req["key"]
+        timeout = min(float(req.get("timeout") or 0), MAX_WAIT_S)
         with self._cond:
             if op == "set":
+                value = req.get("value")
+                size = len(json.dumps(value, separators=(",", ":")))
                 if key not in self._data and len(self._data) >= MAX_KEYS:
-                    return {"ok": False, "error": "store full"}
-                self._data[key] = req.get("value")
+                    return {"ok": False, "error": f"store full ({MAX_KEYS} keys)"}
+                if self._bytes - self._sizes.get(key, 0) + size > MAX_STORE_BYTES:
+                    return {"ok": False, "error": f"store full ({MAX_STORE_BYTES} bytes of values)"}
+                self._bytes += size - self._sizes.get(key, 0)
+                self._sizes[key] = size
+                self._data[key] = value
                 self._release(key)
                 return {"ok": True}
             if op == "add":
                 cur = self._data.get(key, 0)
-                if not isinstance(cur, int):
+                if type(cur) is not int:
                     return {"ok": False, "error": f"{key} is not a counter"}
                 if key not in self._data and len(self._data) >= MAX_KEYS:
-                    return {"ok": False, "error": "store full"}
-                self._data[key] = cur + int(req.get("amount", 1))
+                    return {"ok": False, "error": f"store full ({MAX_KEYS} keys)"}
+                new = cur + req.get("amount", 1)
+                if not _is_int(new):
+                    return {"ok": False, "error": f"counter {key} would pass 2^53"}
+                self._data[key] = new
                 self._release(key)
                 if req.get("wait") is None:
                     return {"ok": True, "value": self._data[key]}
@@ -231,10 +332,8 @@ class StoreServer:
                 want = int(req["wait"])
             elif op == "peek":  # the value, or null when absent; never waits
                 return {"ok": True, "value": self._data.get(key)}
-            elif op in ("get", "wait"):
-                want = int(req.get("value", 0)) if op == "wait" else 0
-            else:
-                return {"ok": False, "error": f"unknown op {op!r}"}
+            else:  # get or wait (check_request admits no other op)
+                want = req.get("value", 0) if op == "wait" else 0
             if self._ready(key, op, want):
                 return {"ok": True, "value": self._data[key]}
             parked = _Parked(conn, op, want)
@@ -271,11 +370,10 @@ class StoreServer:
             self._sock.close()
         except OSError:
             pass
-        for c in self._clients:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        with self._cond:
+            clients = list(self._clients)
+        for c in clients:
+            _drop(c)
 
     def __enter__(self):
         return self
@@ -306,10 +404,11 @@ class StoreClient:
         try:
             self._sock.settimeout(timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ns = recv_exact(self._sock, NONCE)
+            hs_deadline = time.monotonic() + max(timeout, HANDSHAKE_S)
+            ns = recv_exact_by(self._sock, NONCE, hs_deadline)
             nc = os.urandom(NONCE)
             self._sock.sendall(nc + _mac(token, b"hcc-store-client", ns, nc))
-            mac = recv_exact(self._sock, 32)
+            mac = recv_exact_by(self._sock, 32, hs_deadline)
         except (OSError, ConnectionError):
             self._sock.close()
             raise AuthenticationError(

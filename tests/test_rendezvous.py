@@ -82,3 +82,132 @@ def test_parked_get_released_by_set_and_by_put():
         assert got == {"a": "127.0.0.1:9", "b": {"2": "killed"}}
         for x in (a, b, c):
             x.close()
+
+
+# ---- hostile requests and handshakes (issue 21) ----------------------------------------------
+
+@pytest.fixture
+def thread_errors(monkeypatch):
+    """Exceptions that escape any thread (the store's serving threads print them as
+    tracebacks into rank 0's log); a test asserts there are none."""
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+@pytest.mark.parametrize("req, field", [
+    ({"op": "get", "key": "k", "timeout": "nan"}, "timeout"),
+    ({"op": "get", "key": "k", "timeout": float("nan")}, "timeout"),
+    ({"op": "get", "key": "k", "timeout": float("inf")}, "timeout"),
+    ({"op": "get", "key": "k", "timeout": -1}, "timeout"),
+    ({"op": "get", "key": "k", "timeout": True}, "timeout"),
+    ({"op": "add", "key": "k", "amount": [1]}, "amount"),
+    ({"op": "add", "key": "k", "amount": "1"}, "amount"),
+    ({"op": "add", "key": "k", "amount": 1.5}, "amount"),
+    ({"op": "add", "key": "k", "amount": 2**60}, "amount"),
+    ({"op": "add", "key": "k", "amount": 1, "wait": {"a": 1}}, "wait"),
+    ({"op": "wait", "key": "k", "value": None, "timeout": 1}, "value"),
+    ({"op": "set", "key": ["k"], "value": 1}, "key"),
+    ({"op": "set", "key": "", "value": 1}, "key"),
+    ({"op": "set", "key": "k" * 300, "value": 1}, "key"),
+    ({"op": ["get"], "key": "k"}, "unknown op"),
+])
+def test_every_request_field_is_checked(req, field, thread_errors):
+    """``{"op":"get","timeout":"nan"}`` used to spin the serving thread at 100 % (a NaN
+    deadline never passes) and ``"amount":[1]`` to print a thread traceback; every bad field
+    now gets an error reply naming it, and the store keeps serving."""
+    with StoreServer("tok") as server:
+        c = StoreClient(server.address, "tok", timeout=5)
+        with pytest.raises(RendezvousError) as e:
+            c._call(req)
+        assert field in str(e.value), e.value
+        c.set("after", 1)  # the same connection still works
+        assert c.peek("after") == 1
+        c.close()
+    assert not thread_errors, thread_errors
+
+
+def test_a_counter_stays_exact(thread_errors):
+    with StoreServer("tok") as server:
+        c = StoreClient(server.address, "tok", timeout=5)
+        assert c.add("n", 2**53 - 1) == 2**53 - 1
+        with pytest.raises(RendezvousError, match="would pass 2\\^53"):
+            c.add("n", 2)
+        assert c.peek("n") == 2**53 - 1
+        c.close()
+    assert not thread_errors
+
+
+def test_a_json_bomb_closes_only_its_connection(thread_errors):
+    from hcc.backends import rendezvous as rz
+
+    with StoreServer("tok") as server:
+        c = StoreClient(server.address, "tok", timeout=5)
+        data = b"[" * 30000 + b"]" * 30000  # within MAX_MESSAGE; deeper than json's recursion
+        c._sock.sendall(rz._LEN.pack(len(data)) + data)
+        c._sock.settimeout(5)
+        assert c._sock.recv(1) == b""  # the store closed this connection ...
+        other = StoreClient(server.address, "tok", timeout=5)
+        other.set("k", 1)  # ... and serves the others
+        assert other.get("k") == 1
+        other.close()
+        c.close()
+    assert not thread_errors
+
+
+def test_the_handshake_has_one_deadline_as_a_whole(monkeypatch):
+    """A client trickling one byte every 0.2 s used to be allowed 10 s per byte (the timeout
+    was per recv): 64 bytes, minutes. Now the whole handshake has one deadline."""
+    import socket
+
+    from hcc.backends import rendezvous as rz
+
+    monkeypatch.setattr(rz, "HANDSHAKE_S", 0.5)
+    with StoreServer("tok") as server:
+        host, port = rz.parse_address(server.address)
+        s = socket.create_connection((host, port), timeout=5)
+        assert len(rz.recv_exact(s, rz.NONCE)) == rz.NONCE
+        start = time.monotonic()
+        closed = False
+        for _ in range(64 + 32):  # the whole reply, a byte at a time, and more
+            try:
+                s.sendall(b"x")
+            except OSError:
+                closed = True
+                break
+            s.settimeout(0.2)
+            try:
+                if s.recv(1) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+        took = time.monotonic() - start
+        s.close()
+    assert closed and took < 5.0, took  # per-recv timeouts would have allowed 96 x 0.2 s = 19 s
+
+
+def test_unauthenticated_connections_are_capped(monkeypatch, thread_errors):
+    import socket
+
+    from hcc.backends import rendezvous as rz
+
+    monkeypatch.setattr(rz, "MAX_PENDING", 4)
+    with StoreServer("tok") as server:
+        host, port = rz.parse_address(server.address)
+        idle = [socket.create_connection((host, port), timeout=5) for _ in range(10)]
+        for s in idle:
+            rz.recv_exact(s, rz.NONCE)  # each was accepted and sent its nonce
+        dropped = 0
+        for s in idle[:6]:  # the six oldest were dropped for newer ones
+            s.settimeout(5)
+            dropped += s.recv(1) == b""
+        assert dropped == 6
+        assert len(server._pending) <= 4
+        c = StoreClient(server.address, "tok", timeout=5)  # a real client still gets in
+        c.set("k", 1)
+        assert c.get("k") == 1
+        c.close()
+        for s in idle:
+            s.close()
+    assert not thread_errors
