@@ -1,0 +1,219 @@
+"""Every plan explains itself (issue 17, item 3): the cut that sets its bound is checked against
+independent computations (networkx max-flow for the rooted kinds, every vertex subset by brute
+force for allgather-like kinds), the packing rate against the bound, and the breakdown of the
+predicted time sums to it exactly."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import networkx as nx
+import pytest
+
+from hcc.commands import explain
+from hcc.compiler import bounds
+from hcc.compiler.pipeline import allreduce_floor, compile_unit
+from hcc.compiler.program import CollectiveSpec, Program
+from hcc.ir.plan import Figures
+from hcc.ir.serialize import loads, summary
+from hcc.ir.topology import Link, Topology
+
+GB = 1e9
+
+
+def random_topology(seed: int) -> Topology:
+    """3-5 ranks and 0-1 switch, random capacities in whole GB/s, strongly connected (a
+    bidirectional ring of the ranks plus random extra arcs, some one-way)."""
+    rng = random.Random(seed)
+    n = rng.randint(3, 5)
+    ranks = tuple(f"r{i}" for i in range(n))
+    switches = ("sw",) if rng.random() < 0.5 else ()
+    caps: dict = {}
+    for i in range(n):
+        a, b = ranks[i], ranks[(i + 1) % n]
+        caps[(a, b)] = rng.randint(1, 9) * GB
+        caps[(b, a)] = rng.randint(1, 9) * GB
+    verts = ranks + switches
+    for _ in range(rng.randint(1, 6)):
+        a, b = rng.sample(verts, 2)
+        caps[(a, b)] = caps.get((a, b), 0.0) + rng.randint(1, 9) * GB
+    for s in switches:  # a switch is entered and left
+        r = rng.choice(ranks)
+        caps.setdefault((r, s), 5 * GB)
+        caps.setdefault((s, rng.choice(ranks)), 5 * GB)
+    links = tuple(Link(a, b, c, 1e-6) for (a, b), c in sorted(caps.items()))
+    return Topology(f"rand{seed}", ranks, switches=switches, links=links)
+
+
+def out_cap(topo: Topology, S: set) -> float:
+    return sum(l.capacity for l in topo.links if l.src in S and l.dst not in S)
+
+
+def in_cap(topo: Topology, S: set) -> float:
+    return sum(l.capacity for l in topo.links if l.dst in S and l.src not in S)
+
+
+def subsets(topo: Topology):
+    verts = topo.vertices
+    for k in range(1, len(verts)):
+        for S in itertools.combinations(verts, k):
+            yield set(S)
+
+
+def nx_graph(topo: Topology) -> nx.DiGraph:
+    g = nx.DiGraph()
+    g.add_nodes_from(topo.vertices)
+    for l in topo.links:
+        c = g.edges[l.src, l.dst]["capacity"] if g.has_edge(l.src, l.dst) else 0.0
+        g.add_edge(l.src, l.dst, capacity=c + l.capacity)
+    return g
+
+
+def check_named(topo: Topology, cut) -> None:
+    """The named links are exactly those leaving (entering) the named set, with its capacity."""
+    S = set(cut.vertices)
+    if cut.direction == "out":
+        want = sorted({(l.src, l.dst) for l in topo.links if l.src in S and l.dst not in S})
+        cap = out_cap(topo, S)
+    else:
+        want = sorted({(l.src, l.dst) for l in topo.links if l.dst in S and l.src not in S})
+        cap = in_cap(topo, S)
+    assert list(cut.links) == want
+    assert cut.capacity_Bps == pytest.approx(cap, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rooted_cuts_are_networkx_min_cuts(seed):
+    topo = random_topology(seed)
+    g = nx_graph(topo)
+    ranks = topo.nodes
+    for root in ranks[:2]:
+        for kind in ("broadcast", "reduce"):
+            cut = bounds.binding_cut(kind, topo, ranks, root, 1e9)
+            check_named(topo, cut)
+            if kind == "broadcast":
+                best = min(nx.maximum_flow_value(g, root, v) for v in ranks if v != root)
+                assert root in cut.vertices
+            else:
+                best = min(nx.maximum_flow_value(g, v, root) for v in ranks if v != root)
+                assert root in cut.vertices  # the links enter the root's side
+            assert cut.capacity_Bps == pytest.approx(best, rel=1e-12)
+            assert cut.time(1e9) == pytest.approx(bounds.time_bound(kind, topo, ranks, root, 1e9), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_allgather_like_cuts_are_the_brute_force_maximum(seed):
+    topo = random_topology(seed)
+    ranks = topo.nodes
+    n = len(ranks)
+    R = set(ranks)
+    M = 1e9
+    for kind in ("allgather", "reduce_scatter", "gather", "scatter", "alltoall"):
+        root = ranks[0]
+        cut = bounds.binding_cut(kind, topo, ranks, root, M)
+        check_named(topo, cut)
+        worst = 0.0
+        for S in subsets(topo):
+            k = len(S & R)
+            if not 0 < k < n:
+                continue
+            if kind in ("gather", "scatter") and root in S:
+                continue
+            b = out_cap(topo, S) if kind in ("allgather", "gather", "alltoall") else in_cap(topo, S)
+            need = k * (n - k) if kind == "alltoall" else k
+            worst = max(worst, need * (M / n) / b)
+        assert cut.time(M) == pytest.approx(worst, rel=1e-9), kind
+        assert cut.time(M) == pytest.approx(bounds.time_bound(kind, topo, ranks, root, M), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_allreduce_cut_is_the_pipelines_bound(seed):
+    topo = random_topology(seed)
+    ranks = topo.nodes
+    M = 1e9
+    cut = bounds.binding_cut("allreduce", topo, ranks, None, M)
+    want = min(bounds.time_bound("allreduce", topo, ranks, None, M), allreduce_floor(topo, ranks, M))
+    assert cut.time(M) == pytest.approx(want, rel=1e-9)
+    if cut.kind != "all-ranks":
+        check_named(topo, cut)
+
+
+def program(topo: Topology, *specs: CollectiveSpec) -> Program:
+    return Program("<test>", {topo.name: topo}, specs)
+
+
+def spec(kind: str, topo: Topology, size: int = 1 << 22) -> CollectiveSpec:
+    rooted = kind in ("broadcast", "reduce", "gather", "scatter")
+    op = "sum" if kind in ("reduce", "allreduce", "reduce_scatter") else None
+    return CollectiveSpec(kind, kind, topo.name, topo.nodes, 0 if rooted else -1, size, "float32", op)
+
+
+def check_breakdown(plan) -> None:
+    f = plan.figures
+    parts = (f.bandwidth_bound_s, f.load_s, f.fill_s, f.message_s, f.contention_s)
+    assert sum(parts) == pytest.approx(f.predicted_s, rel=1e-9)
+    eps = 1e-9 * f.predicted_s
+    assert f.load_s >= -eps and f.message_s >= -eps and f.contention_s >= -eps and f.fill_s >= -eps
+    assert f.bandwidth_bound_s <= f.bound_s <= f.predicted_s * (1 + 1e-9)
+    assert tuple(f.bottleneck_link) in {(l.src, l.dst) for l in plan.topology.links}
+    if f.pack_rate_Bps:
+        assert f.pack_rate_Bps <= f.bound_rate_Bps * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["broadcast", "reduce", "allgather", "reduce_scatter", "allreduce", "scatter"])
+def test_breakdown_sums_to_the_prediction(seed, kind):
+    topo = random_topology(seed)
+    unit = compile_unit(program(topo, spec(kind, topo)))
+    check_breakdown(unit.plan)
+    f = unit.plan.figures
+    assert f.cut_direction in ("out", "in")
+    assert f.baseline in ("ring", "rings", "tree", "rd")
+    assert f.baseline_predicted_s == min(c.predicted_s for c in unit.candidates
+                                         if c.algorithm in ("ring", "rings", "tree", "rd"))
+
+
+def dgx1_nvlink() -> Topology:
+    v = tuple(f"gpu{i}" for i in range(8))
+    links = []
+    for pairs, mult in ((["01", "04", "13", "23", "26", "45", "57", "67"], 2),
+                        (["02", "03", "12", "15", "37", "46", "47", "56"], 1)):
+        for a, b in pairs:
+            links += [Link(f"gpu{a}", f"gpu{b}", mult * 25 * GB, 1e-6), Link(f"gpu{b}", f"gpu{a}", mult * 25 * GB, 1e-6)]
+    return Topology("dgx1_nvlink", v, links=tuple(links))
+
+
+def test_dgx1_packings_reach_the_bound_and_name_gpu0s_links():
+    topo = dgx1_nvlink()
+    for kind in ("broadcast", "allgather"):
+        s = replace(spec(kind, topo, 64 << 20), algorithm="treepack")
+        plan = compile_unit(program(topo, s)).plan
+        f = plan.figures
+        check_breakdown(plan)
+        # Edmonds / ForestColl: the packing reaches the cut bound on DGX-1's NVLinks
+        assert f.pack_rate_Bps == pytest.approx(f.bound_rate_Bps, rel=1e-6)
+        if kind == "broadcast":  # gpu0's six bricks (150 GB/s) bound the broadcast
+            assert f.cut_vertices == ("gpu0",)
+            assert sorted(f.cut_links) == [("gpu0", f"gpu{i}") for i in (1, 2, 3, 4)]
+            assert f.cut_capacity_Bps == pytest.approx(150 * GB)
+        text = explain(plan)
+        assert "bound" in text and "bottleneck link" in text and "packing" in text
+
+
+def test_figures_round_trip_and_old_files_load():
+    topo = dgx1_nvlink()
+    plan = compile_unit(program(topo, spec("allgather", topo, 1 << 20))).plan
+    back = loads(plan.to_json())
+    assert back.figures == plan.figures
+    d = json.loads(plan.to_json())
+    new = {"baseline", "baseline_predicted_s", "rings_predicted_s", "ring_channels", "rd_predicted_s",
+           "pack_rate_Bps", "cut_vertices", "cut_links", "cut_capacity_Bps", "cut_direction", "cut_note",
+           "bandwidth_bound_s", "load_s", "fill_s", "message_s", "contention_s", "bottleneck_link"}
+    for k in new:
+        del d["figures"][k]
+    old = loads(json.dumps(d))
+    assert old.figures == replace(plan.figures, **{k: Figures.__dataclass_fields__[k].default for k in new})
+    s = summary(plan)
+    assert s["cut"]["links"] and s["breakdown"]["bottleneck_link"] and s["baseline"]
