@@ -442,9 +442,14 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     hop_start: list[float] = []  # detail only: when each hop of the current message starts
     heappush, heappop = heapq.heappush, heapq.heappop
 
+    # ops that become ready together are posted in program order (a FIFO, not a stack), as
+    # the executors post a completed op's dependents (backends/executor.py): a plan that
+    # orders its sends on a link gets that order among sends that are ready at one instant
+    head = 0
     while True:
-        while work:
-            g = work.pop()
+        while head < len(work):
+            g = work[head]
+            head += 1
             t = ready_at[g]
             c = code[g]
             if c == 3:  # a local op: done after its own duration, then wake its dependents
@@ -463,6 +468,8 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
             if tp >= 0.0:
                 heappush(heap, (t if t > tp else tp, seq, g if c == 0 else p))
                 seq += 1
+        work.clear()
+        head = 0
         if not heap:
             break
         ready, _, s = heappop(heap)

@@ -380,8 +380,25 @@ def _direct_neighbor_average(L: _Lowering) -> None:
                 B.add(r, Scale(ref_out, 1 + len(peers[r]), tuple(done[r])))
 
 
+def _root_spans(L: _Lowering, shapes: list[TreeShape]) -> list[tuple[int, int]]:
+    """Per tree, its share of its root's block (trees rooted at every rank)."""
+    spec, n = L.spec, L.n
+    spans: list[tuple[int, int]] = [(0, 0)] * len(shapes)
+    for j in range(n):
+        mine = [i for i, s in enumerate(shapes) if s.root == j]
+        lo, hi = L.block(j)
+        if not mine:
+            if hi > lo and n > 1:
+                raise PlanError(f"{spec.kind} {spec.name!r} needs a tree rooted at every rank; "
+                                f"none is rooted at {spec.ranks[j]}")
+            continue
+        for i, sp in zip(mine, split_by_rate(lo, hi, [shapes[i].rate for i in mine])):
+            spans[i] = sp
+    return spans
+
+
 def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = None,
-                 proportional: bool = False, window: int = 0) -> list[tuple[int, int]]:
+                 proportional: bool = False, window: int = 0, timed=None) -> list[tuple[int, int]]:
     """Emit every op for a tree-based kind; return each tree's span. ``per_root`` (allreduce):
     True lowers reduce-scatter + allgather over trees rooted at every rank, False shares the
     whole buffer by rate (reduce-then-broadcast per tree), None picks True exactly when every
@@ -402,6 +419,13 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
         per_root = kind == "allreduce" and n > 1 and {s.root for s in shapes} == set(range(n))
     else:
         per_root = per_root and kind == "allreduce" and n > 1
+    if timed is not None and kind in TIMED_KINDS:
+        if kind in ("allgather", "reduce_scatter") or per_root:
+            spans = _root_spans(L, shapes)
+        else:
+            spans = split_by_rate(0, E, rates)
+        if _lower_timed(L, shapes, spans, bool(per_root), *timed):
+            return spans
     if kind in ("broadcast", "reduce", "allreduce") and not per_root:
         spans = split_by_rate(0, E, rates)
         sizes = _proportional_chunks(ce, rates) if proportional else ce
@@ -422,17 +446,7 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
         return spans
 
     if kind in ("allgather", "reduce_scatter") or per_root:
-        spans: list[tuple[int, int]] = [(0, 0)] * len(shapes)
-        for j in range(n):
-            mine = [i for i, s in enumerate(shapes) if s.root == j]
-            lo, hi = L.block(j)
-            if not mine:
-                if hi > lo and n > 1:
-                    raise PlanError(f"{kind} {spec.name!r} needs a tree rooted at every rank; "
-                                    f"none is rooted at {spec.ranks[j]}")
-                continue
-            for i, sp in zip(mine, split_by_rate(lo, hi, [rates[i] for i in mine])):
-                spans[i] = sp
+        spans = _root_spans(L, shapes)
         for t, k, (a, b) in _round_robin(_tree_jobs(spans, ce)):
             sh, cnt = shapes[t], b - a
             j = sh.root
@@ -489,6 +503,351 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
     raise PlanError(f"cannot lower collective kind {kind!r} over trees")
 
 
+
+# -- timed lowering: a compile-time list schedule imposed on each rank's ports ------------
+#
+# Terms
+# - port: the first link of a message's path, the link out of its sending rank (a rank's
+#   NVLink to a neighbour, its uplink to a switch). Only that rank sends on it.
+# - key of a message: when a fluid stream at its tree's packed rate would have sent the end
+#   of its chunk, ``(chunk end - span start) x itemsize / w_T``, less HOP_SLACK chunk
+#   periods per tree hop still ahead of the chunk. Serving the smallest key first is
+#   weighted fair queueing (Parekh & Gallager 1993): each tree gets its packed share of
+#   every link it crosses whatever the other trees do, and a chunk with hops still to go
+#   passes one that is nearly home.
+# - window: how many messages of one port may be in flight at once; message ``i`` of a port
+#   waits for the completion of message ``i - window`` (a credit window).
+#
+# Why: a plan whose sends depend only on data lets the executor post every send the moment
+# its data is there. The roots' sends have no data dependency at all, so all of them are
+# posted at time zero and fill every link's queue ahead of the chunks the rank must forward;
+# the trees then advance at whatever share the arrival order gives them, not at their
+# packed rates, and the slow ones trail (DGX-1 allgather, 48 trees: links 100% busy until
+# 5.4 ms, the bound, then idle while the last trees drain until 9.1 ms: 0.59 of the bound).
+# The timed lowering runs the cost model's own event rules (cost.py: per-hop α-β
+# reservations, per-message cost) with the WFQ choice at every port, and writes the order it
+# found into the plan: each send depends on the send ``window`` places before it on its
+# port. The plan then runs in that order on every backend and in cost.simulate (with a
+# window of 1 on direct links the simulated time equals the schedule's own, exactly).
+
+# 4 in flight per port: 1 holds a rank's uplink to a switch idle while its last message
+# waits behind other senders at the switch (DGX-1 allgather through the PCIe switches: 0.59
+# of the bound with 1, 0.74 with 2, 0.76-0.82 with 4); more lets the executor reorder the
+# schedule (0.54-0.80 with 8)
+PORT_WINDOW = 4
+# chunk periods of key credit per hop still ahead (0 pure WFQ): NVLink-only DGX-1 allgather
+# at 2 MiB chunks 0.909 with 0, 0.917 with 0.25, 0.889 with 2
+HOP_SLACK = 0.25
+
+
+def _msg_paths(topo: Topology, ranks: Sequence[str]):
+    from .cost import _links
+
+    try:
+        links = _links(topo, tuple(ranks))
+    except TypeError:
+        from .cost import _Links
+
+        links = _Links(topo, tuple(ranks))
+    return links
+
+
+class _Timed:
+    """Messages of a tree collective (one per tree, chunk and tree edge) with their data
+    dependencies, scheduled by :meth:`schedule` and emitted by :meth:`emit`."""
+
+    def __init__(self, L: "_Lowering", shapes: list[TreeShape], links, per_msg: float):
+        self.L, self.shapes, self.links, self.per_msg = L, shapes, links, per_msg
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.tree: list[int] = []
+        self.chunk: list[int] = []
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.down: list[bool] = []  # out-tree (broadcast) message, else in-tree (reduce)
+        self.deps: list[tuple[int, ...]] = []
+        self.path: list[tuple[int, ...]] = []
+        self.key: list[float] = []
+        self.itemsize = DTYPE_SIZES[L.spec.dtype]
+        self.hop_s = HOP_SLACK
+
+    def _path(self, verts: Sequence[str]) -> tuple[int, ...]:
+        ids = self.links.id
+        out = []
+        for u, v in zip(verts, verts[1:]):
+            i = ids.get((u, v))
+            if i is None:
+                raise KeyError((u, v))
+            out.append(i)
+        return tuple(out)
+
+    def add(self, s: int, d: int, t: int, k: int, a: int, b: int, down: bool, deps, path, key) -> int:
+        self.src.append(s)
+        self.dst.append(d)
+        self.tree.append(t)
+        self.chunk.append(k)
+        self.lo.append(a)
+        self.hi.append(b)
+        self.down.append(down)
+        self.deps.append(tuple(deps))
+        self.path.append(path)
+        self.key.append(key)
+        return len(self.src) - 1
+
+    def tree_chunk(self, t: int, k: int, a: int, b: int, key: float, up: bool, down: bool) -> None:
+        """The messages of chunk ``[a, b)`` over tree ``t``: reduced to the root (``up``),
+        then (``down``) broadcast from it."""
+        sh = self.shapes[t]
+        paths = self.pcache[t]
+        height, depth = self.height[t], self.depth[t]
+        dl = self.hop_s * (b - a) * self.itemsize / (sh.rate if sh.rate > 0 else 1.0)
+        below = height[sh.root] if down else 0
+        into: dict[int, list[int]] = {}
+        if up:
+            for r in reversed(sh.order):
+                if r == sh.root:
+                    continue
+                p = sh.parent[r]
+                m = self.add(r, p, t, k, a, b, False, into.get(r, ()), paths[r][1],
+                             key - dl * (depth[r] + below))
+                into.setdefault(p, []).append(m)
+        got: dict[int, tuple[int, ...]] = {sh.root: tuple(into.get(sh.root, ()))}
+        if down:
+            for r in sh.order:
+                for c in sh.children[r]:
+                    m = self.add(r, c, t, k, a, b, True, got[r], paths[c][0], key - dl * (1 + height[c]))
+                    got[c] = (m,)
+
+    def prepare_paths(self) -> None:
+        ranks = self.L.spec.ranks
+        self.pcache = []
+        self.height, self.depth = [], []
+        for sh in self.shapes:
+            depth = [0] * len(ranks)
+            for r in sh.order:
+                for c in sh.children[r]:
+                    depth[c] = depth[r] + 1
+            height = [0] * len(ranks)
+            for r in reversed(sh.order):
+                if r != sh.root:
+                    height[sh.parent[r]] = max(height[sh.parent[r]], height[r] + 1)
+            self.height.append(height)
+            self.depth.append(depth)
+            per = [((), ())] * len(ranks)
+            for c in range(len(ranks)):
+                if c == sh.root:
+                    continue
+                verts = sh.paths[c] or (ranks[sh.parent[c]], ranks[c])
+                fwd = self._path(verts)
+                back = self._path(tuple(reversed(verts)))
+                per[c] = (fwd, back)
+            self.pcache.append(per)
+
+    def schedule(self, window: int) -> list[int]:
+        """Messages in the order the WFQ list schedule starts them (see the section
+        comment); also fills ``self.pred``: per message, the message ``window`` places
+        earlier on its port (or -1)."""
+        import heapq
+        from collections import deque
+
+        lat, cap, per_msg = self.links.lat, self.links.cap, self.per_msg
+        nm = len(self.src)
+        nbytes = [(self.hi[m] - self.lo[m]) * self.itemsize for m in range(nm)]
+        remaining = [len(d) for d in self.deps]
+        dependents: list[list[int]] = [[] for _ in range(nm)]
+        for m, ds in enumerate(self.deps):
+            for d in ds:
+                dependents[d].append(m)
+        link_free = [0.0] * len(cap)
+        queue: dict[int, list] = {}
+        nxt: dict[int, float] = {}  # port -> earliest time its window allows a start
+        started: dict[int, deque] = {}  # port -> (message, end) of its last ``window`` starts
+        self.pred = [-1] * nm
+        self.makespan = 0.0
+        order: list[int] = []
+        ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
+        seq = 0
+        key, path, down = self.key, self.path, self.down
+        heappush, heappop = heapq.heappush, heapq.heappop
+
+        def ready(m: int, t: float) -> None:
+            nonlocal seq
+            port = path[m][0]
+            # ties: the later stage (broadcast after reduce) and the later-added (deeper)
+            # message first, so a chunk already under way drains before new ones start
+            heappush(queue.setdefault(port, []), (key[m], not down[m], -m, m))
+            heappush(ev, (max(t, nxt.get(port, 0.0)), 1, seq, port))
+            seq += 1
+
+        for m in range(nm):
+            if remaining[m] == 0:
+                ready(m, 0.0)
+        while ev:
+            t, phase, _, x = heappop(ev)
+            if phase == 0:
+                for d in dependents[x]:
+                    remaining[d] -= 1
+                    if remaining[d] == 0:
+                        ready(d, t)
+                continue
+            q = queue.get(x)
+            if not q or t < nxt.get(x, 0.0) - 1e-15:
+                continue
+            m = heappop(q)[3]
+            win = started.setdefault(x, deque())
+            w = window
+            self.pred[m] = win[0][0] if len(win) == w else -1
+            nb = nbytes[m]
+            hops = path[m]
+            cmin = min(cap[e] for e in hops)
+            stream = nb / cmin
+            t_hop = t
+            end = t + per_msg
+            for e in hops:
+                if link_free[e] > t_hop:
+                    t_hop = link_free[e]
+                link_free[e] = t_hop + lat[e] + per_msg + nb / cap[e]
+                t_hop += lat[e]
+                if t_hop + per_msg + stream > end:
+                    end = t_hop + per_msg + stream
+            order.append(m)
+            if len(win) == w:
+                win.popleft()
+            win.append((m, end))
+            allow = win[0][1] if len(win) == w else 0.0
+            nxt[x] = max(allow, link_free[x])
+            heappush(ev, (end, 0, seq, m))
+            seq += 1
+            if end > self.makespan:
+                self.makespan = end
+            if q:
+                heappush(ev, (nxt[x], 1, seq, x))
+                seq += 1
+        if len(order) != nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        return order
+
+    def emit(self, order: list[int], kind: str, dst_of) -> None:
+        """Write the scheduled messages as ops, in schedule order (so every dependency,
+        data or port window, names an earlier op). ``dst_of(r, t, a, b)``: the range rank
+        ``r`` reduces chunk ``[a, b)`` of tree ``t`` into (reducing kinds)."""
+        L, B, shapes = self.L, self.L.B, self.shapes
+        send_op = [-1] * len(self.src)
+        recv_op = [-1] * len(self.src)
+        copies: dict[tuple[int, int, int], int] = {}  # (rank, tree, chunk) -> Copy into acc
+        pending: dict[tuple[int, int], int] = {}  # (tree, chunk) -> reductions into root left
+        scaled: dict[tuple[int, int], int] = {}  # (tree, chunk) -> root's Scale (avg)
+        avg = L.op == "avg" and L.n > 1
+        roots_copy = kind in ("broadcast", "allgather")
+        if roots_copy:  # the root's own copy of every chunk: local, independent of the rest
+            for t, a, b in self.pieces:
+                root = shapes[t].root
+                B.add(root, Copy(self._root_src(kind, root, a, b), ChunkRef("out", a, b - a)))
+        else:  # a root without children (one rank) reduces nothing: its input is the result
+            for t, a, b in self.pieces:
+                root = shapes[t].root
+                if not shapes[t].children[root]:
+                    B.add(root, Copy(ChunkRef("in", a, b - a), dst_of(root, t, a, b)))
+        for m in order:
+            s, d, t, k, a, b = self.src[m], self.dst[m], self.tree[m], self.chunk[m], self.lo[m], self.hi[m]
+            sh, cnt = shapes[t], b - a
+            deps = [recv_op[x] for x in self.deps[m]]
+            if self.pred[m] >= 0:
+                deps.append(send_op[self.pred[m]])
+            if self.down[m]:
+                if s == sh.root:
+                    if kind in ("broadcast", "allgather"):
+                        src = self._root_src(kind, s, a, b)
+                    else:  # allreduce: the root's reduced chunk
+                        src = ChunkRef("out", a, cnt)
+                        if avg:
+                            deps = [scaled[(t, k)]] + deps[len(self.deps[m]):]
+                else:
+                    src = ChunkRef("out", a, cnt)
+                rdeps: tuple[int, ...] = ()
+                if kind == "allreduce":
+                    up = self.upsend.get((t, k, d))
+                    rdeps = (up,) if up is not None else ()
+                sid, rid = B.message(s, d, src, ChunkRef("out", a, cnt), send_deps=_deps(*deps),
+                                     recv_deps=rdeps, tree=t, chunk=k)
+            else:
+                src = ChunkRef("in", a, cnt) if not sh.children[s] else dst_of(s, t, a, b)
+                acc = dst_of(d, t, a, b)
+                ck = (d, t, k)
+                if ck not in copies:
+                    copies[ck] = B.add(d, Copy(ChunkRef("in", a, cnt), acc))
+                sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps), recv_deps=(copies[ck],),
+                                     reduce=True, tree=t, chunk=k)
+                self.upsend[(t, k, s)] = sid
+            send_op[m], recv_op[m] = sid, rid
+            if not self.down[m] and d == sh.root:
+                left = pending.get((t, k), len(sh.children[d])) - 1
+                pending[(t, k)] = left
+                self.rootrecv.setdefault((t, k), []).append(rid)
+                if left == 0 and avg:
+                    scaled[(t, k)] = B.add(d, Scale(dst_of(d, t, a, b), L.n, tuple(self.rootrecv[(t, k)])))
+
+    def _root_src(self, kind: str, root: int, a: int, b: int) -> ChunkRef:
+        if kind == "allgather":
+            return ChunkRef("in", a - self.L.block(root)[0], b - a)
+        return ChunkRef("in", a, b - a)
+
+
+def _even_chunks(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into the fewest chunks of at most ``ce`` elements, all of nearly one
+    size: no short last chunk paying a whole message's fixed cost for a few bytes.
+
+    >>> _even_chunks(0, 100, 30)
+    [(0, 25), (25, 50), (50, 75), (75, 100)]
+    >>> _even_chunks(0, 7, 3)
+    [(0, 3), (3, 5), (5, 7)]
+    """
+    n = hi - lo
+    if n <= 0:
+        return []
+    m = -(-n // ce)
+    out, a = [], lo
+    for i in range(m):
+        b = a + n // m + (1 if i < n % m else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+TIMED_KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "reduce_scatter"})
+
+
+def _lower_timed(L: "_Lowering", shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
+                 topo: Topology, per_msg: float, window: int) -> bool:
+    """Emit the tree kinds through the timed schedule; False (nothing emitted) when a tree
+    path is not made of the collective's links (the plain lowering then routes it)."""
+    kind = L.spec.kind
+    T = _Timed(L, shapes, _msg_paths(topo, L.spec.ranks), per_msg)
+    T.upsend, T.rootrecv, T.pieces = {}, {}, []
+    try:
+        T.prepare_paths()
+    except KeyError:
+        return False
+    up = kind in ("reduce", "reduce_scatter", "allreduce")
+    down = kind in ("broadcast", "allgather", "allreduce")
+    itemsize = T.itemsize
+    for t, ((lo, hi), sh) in enumerate(zip(spans, shapes)):
+        rate = sh.rate if sh.rate > 0 else 1.0
+        for k, (a, b) in enumerate(_even_chunks(lo, hi, L.ce)):
+            T.pieces.append((t, a, b))
+            T.tree_chunk(t, k, a, b, (b - lo) * itemsize / rate, up, down)
+    order = T.schedule(window)
+    if kind == "reduce_scatter":
+        def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
+            j = shapes[t].root
+            return ChunkRef("out", a - L.block(j)[0], b - a) if r == j else ChunkRef("tmp", a, b - a)
+    else:
+        def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
+            return ChunkRef("out", a, b - a)
+    T.emit(order, kind, dst_of)
+    return True
+
+
 def lower(
     spec_like: Any,
     topo: Topology,
@@ -499,6 +858,9 @@ def lower(
     per_root: bool | None = None,
     proportional: bool = False,
     window: int = 0,
+    schedule: str = "fifo",
+    model: Any = None,
+    port_window: int = PORT_WINDOW,
 ) -> Plan:
     """Lower ``trees`` (PackedTree-like values) for the collective ``spec_like`` (a
     :class:`~hcc.compiler.program.CollectiveSpec` or anything with its fields) to a
@@ -511,6 +873,13 @@ def lower(
     tree's chunk is ``chunk_bytes`` scaled by its rate over the fastest tree's (broadcast,
     reduce and allreduce over shared trees). ``window``: the allreduce credit window of
     :func:`_lower_trees` (0: none).
+
+    ``schedule``: ``"fifo"`` emits each chunk's messages with data dependencies only, the
+    trees in chunk-major order (the executor's posting order decides the rest); ``"timed"``
+    (broadcast, reduce, allgather, reduce_scatter, allreduce) runs the list schedule of the
+    section "timed lowering" under ``model``'s per-message cost and writes its order into
+    the plan, ``port_window`` sends in flight per port (``proportional`` and ``window`` do
+    not apply to it).
     """
     spec = spec_like
     kind = spec.kind
@@ -519,6 +888,10 @@ def lower(
         raise PlanError(f"collective {spec.name!r} has no ranks")
     if spec.dtype not in DTYPE_SIZES:
         raise PlanError(f"unknown dtype {spec.dtype!r}")
+    if schedule not in ("fifo", "timed"):
+        raise PlanError(f"unknown schedule {schedule!r} (fifo or timed)")
+    if port_window < 1:
+        raise PlanError(f"port window must be at least 1, got {port_window}")
     ce = chunk_elems(chunk_bytes, spec.dtype)
     L = _Lowering(spec, ce)
     tree_values: tuple[Tree, ...] = ()
@@ -530,7 +903,12 @@ def lower(
         algorithm = "direct"
     else:
         shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
-        spans = _lower_trees(L, shapes, per_root, proportional, window)
+        timed = None
+        if schedule == "timed":
+            from .cost import DEFAULT_MODEL
+
+            timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window)
+        spans = _lower_trees(L, shapes, per_root, proportional, window, timed)
         tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
     return assemble(spec, topo, L.B, tree_values, algorithm, ce)
 
