@@ -308,6 +308,7 @@ typedef struct {
     int64_t rdone_len, rdone_cap;
     int in_runner;
     uint64_t messages; /* data messages sent and received, for tests and benchmarks */
+    uint64_t runs;     /* programs run by the runner to completion */
 } Engine;
 
 static double now_s(void) {
@@ -1056,7 +1057,8 @@ static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
     int64_t held = 0;
     for (int k = 0; k < e->npeers; k++)
         for (held_t *h = e->peers[k].held; h; h = h->next) held++;
-    return Py_BuildValue("{s:K,s:L}", "messages", (unsigned long long)e->messages, "held", (long long)held);
+    return Py_BuildValue("{s:K,s:K,s:L}", "messages", (unsigned long long)e->messages, "runs",
+                         (unsigned long long)e->runs, "held", (long long)held);
 }
 
 /* the program runner ------------------------------------------------------------ */
@@ -1379,6 +1381,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         free(R.missing);
         free(R.reqs);
         free(R.stack);
+        if (!status) e->runs++;
         result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer, status == 3 ? e->err : "");
     }
     goto out;

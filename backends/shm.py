@@ -68,14 +68,17 @@ class ShmUnavailable(RuntimeFault):
 
 
 def host_id() -> str:
-    """This process's host as the channels see it: boot id and network namespace."""
+    """This process's host as the channels see it: boot id and network namespace, and the
+    ``HCC_SHM_HOST`` label when set (ranks with different labels never share memory: a way
+    to split one machine's ranks into groups, as a job spread over hosts would be)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
         net = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         return ""  # no /proc: never local to anyone
-    return f"{boot}:{net}"
+    label = os.environ.get("HCC_SHM_HOST", "")
+    return f"{boot}:{net}" + (f":{label}" if label else "")
 
 
 def _geometry() -> tuple[int, int, int]:
@@ -110,6 +113,8 @@ def enable(comm: SocketTransport, mode: str | None = None, timeout: float | None
     try:
         listener.bind("\0" + name)  # abstract: no file, gone with the socket
         listener.listen(max(16, world))
+        if " " in hid:
+            raise RuntimeFault(f"HCC_SHM_HOST must not contain spaces: {hid!r}")
         store.set(f"{group}/shm/{rank}", f"{hid} {name}" if hid else "- -")
         infos = {p: store.get(f"{group}/shm/{p}", timeout) for p in range(world) if p != rank}
         local = sorted(p for p, v in infos.items() if hid and str(v).split(" ")[0] == hid)
