@@ -62,7 +62,7 @@ def test_bad_token_is_refused_with_a_clear_error():
         # peer level: a listener refuses a dialer with another token before any data
         client = StoreClient(server.address, "right-token", timeout=5)
         client.set("hcc/addr/0", "127.0.0.1:1")
-        comm = sockets.connect(1, 2, server.address, "right-token", timeout=5, serve_store=False)
+        comm = sockets.connect(1, 2, server.address, "right-token", timeout=5, serve_store=False, shm="off")
         try:
             host, port = client.get("hcc/addr/1").split(":")
             with pytest.raises(AuthenticationError, match="wrong token"):
@@ -76,7 +76,9 @@ def _fake_rank0(server):
     """Rank 1 (a real transport) and an authenticated raw socket acting as rank 0."""
     client = StoreClient(server.address, "tok", timeout=5)
     client.set("hcc/addr/0", "127.0.0.1:1")
-    comm = sockets.connect(1, 2, server.address, "tok", timeout=5, serve_store=False, max_message=1 << 20)
+    # shm off: the fake rank 0 speaks TCP frames only (it never publishes a shared-memory channel)
+    comm = sockets.connect(1, 2, server.address, "tok", timeout=5, serve_store=False, max_message=1 << 20,
+                           shm="off")
     host, port = client.get("hcc/addr/1").split(":")
     sock, session = sockets.dial_handshake((host, int(port)), b"tok", 0, 1, 2, 5)
     client.close()
