@@ -1,18 +1,28 @@
 """hcc.ir.verify — prove that a plan does what its collective requires and cannot deadlock.
 
 The checker is a symbolic executor over intervals (style.md habit 6, after msccl-tools'
-``Check()``), not over elements, so a 256-rank allgather of ~100k ops verifies in seconds.
+``Check()``), not over elements, so a 256-rank allgather of ~100k ops verifies in seconds and
+the 1024-rank fat tree's plans of millions of ops in tens of seconds.
 
 Terms
 - term ``(q, s)``: "rank ``q``'s input element at ``x + s``", where ``x`` is the position of
   the element that holds the term. Storing the shift ``s`` rather than an absolute offset
   makes a run of consecutive elements one value: splitting a run changes nothing, moving a
   run from position ``xs`` to ``xd`` adds ``xs - xd`` to every shift.
-- value: ``(terms, divisor)``: a sorted tuple of terms (a multiset of input elements combined
-  with the plan's reduction) and the divisor a Scale applied (1 if none); ``None`` is an
-  element never written (``out``/``tmp`` start so).
+- value: ``(groups, divisor)``: the set of terms (input elements combined with the plan's
+  reduction) as ``groups = ((s, mask), ...)``, sorted by shift ``s``, where bit ``q`` of
+  ``mask`` is the term ``(q, s)``; and the divisor a Scale applied (1 if none). ``None`` is
+  an element never written (``out``/``tmp`` start so). A term can occur at most once in a
+  value (a second occurrence is the double-counting error), so a set is exact, and a bit
+  mask makes combining two partial reductions of a 1024-rank allreduce a few machine-word
+  operations instead of a merge of 1024-term tuples (a chain of 1023 reductions was
+  quadratic in the ranks).
 - segment map: per rank and buffer, a sorted list of runs ``[start, next start)`` with one
-  value each.
+  value each (:class:`_Segs`). When every range the rank's ops name in a buffer is either
+  equal to or disjoint from every other (*laminar*: chunk-pipelined tree plans always are),
+  the buffer is a dict from range start to its runs instead (:class:`_Slots`), and the race
+  sweep keeps its state per range: one dict lookup per access instead of a bisect and two
+  list splices.
 
 Execution model (ir/plan.py): an op is *posted* when every op in its ``deps`` has completed;
 sends are non-blocking (posting never waits), and the value a Send carries is its source range
@@ -34,7 +44,8 @@ Checks, in order (the first failure raises :class:`VerifyError` with ``rank`` an
    two reductions (RecvReduce/Reduce) into the same elements, which commute: the executor
    applies reductions one at a time in its completion loop, so their order only changes
    floating-point rounding, never which inputs are combined;
-5. no deadlock (the acyclic graph above);
+5. no deadlock (the acyclic graph above, held as arrays: a 1024-rank allgather has ~3
+   million edges);
 6. symbolic execution in a topological order of that graph: reads of unwritten elements,
    reductions that count an input twice or combine scaled values are errors;
 7. every rank's final ``out`` equals buffer_layout's required table exactly (as multisets;
@@ -42,8 +53,10 @@ Checks, in order (the first failure raises :class:`VerifyError` with ``rank`` an
 """
 from __future__ import annotations
 
-from bisect import bisect_right
-from typing import Any
+import gc
+from array import array
+from bisect import bisect_left, bisect_right
+from typing import Any, Callable
 
 from .errors import VerifyError
 from .plan import (
@@ -69,7 +82,7 @@ MAX_TAG = 1 << 24
 
 __all__ = ["neighbor_peers", "verify"]
 
-Value = Any  # None | tuple[tuple[tuple[int, int], ...], int]
+Value = Any  # None | tuple[tuple[tuple[int, int], ...], int]: ((shift, rank mask), ...), divisor
 
 
 class _Segs:
@@ -114,6 +127,77 @@ class _Segs:
             del self.starts[k], self.vals[k]
         if i > 0 and i < len(self.starts) and self.vals[i] == self.vals[i - 1]:
             del self.starts[i], self.vals[i]
+
+
+class _Slots:
+    """A buffer whose ranges are laminar (see the module docstring): ``slots[start] = (end,
+    runs)`` for every range written so far, ``runs`` as :meth:`_Segs.pieces` returns them.
+    Any range the rank's ops name is either a key or untouched, so :meth:`pieces` of such a
+    range is one lookup; :meth:`runs` serves any other range (the final check's blocks)."""
+
+    __slots__ = ("slots", "length")
+
+    def __init__(self, length: int):
+        self.slots: dict[int, tuple[int, list]] = {}
+        self.length = length
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int, Any]]:
+        hit = self.slots.get(a)
+        if hit is not None and hit[0] == b:
+            return hit[1]
+        return self.runs(a, b)
+
+    def assign(self, a: int, b: int, pieces: list[tuple[int, int, Any]]) -> None:
+        self.slots[a] = (b, pieces)
+
+    def runs(self, a: int, b: int) -> list[tuple[int, int, Any]]:
+        """Runs covering ``[a, b)`` in order, gaps as ``None`` (never written)."""
+        keys = sorted(self.slots)
+        out, pos = [], a
+        for k in keys[max(0, bisect_left(keys, a) - 1):]:
+            if k >= b:
+                break
+            end, runs = self.slots[k]
+            if end <= pos:
+                continue
+            for s, e, v in runs:
+                s, e = max(s, pos), min(e, b)
+                if e <= s:
+                    continue
+                if s > pos:
+                    out.append((pos, s, None))
+                out.append((s, e, v))
+                pos = e
+        if pos < b:
+            out.append((pos, b, None))
+        return out
+
+
+class _Input:
+    """Rank ``r``'s ``in``: every element ``x`` holds ``(r, x)``, i.e. the term ``(r, 0)``."""
+
+    __slots__ = ("value", "length")
+
+    def __init__(self, length: int, r: int):
+        self.value = (((0, 1 << r),), 1)
+        self.length = length
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int, Any]]:
+        return [(a, b, self.value)]
+
+
+def _laminar(ranges: set[tuple[int, int]]) -> bool:
+    """Whether the ranges are pairwise equal or disjoint (a set holds each range once).
+
+    >>> _laminar({(0, 4), (4, 8)}), _laminar({(0, 4), (2, 6)}), _laminar({(0, 4), (0, 2)})
+    (True, False, False)
+    """
+    last = -1
+    for a, b in sorted(ranges):
+        if a < last:
+            return False
+        last = b
+    return True
 
 
 def _kind_name(op: Any) -> str:
@@ -184,65 +268,119 @@ def _check_header(plan: Plan) -> None:
 
 
 # -- 2./3. ops and messages ----------------------------------------------------------------
-def _check_ops(plan: Plan, sizes: list[dict[str, int]]):
+class _Index:
+    """The plan's ops numbered globally (rank ``r``'s op ``i`` is ``base[r] + i``), its
+    messages matched, and the completes-before edges as flat arrays (``src[k] -> dst[k]``).
+    Message keys are ints, ``(a * n + b) * MAX_TAG + tag``: tuple keys cost 3x the memory on
+    the million messages of a 1024-rank allgather."""
+
+    def __init__(self, plan: Plan):
+        self.n = plan.n
+        self.base = [0]
+        for prog in plan.programs:
+            self.base.append(self.base[-1] + len(prog))
+        self.total = self.base[-1]
+        self.sends: dict[int, int] = {}  # key -> op index on the sender
+        self.recvs: dict[int, int] = {}  # key -> op index on the receiver
+        # arrays of 8-byte ints, not lists: a list holds a 28-byte int object per entry, and
+        # the 6 million ops of a 1024-rank allreduce make ~18 million edges
+        self.src = array("q")
+        self.dst = array("q")
+
+    def key(self, a: int, b: int, tag: int) -> int:
+        return (a * self.n + b) * MAX_TAG + tag
+
+    def unkey(self, key: int) -> tuple[int, int, int]:
+        pair, tag = divmod(key, MAX_TAG)
+        a, b = divmod(pair, self.n)
+        return a, b, tag
+
+
+_MESSAGE_TYPES = (Send, Recv, RecvReduce)
+_OP_TYPES = (Send, Recv, RecvReduce, Copy, Reduce, Scale)
+
+
+def _check_ops(plan: Plan, sizes: list[dict[str, int]]) -> _Index:
     n = plan.n
-    sends: dict[tuple[int, int, int], int] = {}
-    recvs: dict[tuple[int, int, int], int] = {}
+    ix = _Index(plan)
+    sends, recvs = ix.sends, ix.recvs
+    esrc, edst = ix.src, ix.dst
     ntrees = len(plan.trees)
     for r, prog in enumerate(plan.programs):
+        size_of = sizes[r]
+        b0 = ix.base[r]
         for i, op in enumerate(prog):
-            if not isinstance(op, (Send, Recv, RecvReduce, Copy, Reduce, Scale)):
-                raise _fail(plan, f"rank {r} op {i} is not a plan op: {op!r}", r, i)
+            t = type(op)
+            if t not in _OP_TYPES:
+                t = next((k for k in _OP_TYPES if isinstance(op, k)), None)
+                if t is None:
+                    raise _fail(plan, f"rank {r} op {i} is not a plan op: {op!r}", r, i)
             for d in op.deps:
                 if not isinstance(d, int) or not 0 <= d < i:
                     raise _fail(plan, f"{_where(r, i, op)} depends on op {d}, which is not an earlier op of rank {r}", r, i)
-            reads, writes = _reads_writes(op)
-            for ref in reads + writes:
-                size = sizes[r].get(ref.buf)
+                esrc.append(b0 + d)
+                edst.append(b0 + i)
+            if t is Send:
+                refs, dst = (op.src,), None
+            elif t is Copy or t is Reduce:
+                refs, dst = (op.src, op.dst), op.dst
+            else:
+                refs, dst = (op.dst,), op.dst
+            for ref in refs:
+                size = size_of.get(ref.buf)
                 if size is None:
                     raise _fail(plan, f"{_where(r, i, op)} names buffer {ref.buf!r} (expected one of {', '.join(BUFFERS)})", r, i)
-                if ref.count < 1 or ref.offset < 0 or ref.end > size:
+                if ref.count < 1 or ref.offset < 0 or ref.offset + ref.count > size:
                     raise _fail(plan, f"{_where(r, i, op)}: {_ref(ref)} is outside buffer {ref.buf} of rank {r} ({size} elements)", r, i)
-            for ref in writes:
-                if ref.buf == "in":
-                    raise _fail(plan, f"{_where(r, i, op)} writes the input buffer 'in', which is read-only", r, i)
-            if isinstance(op, (Copy, Reduce)):
+            if dst is not None and dst.buf == "in":
+                raise _fail(plan, f"{_where(r, i, op)} writes the input buffer 'in', which is read-only", r, i)
+            if t is Copy or t is Reduce:
                 if op.src.count != op.dst.count:
                     raise _fail(plan, f"{_where(r, i, op)}: source and destination counts differ", r, i)
                 same = op.src == op.dst and getattr(op, "roundtrip", False)  # codec round trip in place
                 if not same and op.src.buf == op.dst.buf and op.src.offset < op.dst.end and op.dst.offset < op.src.end:
                     raise _fail(plan, f"{_where(r, i, op)}: source and destination overlap", r, i)
-            if isinstance(op, Scale) and op.divisor < 1:
-                raise _fail(plan, f"{_where(r, i, op)}: divisor must be at least 1", r, i)
-            if isinstance(op, (Send, Recv, RecvReduce)):
-                if not 0 <= op.peer < n or op.peer == r:
-                    raise _fail(plan, f"{_where(r, i, op)}: peer {op.peer} is not another rank (0..{n - 1})", r, i)
-                if not 0 <= op.tag < MAX_TAG:
-                    raise _fail(plan, f"{_where(r, i, op)}: tag {op.tag} outside [0, 2**24)", r, i)
+            elif t is Scale:
+                if op.divisor < 1:
+                    raise _fail(plan, f"{_where(r, i, op)}: divisor must be at least 1", r, i)
+            else:
+                peer, tag = op.peer, op.tag
+                if not 0 <= peer < n or peer == r:
+                    raise _fail(plan, f"{_where(r, i, op)}: peer {peer} is not another rank (0..{n - 1})", r, i)
+                if not 0 <= tag < MAX_TAG:
+                    raise _fail(plan, f"{_where(r, i, op)}: tag {tag} outside [0, 2**24)", r, i)
                 if not -1 <= op.tree < ntrees:
                     raise _fail(plan, f"{_where(r, i, op)}: tree {op.tree} does not exist", r, i)
-                if isinstance(op, Send):
-                    key, table = (r, op.peer, op.tag), sends
+                if t is Send:
+                    key, table, a, b = (r * n + peer) * MAX_TAG + tag, sends, r, peer
                 else:
-                    key, table = (op.peer, r, op.tag), recvs
+                    key, table, a, b = (peer * n + r) * MAX_TAG + tag, recvs, peer, r
                 if key in table:
-                    raise _fail(plan, f"{_where(r, i, op)} reuses tag {op.tag} between ranks {key[0]} -> {key[1]} (op {table[key]})", r, i)
+                    raise _fail(plan, f"{_where(r, i, op)} reuses tag {tag} between ranks {a} -> {b} (op {table[key]})", r, i)
                 table[key] = i
+    programs, base = plan.programs, ix.base
     for key, i in sends.items():
-        a, b, tag = key
-        op = plan.programs[a][i]
+        a, b, tag = ix.unkey(key)
+        op = programs[a][i]
         j = recvs.get(key)
         if j is None:
             raise _fail(plan, f"{_where(a, i, op)} has no matching recv on rank {b}", a, i)
-        other = plan.programs[b][j]
+        other = programs[b][j]
         if other.dst.count != op.src.count:
             raise _fail(plan, f"{_where(a, i, op)} sends {op.src.count} elements but its match {_where(b, j, other)} expects {other.dst.count}", a, i)
-    for key, j in recvs.items():
-        if key not in sends:
-            a, b, tag = key
-            op = plan.programs[b][j]
-            raise _fail(plan, f"{_where(b, j, op)} has no matching send on rank {a}", b, j)
-    return sends, recvs
+        s, v = base[a] + i, base[b] + j
+        esrc.append(s)
+        edst.append(v)
+        for d in other.deps:  # rendezvous: the send completes after the recv is posted
+            esrc.append(base[b] + d)
+            edst.append(s)
+    if len(recvs) != len(sends):
+        for key, j in recvs.items():
+            if key not in sends:
+                a, b, tag = ix.unkey(key)
+                op = programs[b][j]
+                raise _fail(plan, f"{_where(b, j, op)} has no matching send on rank {a}", b, j)
+    return ix
 
 
 # -- 4. races --------------------------------------------------------------------------------
@@ -267,14 +405,38 @@ def _unordered(deps: list[tuple[int, ...]], targets: tuple[int, ...], i: int) ->
     return min(todo) if todo else None
 
 
-def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> None:
+def _accesses(op: Any) -> tuple[tuple[ChunkRef, ...], tuple[ChunkRef, ...]]:
+    t = type(op)
+    if t is Send:
+        return (op.src,), ()
+    if t is Recv or t is RecvReduce or t is Scale:
+        return (), (op.dst,)  # RecvReduce, Scale: read-modify-write, ordered as a write
+    return (op.src,), (op.dst,)
+
+
+def _buffer_ranges(prog) -> dict[str, set[tuple[int, int]]]:
+    """The distinct element ranges rank ops name in ``out`` and ``tmp``."""
+    ranges: dict[str, set[tuple[int, int]]] = {"out": set(), "tmp": set()}
+    for op in prog:
+        reads, writes = _accesses(op)
+        for ref in reads + writes:
+            if ref.buf != "in":
+                ranges[ref.buf].add((ref.offset, ref.offset + ref.count))
+    return ranges
+
+
+def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> dict[str, bool]:
     """Sweep rank ``r``'s ops in program order keeping, per run of elements, the last plain
     writer ``w``, the reductions ``red`` and the readers ``rd`` since. Reductions
     (RecvReduce, Reduce) commute with each other, so they need no order among themselves,
-    but every other access must be ordered with each of them."""
+    but every other access must be ordered with each of them. Returns, per buffer, whether
+    its ranges are laminar (then the state is kept per range, see the module docstring)."""
     prog = plan.programs[r]
     deps = [op.deps for op in prog]
-    maps = {b: _Segs(sizes[b], (-1, (), ())) for b in ("out", "tmp")}
+    lam = {b: _laminar(rs) for b, rs in _buffer_ranges(prog).items()}
+    maps = {b: _Segs(sizes[b], (-1, (), ())) for b in ("out", "tmp") if not lam[b]}
+    state: dict[tuple[str, int], tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+    fresh = (-1, (), ())
 
     def check(i: int, targets: tuple[int, ...], ref: ChunkRef, what: str) -> None:
         j = _unordered(deps, targets, i)
@@ -284,18 +446,34 @@ def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> None:
                               f"without a dependency between them", r, i)
 
     for i, op in enumerate(prog):
-        reads, writes = _reads_writes(op)
+        reads, writes = _accesses(op)
         for ref in reads:
             if ref.buf == "in":
                 continue  # never written (checked above), so reads never race
+            if lam[ref.buf]:
+                key = (ref.buf, ref.offset)
+                w, red, rd = state.get(key, fresh)
+                if w >= 0 or red:
+                    check(i, ((w,) if w >= 0 else ()) + red, ref, "reads")
+                state[key] = (w, red, rd + (i,))
+                continue
             segs = maps[ref.buf]
             new = []
             for s, e, (w, red, rd) in segs.pieces(ref.offset, ref.end):
                 check(i, ((w,) if w >= 0 else ()) + red, ref, "reads")
                 new.append((s, e, (w, red, rd + (i,))))
             segs.assign(ref.offset, ref.end, new)
-        commuting = isinstance(op, (RecvReduce, Reduce))
+        commuting = type(op) is RecvReduce or type(op) is Reduce
         for ref in writes:
+            if lam[ref.buf]:
+                key = (ref.buf, ref.offset)
+                w, red, rd = state.get(key, fresh)
+                before = ((w,) if w >= 0 else ()) + rd
+                targets = before if commuting else before + red
+                if targets:
+                    check(i, targets, ref, "writes")
+                state[key] = (w, red + (i,), rd) if commuting else (i, (), ())
+                continue
             segs = maps[ref.buf]
             new = []
             for s, e, (w, red, rd) in segs.pieces(ref.offset, ref.end):
@@ -306,72 +484,69 @@ def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> None:
                 segs.assign(ref.offset, ref.end, new)
             else:
                 segs.assign(ref.offset, ref.end, [(ref.offset, ref.end, (i, (), ()))])
+    return lam
 
 
 # -- 5. deadlock: completes-before graph --------------------------------------------------------
-def _order(plan: Plan, sends, recvs) -> list[tuple[int, int]]:
-    base = [0]
-    for prog in plan.programs:
-        base.append(base[-1] + len(prog))
-    total = base[-1]
-    succ: list[list[int]] = [[] for _ in range(total)]
-    indeg = [0] * total
-    for r, prog in enumerate(plan.programs):
-        b = base[r]
-        for i, op in enumerate(prog):
-            for d in op.deps:
-                succ[b + d].append(b + i)
-                indeg[b + i] += 1
-    for (a, bb, tag), i in sends.items():
-        j = recvs[(a, bb, tag)]
-        s, v = base[a] + i, base[bb] + j
-        succ[s].append(v)
-        indeg[v] += 1
-        for d in plan.programs[bb][j].deps:  # rendezvous: the send completes after the recv is posted
-            succ[base[bb] + d].append(s)
-            indeg[s] += 1
-    rank_of = []
-    for r, prog in enumerate(plan.programs):
-        rank_of.extend([r] * len(prog))
+def _order(plan: Plan, ix: _Index) -> list[int]:
+    """A topological order (global op numbers) of the completes-before graph, or the
+    cycle that makes the plan deadlock. The graph is a CSR of numpy arrays; Kahn's loop
+    runs over the successor array as one list."""
+    import numpy as np
+
+    total = ix.total
+    src = np.frombuffer(ix.src, dtype=np.int64)
+    dst = np.frombuffer(ix.dst, dtype=np.int64)
+    by_src = np.argsort(src, kind="stable")
+    succ = array("q", dst[by_src].tobytes())  # 8 bytes an edge; a list would hold int objects
+    ptr = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=total), out=ptr[1:])
+    ptr_l = array("q", ptr.tobytes())
+    indeg = np.bincount(dst, minlength=total).tolist()
+    del src, dst, by_src, ptr
+    ix.src = ix.dst = array("q")  # the edge arrays are the largest thing verify holds
     ready = [x for x in range(total) if indeg[x] == 0]
-    order: list[tuple[int, int]] = []
+    order: list[int] = []
     while ready:
         x = ready.pop()
-        r = rank_of[x]
-        order.append((r, x - base[r]))
-        for y in succ[x]:
+        order.append(x)
+        for k in range(ptr_l[x], ptr_l[x + 1]):
+            y = succ[k]
             indeg[y] -= 1
             if indeg[y] == 0:
                 ready.append(y)
-    if len(order) < total:
-        # report an op on the cycle: walk back along unfinished predecessors until one repeats
-        pred: dict[int, int] = {}
-        for x in range(total):
-            if indeg[x] > 0:
-                for y in succ[x]:
-                    if indeg[y] > 0:
-                        pred[y] = x
-        x = next(y for y in range(total) if indeg[y] > 0 and y in pred)
-        seen: list[int] = []
-        while x not in seen:
-            seen.append(x)
-            x = pred[x]
-        cyc = seen[seen.index(x):]
-        cyc.reverse()
-        desc = " -> ".join(f"rank {rank_of[y]} op {y - base[rank_of[y]]}" for y in cyc[:8])
-        r = rank_of[x]
-        raise _fail(plan, f"dependency cycle, the plan can deadlock: {desc}"
-                          f"{' -> ...' if len(cyc) > 8 else ''} (starting at {_where(r, x - base[r], plan.programs[r][x - base[r]])})",
-                    r, x - base[r])
-    return order
+    if len(order) == total:
+        return order
+    base = ix.base
+    rank_of = [r for r, prog in enumerate(plan.programs) for _ in prog]
+    # report an op on the cycle: walk back along unfinished predecessors until one repeats
+    pred: dict[int, int] = {}
+    for x in range(total):
+        if indeg[x] > 0:
+            for k in range(ptr_l[x], ptr_l[x + 1]):
+                y = succ[k]
+                if indeg[y] > 0:
+                    pred[y] = x
+    x = next(y for y in range(total) if indeg[y] > 0 and y in pred)
+    seen: list[int] = []
+    while x not in seen:
+        seen.append(x)
+        x = pred[x]
+    cyc = seen[seen.index(x):]
+    cyc.reverse()
+    desc = " -> ".join(f"rank {rank_of[y]} op {y - base[rank_of[y]]}" for y in cyc[:8])
+    r = rank_of[x]
+    raise _fail(plan, f"dependency cycle, the plan can deadlock: {desc}"
+                      f"{' -> ...' if len(cyc) > 8 else ''} (starting at {_where(r, x - base[r], plan.programs[r][x - base[r]])})",
+                r, x - base[r])
 
 
 # -- 6. symbolic execution ---------------------------------------------------------------------
 def _shift(val: Value, delta: int) -> Value:
     if val is None or delta == 0:
         return val
-    terms, div = val
-    return tuple((q, s + delta) for q, s in terms), div
+    groups, div = val
+    return tuple((s + delta, m) for s, m in groups), div
 
 
 def _union(a: Value, b: Value) -> tuple[Value, str]:
@@ -380,26 +555,41 @@ def _union(a: Value, b: Value) -> tuple[Value, str]:
         return None, "combines elements that were never written"
     if a[1] != 1 or b[1] != 1:
         return None, "reduces a value that was already scaled"
-    ta, tb = a[0], b[0]
-    if not set(ta).isdisjoint(tb):
-        q = next(t for t in ta if t in set(tb))[0]
-        return None, f"counts rank {q}'s input twice (double-counted reduction)"
-    return (tuple(sorted(ta + tb)), 1), ""
+    ga, gb = a[0], b[0]
+    if len(ga) == 1 and len(gb) == 1 and ga[0][0] == gb[0][0]:  # the common case: one shift
+        s, ma = ga[0]
+        mb = gb[0][1]
+        if ma & mb:
+            return None, _twice(ma & mb)
+        return (((s, ma | mb),), 1), ""
+    merged = dict(ga)
+    for s, mb in gb:
+        ma = merged.get(s, 0)
+        if ma & mb:
+            return None, _twice(ma & mb)
+        merged[s] = ma | mb
+    return (tuple(sorted(merged.items())), 1), ""
 
 
-def _execute(plan: Plan, order: list[tuple[int, int]], sizes: list[dict[str, int]]) -> list[_Segs]:
+def _twice(both: int) -> str:
+    q = (both & -both).bit_length() - 1
+    return f"counts rank {q}'s input twice (double-counted reduction)"
+
+
+def _execute(plan: Plan, order: list[int], sizes: list[dict[str, int]], ix: _Index,
+             laminar: list[dict[str, bool]]) -> list[Any]:
     n = plan.n
     mem = []
     for r in range(n):
         mem.append({
-            "in": _Segs(sizes[r]["in"], (((r, 0),), 1)),
-            "out": _Segs(sizes[r]["out"], None),
-            "tmp": _Segs(sizes[r]["tmp"], None),
+            "in": _Input(sizes[r]["in"], r),
+            "out": _Slots(sizes[r]["out"]) if laminar[r]["out"] else _Segs(sizes[r]["out"], None),
+            "tmp": _Slots(sizes[r]["tmp"]) if laminar[r]["tmp"] else _Segs(sizes[r]["tmp"], None),
         })
-    inflight: dict[tuple[int, int, int], tuple[int, list]] = {}
+    inflight: dict[int, tuple[int, list]] = {}
 
     def read(r: int, i: int, op: Any, ref: ChunkRef) -> list:
-        ps = mem[r][ref.buf].pieces(ref.offset, ref.end)
+        ps = mem[r][ref.buf].pieces(ref.offset, ref.offset + ref.count)
         for s, e, v in ps:
             if v is None:
                 raise _fail(plan, f"{_where(r, i, op)} reads {ref.buf}[{s}:{e}] of rank {r} before anything was written there", r, i)
@@ -407,15 +597,19 @@ def _execute(plan: Plan, order: list[tuple[int, int]], sizes: list[dict[str, int
 
     def put(r: int, i: int, op: Any, dst: ChunkRef, src_off: int, ps: list, reduce: bool) -> None:
         delta = src_off - dst.offset
-        incoming = [(s - delta, e - delta, _shift(v, delta)) for s, e, v in ps]
+        end = dst.offset + dst.count
+        if delta:
+            incoming = [(s - delta, e - delta, _shift(v, delta)) for s, e, v in ps]
+        else:
+            incoming = ps
         segs = mem[r][dst.buf]
         if not reduce:
-            segs.assign(dst.offset, dst.end, incoming)
+            segs.assign(dst.offset, end, incoming)
             return
-        have = segs.pieces(dst.offset, dst.end)
+        have = segs.pieces(dst.offset, end)
         out, a, b = [], 0, 0
         pos = dst.offset
-        while pos < dst.end:
+        while pos < end:
             s1, e1, v1 = have[a]
             s2, e2, v2 = incoming[b]
             e = min(e1, e2)
@@ -428,17 +622,22 @@ def _execute(plan: Plan, order: list[tuple[int, int]], sizes: list[dict[str, int
                 a += 1
             if e == e2:
                 b += 1
-        segs.assign(dst.offset, dst.end, out)
+        segs.assign(dst.offset, end, out)
 
-    for r, i in order:
-        op = plan.programs[r][i]
-        if isinstance(op, Send):
-            inflight[(r, op.peer, op.tag)] = (op.src.offset, read(r, i, op, op.src))
-        elif isinstance(op, (Recv, RecvReduce)):
-            src_off, ps = inflight.pop((op.peer, r, op.tag))
-            put(r, i, op, op.dst, src_off, ps, isinstance(op, RecvReduce))
-        elif isinstance(op, (Copy, Reduce)):
-            put(r, i, op, op.dst, op.src.offset, read(r, i, op, op.src), isinstance(op, Reduce))
+    programs, base, N = plan.programs, ix.base, n
+    rank_of = [r for r, prog in enumerate(programs) for _ in prog]
+    for x in order:
+        r = rank_of[x]
+        i = x - base[r]
+        op = programs[r][i]
+        t = type(op)
+        if t is Send:
+            inflight[(r * N + op.peer) * MAX_TAG + op.tag] = (op.src.offset, read(r, i, op, op.src))
+        elif t is Recv or t is RecvReduce:
+            src_off, ps = inflight.pop((op.peer * N + r) * MAX_TAG + op.tag)
+            put(r, i, op, op.dst, src_off, ps, t is RecvReduce)
+        elif t is Copy or t is Reduce:
+            put(r, i, op, op.dst, op.src.offset, read(r, i, op, op.src), t is Reduce)
         else:  # Scale
             segs = mem[r][op.dst.buf]
             new = []
@@ -457,53 +656,72 @@ def _required(plan: Plan, r: int) -> list[tuple[int, int, Value]] | None:
     """Required runs of rank ``r``'s ``out`` (buffer_layout's table), or None: unspecified."""
     n, E, kind, root = plan.n, plan.elems, plan.kind, plan.root
     div = n if plan.op == "avg" else 1
-    everyone = tuple((q, 0) for q in range(n))
+    everyone = (1 << n) - 1
     if kind == "broadcast":
-        return [(0, E, (((root, 0),), 1))]
+        return [(0, E, (((0, 1 << root),), 1))]
     if kind in ("reduce", "allreduce"):
         if kind == "reduce" and r != root:
             return None
-        return [(0, E, (everyone, div))]
+        return [(0, E, (((0, everyone),), div))]
     if kind in ("allgather", "gather"):
         if kind == "gather" and r != root:
             return None
-        return [(lo, hi, (((j, -lo),), 1)) for j in range(n) for lo, hi in [block_range(E, n, j)]]
+        return [(lo, hi, (((-lo, 1 << j),), 1)) for j in range(n) for lo, hi in [block_range(E, n, j)]]
     lo, hi = block_range(E, n, r)
     if kind == "reduce_scatter":
-        return [(0, hi - lo, (tuple((q, lo) for q in range(n)), div))]
+        return [(0, hi - lo, (((lo, everyone),), div))]
     if kind == "scatter":
-        return [(0, hi - lo, (((root, lo),), 1))]
+        return [(0, hi - lo, (((lo, 1 << root),), 1))]
     if kind == "alltoall":
         w = E // n
-        return [(j * w, (j + 1) * w, (((j, (r - j) * w),), 1)) for j in range(n)]
+        return [(j * w, (j + 1) * w, ((((r - j) * w, 1 << j),), 1)) for j in range(n)]
     raise ValueError(kind)
+
+
+def _bits(mask: int) -> list[int]:
+    """The set bits of ``mask``, lowest first.
+
+    >>> _bits(0b10110)
+    [1, 2, 4]
+    """
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
 
 
 def _show(val: Value, s: int, e: int) -> str:
     if val is None:
         return "never written"
-    terms, div = val
-    if len(terms) == 1:
-        q, sh = terms[0]
-        txt = f"rank {q}'s in[{s + sh}:{e + sh}]"
+    groups, div = val
+    count = sum(bin(m).count("1") for _, m in groups)
+    if count == 1:
+        sh, m = groups[0]
+        txt = f"rank {_bits(m)[0]}'s in[{s + sh}:{e + sh}]"
     else:
-        qs = sorted({q for q, _ in terms})
+        qs = sorted({q for _, m in groups for q in _bits(m)})
         shown = ", ".join(map(str, qs[:8])) + (", ..." if len(qs) > 8 else "")
-        same = len({sh for _, sh in terms}) == 1
-        txt = f"the reduction of {len(terms)} inputs (ranks {shown}{'' if same else ', at differing offsets'})"
+        same = len(groups) == 1
+        txt = f"the reduction of {count} inputs (ranks {shown}{'' if same else ', at differing offsets'})"
     return txt + (f" / {div}" if div != 1 else "")
 
 
-def _check_final(plan: Plan, r: int, out: _Segs) -> None:
+def _runs(out: Any, lo: int, hi: int) -> list[tuple[int, int, Value]]:
+    return out.runs(lo, hi) if isinstance(out, _Slots) else out.pieces(lo, hi)
+
+
+def _check_final(plan: Plan, r: int, out: Any) -> None:
     name = plan.ranks[r]
     if plan.kind == "neighbor_average":
         exact = None if plan.peers == "shift_one" else set(neighbor_peers(plan.peers, plan.n, r))
-        for s, e, v in out.pieces(0, out.length):
-            ok = v is not None and all(sh == 0 for _, sh in v[0])
+        for s, e, v in _runs(out, 0, out.length):
+            ok = v is not None and len(v[0]) == 1 and v[0][0][0] == 0
             if ok:
-                qs = [q for q, _ in v[0]]
+                qs = _bits(v[0][0][1])  # a set already: a rank counted twice failed earlier
                 others = set(qs) - {r}
-                ok = (r in qs and len(set(qs)) == len(qs) and v[1] == len(qs)
+                ok = (r in qs and v[1] == len(qs)
                       and (others == exact if exact is not None else len(others) == 1))
             if not ok:
                 raise _fail(plan, f"rank {r} ({name}) ends with out[{s}:{e}] = {_show(v, s, e)}, but "
@@ -513,24 +731,53 @@ def _check_final(plan: Plan, r: int, out: _Segs) -> None:
     req = _required(plan, r)
     if req is None:
         return
+    # one walk over the buffer's runs and the required runs together (both sorted): per-
+    # block lookups sorted the runs once per block, 256 x 256 times on a 256-rank allgather
+    have = _runs(out, 0, out.length)
+    k = 0
     for lo, hi, want in req:
         if hi <= lo:
             continue
-        for s, e, v in out.pieces(lo, hi):
+        while k < len(have) and have[k][1] <= lo:
+            k += 1
+        j = k
+        while j < len(have) and have[j][0] < hi:
+            s, e, v = have[j]
             if v != want:
+                s, e = max(s, lo), min(e, hi)
                 raise _fail(plan, f"rank {r} ({name}) ends with out[{s}:{e}] = {_show(v, s, e)}, but "
                                   f"{plan.kind} requires {_show(want, s, e)}", r)
+            j += 1
 
 
-def verify(plan: Plan) -> None:
+def verify(plan: Plan, on_phase: Callable[[str, int, int], None] | None = None) -> None:
     """Raise :class:`VerifyError` unless ``plan`` is consistent, deadlock-free and leaves
-    every rank's ``out`` exactly as its collective requires (see the module docstring)."""
+    every rank's ``out`` exactly as its collective requires (see the module docstring).
+    ``on_phase(step, done, total)`` is told each phase as it starts (progress reporting)."""
     _check_header(plan)
+    # verification allocates a few objects per op and frees almost none until it returns:
+    # the cyclic collector would rescan them all again and again (cost.simulate does the same)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _verify_programs(plan, on_phase)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _verify_programs(plan: Plan, on_phase: Callable[[str, int, int], None] | None = None) -> None:
+    say = on_phase or (lambda what, done, total: None)
     sizes = [plan.buffer_elems(r) for r in range(plan.n)]
-    sends, recvs = _check_ops(plan, sizes)
-    for r in range(plan.n):
-        _check_races(plan, r, sizes[r])
-    order = _order(plan, sends, recvs)
-    outs = _execute(plan, order, sizes)
+    say("ops and messages", 1, 5)
+    ix = _check_ops(plan, sizes)
+    say("data races", 2, 5)
+    laminar = [_check_races(plan, r, sizes[r]) for r in range(plan.n)]
+    say("deadlock freedom", 3, 5)
+    order = _order(plan, ix)
+    say("symbolic execution", 4, 5)
+    outs = _execute(plan, order, sizes, ix, laminar)
+    del order
+    say("final buffers", 5, 5)
     for r, out in enumerate(outs):
         _check_final(plan, r, out)
