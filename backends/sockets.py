@@ -71,12 +71,14 @@ import numpy as np
 from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RuntimeFault, Transport, register
 from .kernels import STAGING
 from .rendezvous import (
+    MAX_PENDING,
     AuthenticationError,
     RendezvousError,
     StoreClient,
     StoreServer,
     parse_address,
     recv_exact,
+    recv_exact_by,
     recv_into_exact,
 )
 
@@ -155,16 +157,18 @@ def dial_handshake(address: tuple[str, int] | None, token: bytes, rank: int, pee
 
 def accept_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
                      timeout: float) -> tuple[int, bytes]:
-    """Authenticate an incoming connection; returns (peer rank, session id) or raises."""
+    """Authenticate an incoming connection; returns (peer rank, session id) or raises.
+    ``timeout`` bounds the whole handshake, not each recv (a peer trickling bytes gets no more)."""
+    deadline = time.monotonic() + timeout
     sock.settimeout(timeout)
     _tune(sock)
-    magic, version, peer, pworld, nd = HELLO.unpack(recv_exact(sock, HELLO.size))
+    magic, version, peer, pworld, nd = HELLO.unpack(recv_exact_by(sock, HELLO.size, deadline))
     if magic != HS_MAGIC or version != HS_VERSION or pworld != world or not 0 <= peer < world or peer == rank:
         raise AuthenticationError(f"rank {rank}: malformed hello from {sock.getpeername()}")
     nl = os.urandom(NONCE)
     ranks = struct.pack("!III", peer, rank, world)
     sock.sendall(WELCOME.pack(HS_MAGIC, rank, nl, _mac(token, b"hcc-peer-server", ranks, nd, nl)))
-    mac = recv_exact(sock, 32)
+    mac = recv_exact_by(sock, 32, deadline)
     if not hmac.compare_digest(mac, _mac(token, b"hcc-peer-client", ranks, nl, nd)):
         raise AuthenticationError(f"rank {rank}: a peer claiming rank {peer} failed the HMAC challenge")
     sock.sendall(b"OK")
@@ -248,6 +252,7 @@ class SocketTransport(Transport):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._conns: dict[int, _Conn] = {}
+        self._pending: dict[socket.socket, None] = {}  # connections in the handshake, oldest first
         self._posted: dict[tuple[int, int], deque] = {}
         self._held: dict[tuple[int, int], deque] = {}
         self._dead: dict[int, str] = {}  # rank -> how we learnt it died
@@ -269,15 +274,29 @@ class SocketTransport(Transport):
                 sock, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:  # at most MAX_PENDING in the handshake: the oldest goes for a new one
+                self._pending[sock] = None
+                while len(self._pending) > MAX_PENDING:
+                    old = next(iter(self._pending))
+                    del self._pending[old]
+                    try:
+                        old.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
             threading.Thread(target=self._accept_one, args=(sock,), daemon=True).start()
 
     def _accept_one(self, sock: socket.socket) -> None:
         try:
             peer, session = accept_handshake(sock, self.token, self.rank, self.world, min(self.timeout, 10.0))
         except (OSError, ConnectionError, RuntimeFault, struct.error):
+            with self._lock:
+                self._pending.pop(sock, None)
             sock.close()  # an unauthenticated connection gets nothing, and costs us nothing
             return
         with self._lock:
+            if self._pending.pop(sock, False) is False:  # dropped for a newer one meanwhile
+                sock.close()
+                return
             conn = self._get_conn(peer)
             if conn.sock is not None:  # a second connection claiming the same rank: refuse it
                 sock.close()
@@ -425,6 +444,9 @@ class SocketTransport(Transport):
                         self._cond.notify_all()
                     return
                 if kind == FAIL:
+                    if not 0 <= tag < self.world:
+                        return self._protocol_error(conn, f"a FAIL frame names rank {tag}, outside a world "
+                                                          f"of {self.world}")
                     with self._cond:
                         if tag not in self._dead and tag != self.rank:
                             self._dead[tag] = f"reported by rank {peer}"
