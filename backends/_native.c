@@ -940,7 +940,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
         uint32_t seq0 = atomic_load(&e->bell->seq);
         pthread_mutex_lock(&e->mu);
         progress(e);
-        for (Py_ssize_t i = 0; i < n && !any; i++) any = e->table[hs[i]]->done;
+        for (Py_ssize_t i = 0; i < n && !any; i++) any = !e->table[hs[i]] || e->table[hs[i]]->done;
         if (!any) status = failure_of(e, busy, &fpeer);
         pthread_mutex_unlock(&e->mu);
         if (any || status) break;

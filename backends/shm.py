@@ -233,22 +233,33 @@ def _connect_local(comm: SocketTransport, listener: socket.socket, local: list[i
 
 
 class _ShmReq(Request):
-    """A transfer on a shared-memory channel; ``buf`` keeps the caller's memory alive until
-    the core is done with it."""
+    """A transfer on a shared-memory channel. ``buf`` keeps the caller's memory alive, and the
+    transport keeps this request (``live``) until the core is done with it, even when the
+    caller drops it (the adaptive runtime abandons transfers): the core writes into ``buf``
+    until then."""
 
-    __slots__ = ("peer", "tag", "buf", "handle", "_eng", "_done")
+    __slots__ = ("peer", "tag", "buf", "handle", "_eng", "_done", "_live")
 
-    def __init__(self, eng, handle: int, peer: int, tag: int, buf: memoryview):
+    def __init__(self, eng, handle: int, peer: int, tag: int, buf: memoryview, live: dict):
         self._eng, self.handle, self.peer, self.tag, self.buf = eng, handle, peer, tag, buf
         self._done = False
+        self._live = live
+        live[handle] = self
 
     @property
     def done(self) -> bool:
         if not self._done and self._eng.done(self.handle):
-            self._done = True
-            self._eng.release(self.handle)  # after this the handle may name another request
-            self.buf = None
+            self._finish()
         return self._done
+
+    def _finish(self) -> None:
+        self._done = True
+        self._live.pop(self.handle, None)
+        self._eng.release(self.handle)  # after this the handle may name another request
+        self.buf = None
+
+
+_SWEEP = 256  # live requests beyond which a post first forgets the completed ones
 
 
 class ShmSocketTransport(SocketTransport):
@@ -276,6 +287,8 @@ class ShmSocketTransport(SocketTransport):
             os.close(evfd)
         self._local = {p: i for i, p in enumerate(local)}
         self._reported: set[int] = set()
+        self._live_reqs: dict[int, _ShmReq] = {}  # handle -> request the core may still touch
+        self._sweep_at = _SWEEP
 
     # -- what the channels carry ------------------------------------------------------
     @property
@@ -288,7 +301,8 @@ class ShmSocketTransport(SocketTransport):
         if idx is None:
             return super().isend(peer, tag, data)
         view = self._bytes_view(data)
-        return _ShmReq(self._engine, self._engine.isend(idx, tag, self._plan, view), peer, tag, view)
+        self._sweep()
+        return _ShmReq(self._engine, self._engine.isend(idx, tag, self._plan, view), peer, tag, view, self._live_reqs)
 
     def irecv(self, peer: int, tag: int, buf) -> Request:
         idx = self._local.get(peer)
@@ -297,7 +311,16 @@ class ShmSocketTransport(SocketTransport):
         view = self._bytes_view(buf)
         if view.readonly:
             raise RuntimeFault(f"rank {self.rank}: irecv into a read-only buffer (tag {tag})")
-        return _ShmReq(self._engine, self._engine.irecv(idx, tag, self._plan, view), peer, tag, view)
+        self._sweep()
+        return _ShmReq(self._engine, self._engine.irecv(idx, tag, self._plan, view), peer, tag, view, self._live_reqs)
+
+    def _sweep(self) -> None:
+        live = self._live_reqs
+        if len(live) > self._sweep_at:  # amortised: the next sweep waits for twice as many
+            for r in list(live.values()):
+                if r._eng.done(r.handle):
+                    r._finish()
+            self._sweep_at = max(_SWEEP, 2 * len(live))
 
     # -- failures -----------------------------------------------------------------------
     def _shm_failure(self, status: int, peer: int, message: str, timeout: float, detail: str) -> Exception:
