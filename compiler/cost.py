@@ -80,6 +80,19 @@ class CostModel:
     reduce_Bps: float = 0.0  # 0 = reductions are free
     copy_Bps: float = 0.0  # 0 = local copies are free
 
+    def __post_init__(self) -> None:
+        # a NaN cost made every prediction 0.0 s and a negative one a false "deadlock"
+        import numbers
+
+        from ..ir.errors import ArgumentTypeError, ArgumentValueError
+
+        for f in ("per_message_s", "reduce_Bps", "copy_Bps"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ArgumentTypeError(f"CostModel: {f} must be a number, got {type(v).__name__} {v!r}")
+            if not (0 <= v < float("inf")):
+                raise ArgumentValueError(f"CostModel: {f} must be a finite number >= 0, got {v!r}")
+
 
 DEFAULT_MODEL = CostModel()
 
@@ -94,7 +107,9 @@ def model_with(base: CostModel = DEFAULT_MODEL, *, per_message_us: float | None 
     """
     for label, v in (("per-message cost", per_message_us), ("reduce rate", reduce_GBps), ("copy rate", copy_GBps)):
         if v is not None and not (v >= 0 and v < float("inf")):
-            raise ValueError(f"{label} must be a finite number >= 0, not {v}")
+            from ..ir.errors import ArgumentValueError
+
+            raise ArgumentValueError(f"{label} must be a finite number >= 0, not {v}")
     return CostModel(
         per_message_s=base.per_message_s if per_message_us is None else per_message_us / 1e6,
         reduce_Bps=base.reduce_Bps if reduce_GBps is None else reduce_GBps * 1e9,

@@ -48,6 +48,7 @@ from ..grammar.limits import (
     MIN_BANDWIDTH,
 )
 from ..grammar.parser import MAX_SOURCE_CHARS, parse
+from ..ir.errors import ArgumentTypeError
 from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, PEERS, REDUCING_KINDS, ROOTED_KINDS
 from ..ir.topology import Link, Topology
 from .program import CollectiveSpec, Program
@@ -71,7 +72,11 @@ def load_program(path_or_source: str | os.PathLike) -> Program:
     """Parse and check a program: a PathLike or a str naming an existing file is read;
     any other str is source text with path ``"<string>"``.
 
-    Raises :class:`SourceError` for every fault of language.md "Errors"."""
+    Raises :class:`SourceError` for every fault of language.md "Errors", and
+    :class:`~hcc.ir.errors.ArgumentTypeError` for an argument that is neither."""
+    if not isinstance(path_or_source, (str, os.PathLike)):
+        raise ArgumentTypeError(f"hcc.load: expected a path or the program's source text (str or "
+                                f"os.PathLike), got {type(path_or_source).__name__}")
     if isinstance(path_or_source, os.PathLike) or _names_a_file(path_or_source):
         path = os.fspath(path_or_source)
         text = read_source(path)

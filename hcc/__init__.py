@@ -14,7 +14,7 @@ from __future__ import annotations
 from .api import compile, compile_all, load
 from .grammar.diagnostics import SourceError
 from .grammar.errors import HccError
-from .ir.errors import PlanError, VerifyError
+from .ir.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PlanError, VerifyError
 from .ir.plan import Figures, Plan, Tree
 from .ir.topology import Topology
 from .compiler.program import CollectiveSpec, Program
@@ -31,6 +31,7 @@ from .backends.base import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError", "ArgumentTypeError", "ArgumentValueError",
     "CollectiveSpec", "CollectiveTimeout", "CostModel", "Figures", "HccError", "PeerFailed", "Plan",
     "PlanError", "Program", "RankFailed", "RootFailed", "RuntimeFault", "SourceError",
     "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "relax", "__version__",

@@ -555,3 +555,50 @@ def test_syntax_missing_comma_in_a_list_hints_at_it():
     src = coll("    ranks = gpu0 gpu1\n    size = 1 MB")
     e = check_at(src, "size", "unexpected name 'size'; expected '='")
     assert e.hint == "is a ',' missing before 'gpu1', or an '=' after it?"
+
+
+# ---- the Python API's own arguments (issue 21) -------------------------------------------------
+
+API_SRC = "topology t { node a, b, c  a <-> b : 1 GB/s  b <-> c : 1 GB/s }\n" \
+          "collective r = allreduce on t { size = 4 KB }\n"
+
+
+@pytest.mark.parametrize("call, kind, fragment", [
+    (lambda hcc, p: hcc.compile(p, 123), TypeError, "name must be a collective's name (str) or None, got int"),
+    (lambda hcc, p: hcc.compile(123), TypeError, "program must be a Program, a path or source text, got int"),
+    (lambda hcc, p: hcc.compile(p, model=3), TypeError, "model must be a CostModel or None, got int"),
+    (lambda hcc, p: hcc.compile(p, modle=None), TypeError, "unexpected keyword argument 'modle' (did you mean 'model'?)"),
+    (lambda hcc, p: hcc.compile_all(p, nme="r"), TypeError, "unexpected keyword argument 'nme'"),
+    (lambda hcc, p: hcc.compile_all(None), TypeError, "program must be a Program"),
+    (lambda hcc, p: hcc.load(None), TypeError, "hcc.load: expected a path or the program's source text"),
+    (lambda hcc, p: hcc.load(b"topology t {}"), TypeError, "got bytes"),
+    (lambda hcc, p: hcc.load(API_SRC, strict=True), TypeError, "unexpected keyword argument 'strict'"),
+    (lambda hcc, p: hcc.Plan.load(None), TypeError, "expected a path"),
+    (lambda hcc, p: hcc.CostModel(per_message_s=-1), ValueError, "per_message_s must be a finite number >= 0, got -1"),
+    (lambda hcc, p: hcc.CostModel(per_message_s=float("nan")), ValueError, "got nan"),
+    (lambda hcc, p: hcc.CostModel(reduce_Bps=float("inf")), ValueError, "got inf"),
+    (lambda hcc, p: hcc.CostModel(copy_Bps="fast"), TypeError, "copy_Bps must be a number, got str"),
+    (lambda hcc, p: hcc.CostModel(per_message_s=True), TypeError, "got bool"),
+])
+def test_api_misuse_is_a_typed_error(call, kind, fragment):
+    """Wrong argument types and values used to give a raw TypeError ("'int' object is not
+    iterable"), a false "deadlock" (a negative per-message cost) or a silent 0.0 s prediction
+    (NaN); each is now an hcc error that is also the built-in TypeError/ValueError."""
+    import hcc
+
+    program = hcc.load(API_SRC)
+    with pytest.raises(hcc.ArgumentError) as e:
+        call(hcc, program)
+    assert isinstance(e.value, kind) and isinstance(e.value, hcc.HccError)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_api_accepts_what_it_documents():
+    import numpy as np
+
+    import hcc
+
+    program = hcc.load(API_SRC)
+    plan = hcc.compile(program, "r", model=hcc.CostModel(per_message_s=np.float64(1e-6)))
+    assert plan.figures.predicted_s > 0
+    assert set(hcc.compile_all(API_SRC, model=None)) == {"r"}
