@@ -5,6 +5,7 @@ Submodules are imported where used: ``hcc.backends.sockets``, ``hcc.backends.mpi
 """
 from .base import (
     BACKENDS,
+    Capabilities,
     CollectiveTimeout,
     PeerFailed,
     RankFailed,
@@ -15,6 +16,6 @@ from .base import (
 )
 
 __all__ = [
-    "BACKENDS", "CollectiveTimeout", "PeerFailed", "RankFailed", "Request", "RootFailed",
+    "BACKENDS", "Capabilities", "CollectiveTimeout", "PeerFailed", "RankFailed", "Request", "RootFailed",
     "RuntimeFault", "Transport",
 ]

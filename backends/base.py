@@ -16,11 +16,15 @@ Contract
 - ``wait_change(requests, timeout, ignore=, woken=)`` / ``wake()``: the adaptive runtime's
   wait, which returns on completion, on a new death or on an outside event, and never raises
   for a dead peer.
+- ``capabilities``: what the transport declares it can do (:class:`Capabilities`); the
+  runtime (backends/runtime.py) decides from it, never from the transport's ``name``, how a
+  plan runs over it.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import AbstractSet, Callable, ClassVar
 
 from ..grammar.errors import HccError
@@ -57,6 +61,23 @@ class RootFailed(RankFailed):
     """The root of a rooted collective died; no survivor can complete."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport declares it offers the runtime (style.md habit 14).
+
+    ``arrival_order``: the ranks of this transport's jobs enter a collective at different
+    times (task-based systems: a sockets job of independent processes, Ray actors), so a plan
+    whose source does not say ``adaptive`` runs with arrival-order scheduling (the adaptive
+    runtime, whose fast path still runs on-time calls as the static program). Off (MPI's
+    ranks run in lockstep), such a plan runs static.
+    ``agreement``: the transport carries a rendezvous store client (``store``) and the job's
+    ``token``, on which the adaptive runtime keeps its agreement log; without them only the
+    static executor runs (no death can be survived, no rank can be waited for)."""
+
+    arrival_order: bool = False
+    agreement: bool = False
+
+
 class Request:
     """A handle on one non-blocking operation; backends subclass it."""
 
@@ -65,6 +86,9 @@ class Request:
 
 class Transport(ABC):
     name: ClassVar[str] = ""
+    # a class default; a transport whose offer depends on how it was made (a Ray transport
+    # with or without a coordinator's store) sets its own value on the instance
+    capabilities: Capabilities = Capabilities()
     rank: int
     world: int
 
@@ -116,7 +140,7 @@ class Transport(ABC):
         """Make a thread blocked in :meth:`wait_change` re-check ``woken()`` now."""
 
     def bind_plan(self, plan_id: int, max_message: int) -> None:
-        """The plan the next messages belong to, called by ``plan.run`` before it posts any:
+        """The plan the next messages belong to, called by the runtime before it posts any:
         ``plan_id`` is :meth:`Plan.wire_id`, ``max_message`` :meth:`Plan.largest_message_bytes`.
         A transport that frames its messages (sockets) stamps the id on every data frame,
         refuses a frame of another plan for a posted receive (the ranks run different plans)

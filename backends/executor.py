@@ -1,6 +1,8 @@
-"""hcc.backends.executor — interpret a verified plan on one rank over any Transport.
+"""hcc.backends.executor — the static executor: interpret a verified plan on one rank over any
+Transport.
 
-One executor serves every backend (design.md "Runtime"); a backend only moves bytes.
+One executor serves every backend (design.md "Runtime"); a backend only moves bytes. The
+runtime (backends/runtime.py) decides whether a call runs here or in the adaptive runtime.
 
 Model (ir/plan.py): ``programs[rank]`` is a dataflow graph. An op is *posted* once every op in
 its ``deps`` has *completed*. The executor
@@ -54,7 +56,8 @@ assignment's source and destination are the same memory (0.3 us for 16 MiB).
 
 Per-run cost: what does not change between runs of one rank's program (the dependency
 lists, the start order, the fused Copies, the op kinds, how far each buffer is reached) is a
-:class:`Schedule`, computed once per plan, rank and fusion mode and kept on the plan. A run
+:class:`Schedule`, computed once per plan, rank and fusion mode and kept beside the plan
+(backends/state.py). A run
 checks its buffers against the schedule once; ``view`` then slices without checks. Measured
 (4 ranks on 2 cores under MPI, 1 MiB direct allreduce): the Python around each transfer is
 most of what separates the executor from the same exchange written inline with mpi4py
@@ -67,9 +70,9 @@ oldest outstanding receive (or send). A dead peer surfaces as :class:`RankFailed
 :class:`RootFailed`) naming it. Never a hang.
 
 Bound runs: over a transport with persistent transfers (MPI), a call that passes ``out`` and
-plain numpy arrays is bound once (:class:`BoundRun`: persistent requests on the caller's
-memory, kept on the plan for the last few array sets per rank) and later calls with the same
-arrays only start requests and reduce — MPI-4's persistent collectives for any plan.
+plain numpy arrays is bound once (backends/bound.py: persistent requests on the caller's
+memory, kept beside the plan for the last few array sets per rank) and later calls with the
+same arrays only start requests and reduce — MPI-4's persistent collectives for any plan.
 
 The per-rank state lives in :class:`RankExecution`, whose ``pending``/``ready`` sets are
 explicit, so a later repair step can replace the remaining ops of a rank (design.md
@@ -86,8 +89,10 @@ import numpy as np
 from ..ir.plan import Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send
 from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, RuntimeFault, Transport
 from .kernels import STAGING, combine_into, np_dtype, reduce_into, scale_into
+from .state import state_of
 
-__all__ = ["run", "RankExecution", "BoundRun", "InputMismatch", "UnknownOption", "CodecUnavailable"]
+__all__ = ["run_static", "RankExecution", "Schedule", "schedule", "caller_buffers", "InputMismatch",
+           "UnknownOption", "CodecUnavailable"]
 
 # Options the executor understands; unknown ones are rejected (a later issue adds quorum etc.).
 KNOWN_OPTIONS: frozenset[str] = frozenset()
@@ -166,12 +171,9 @@ def schedule(plan: Plan, rank: int, program, fuse: int) -> Schedule:
     pieces in reader threads: the first piece of a slice cannot know whether another
     message's piece already started it); 2 also into several RecvReduces of the same block
     (the staged path: whole chunks complete in this thread, the first one starts from the
-    source). Cached on the plan for its own programs; a neighbor_average step's programs are
-    built per step and are not cached (steps are unbounded)."""
-    cache = plan.__dict__.get("_schedules")
-    if cache is None:
-        cache = {}
-        object.__setattr__(plan, "_schedules", cache)
+    source). Kept beside the plan (backends/state.py) for the plan's own step-0 programs; a
+    neighbor_average's other steps are computed per call."""
+    cache = state_of(plan).schedules
     own = 0 <= rank < len(plan.programs) and program is plan.programs[rank]
     if own and (rank, fuse) in cache:
         return cache[rank, fuse]
@@ -459,191 +461,6 @@ class RankExecution:
             )
 
 
-class BoundRun:
-    """One rank's program bound to one set of buffers over a transport with persistent
-    transfers (``send_init``/``recv_init``/``start_all``/``wait_some``/``free_all``: the MPI
-    backend), run again and again: MPI-4's persistent collectives (``MPI_Allreduce_init``)
-    for any plan.
-
-    Built from a :class:`RankExecution` whose buffers are checked, it holds per op what a
-    run would otherwise recompute: a persistent request per Send, Recv and RecvReduce (one
-    ``MPI_Startall`` posts all that become ready together), the slices of every buffer, and a
-    staging chunk per RecvReduce of its own. A run is then the dependency count and the
-    reductions. With 4 ranks on 2 cores each microsecond of Python a rank spends outside
-    ``MPI_Testsome`` stalls its peers' copies (MPICH moves a large message when the receiver
-    polls), and per transfer the general loop makes a slice, two memoryviews, two request
-    objects and two dict entries. Measured (4 ranks, 1 MiB direct allreduce, median of 140
-    runs per variant in one mpiexec job, three jobs, load 3.3-4.0): general loop
-    1.67 / 2.90 / 5.08 ms, bound 1.23 / 2.07 / 4.85 ms, MPICH ``Allreduce`` 1.31 / 2.91 / 5.62
-    ms; at load 0.8-1.1 the bound run took 0.81-1.0 ms against 0.75-0.91 ms for the same
-    exchange written inline with mpi4py and 0.78-1.22 ms for MPICH.
-
-    Semantics are the executor's: the same dependency order, Copy fusion, reductions on the
-    main thread, the per-wait deadline naming the rank, peer and chunk."""
-
-    def __init__(self, ex: RankExecution, key: tuple):
-        comm = ex.comm
-        self.ex, self.comm, self.key = ex, comm, key
-        self.generation = getattr(comm, "generation", 0)
-        self.busy = False
-        program, kinds = ex.program, ex.kinds
-        n_ops = len(program)
-        self.handles: list[Any] = [None] * n_ops
-        self.local: list[Any] = [None] * n_ops
-        self.reduce: list[Any] = [None] * n_ops
-        made = []
-        try:
-            for k, op in enumerate(program):
-                kind = kinds[k]
-                if kind == SEND:
-                    h = comm.send_init(op.peer, op.tag, memoryview(ex.view(op.src)).cast("B"))
-                elif kind == RECV:
-                    h = comm.recv_init(op.peer, op.tag, memoryview(ex.view(op.dst)).cast("B"))
-                elif kind == RECV_REDUCE:
-                    dst = ex.view(op.dst)
-                    staging = np.empty(dst.size, dtype=dst.dtype)
-                    src = ex.fused.get(k)
-                    self.reduce[k] = (dst, staging, None if src is None else ex.view(src), ex.fuse_group.get(k))
-                    h = comm.recv_init(op.peer, op.tag, memoryview(staging).cast("B"))
-                else:
-                    if kind == COPY and k not in ex.skip_copy:
-                        self.local[k] = (COPY, ex.view(op.dst), ex.view(op.src))
-                    elif kind == REDUCE:
-                        self.local[k] = (REDUCE, ex.view(op.dst), ex.view(op.src))
-                    elif kind == SCALE:
-                        self.local[k] = (SCALE, ex.view(op.dst), op.divisor)
-                    continue
-                self.handles[k] = h
-                made.append(h)
-        except BaseException:
-            comm.free_all(made)
-            raise
-        self.made = made
-
-    def free(self) -> None:
-        if self.made and getattr(self.comm, "generation", 0) == self.generation:
-            self.comm.free_all(self.made)
-        self.made = []
-
-    def _post(self, order: list[int], missing: list[int], active: list, owner: list[int]) -> int:
-        """Post the ops of ``order`` and, depth first, what each releases (the executor's
-        order): transfers gathered into one ``start_all``, flushed before any local op that
-        has work (a receive is never left unposted behind a copy). Returns how many local
-        ops completed."""
-        handles, local, deps, ex, comm = self.handles, self.local, self.ex.dependents, self.ex, self.comm
-        starts: list = []
-        done = 0
-        for first in order:
-            stack = [first]
-            while stack:
-                k = stack.pop()
-                h = handles[k]
-                if h is not None:
-                    starts.append(h)
-                    active.append(h)
-                    owner.append(k)
-                    continue
-                work = local[k]
-                if work is not None:
-                    if starts:
-                        comm.start_all(starts)
-                        starts = []
-                    what, dst, arg = work
-                    if what == COPY:
-                        dst[...] = arg
-                    elif what == REDUCE:
-                        reduce_into(ex.op_name, ex.plan.dtype, dst, arg)
-                    else:
-                        scale_into(ex.plan.dtype, dst, arg)
-                done += 1
-                for j in deps[k]:
-                    missing[j] -= 1
-                    if missing[j] == 0:
-                        stack.append(j)
-        if starts:
-            comm.start_all(starts)
-        return done
-
-    def run(self, timeout: float) -> None:
-        ex, comm = self.ex, self.comm
-        deps, reduce = ex.dependents, self.reduce
-        op_name, dtype_name = ex.op_name, ex.plan.dtype
-        missing = list(ex.missing_at_start)
-        active: list = []
-        owner: list[int] = []
-        started: set[int] = set()
-        completed = self._post(ex.first, missing, active, owner)
-        while active:
-            try:
-                idx = comm.wait_some(active, timeout)
-            except CollectiveTimeout:
-                k = _blame_op(ex.kinds, owner)
-                raise CollectiveTimeout(ex.rank, ex.program[k].peer, ex.describe(k), timeout) from None
-            finished = [owner[i] for i in idx]
-            for i in reversed(idx):
-                del active[i]
-                del owner[i]
-            ready: list[int] = []
-            for k in finished:
-                red = reduce[k]
-                if red is not None:
-                    reduce_staged(op_name, dtype_name, *red, started)
-                for j in deps[k]:
-                    missing[j] -= 1
-                    if missing[j] == 0:
-                        ready.append(j)
-            completed += len(finished)
-            if ready:
-                completed += self._post(ready, missing, active, owner)
-        if completed != len(ex.program):
-            raise RuntimeFault(f"rank {ex.rank}: {len(ex.program) - completed} ops never became ready; "
-                               "is the plan verified?")
-
-
-_BOUND_KEEP = 4  # bound runs kept per plan and communicator (least recently used first out)
-
-
-def _bound_run(plan: Plan, comm: Transport, array, out, make) -> BoundRun | None:
-    """The :class:`BoundRun` of this plan, rank, communicator and caller arrays, made by
-    ``make()`` (a checked :class:`RankExecution`) on first use and kept on the plan, or None
-    when the call cannot be bound. Only exact numpy arrays are bound, held by reference: a
-    held array cannot be resized under the requests (numpy refuses to resize an array
-    something else references), and its identity names its memory. The output must be given
-    (a new result per call has new memory every time); the input may be None."""
-    cache = plan.__dict__.get("_bound")
-    if cache is None:
-        cache = []
-        object.__setattr__(plan, "_bound", cache)
-    key = (comm, array, out)
-    for i, b in enumerate(cache):
-        k = b.key
-        if k[0] is comm and k[1] is array and k[2] is out:
-            if b.busy:
-                return None
-            if b.generation != getattr(comm, "generation", 0):  # the communicator was closed
-                del cache[i]
-                break
-            if i:
-                cache.insert(0, cache.pop(i))
-            return b
-    b = BoundRun(make(), key)
-    cache.insert(0, b)
-    mine = [x for x in cache if x.key[0] is comm]
-    if len(mine) > _BOUND_KEEP:
-        old = mine[-1]
-        cache.remove(old)
-        old.free()
-    return b
-
-
-def _programs(plan: Plan, step: int):
-    if plan.kind == "neighbor_average" and step != 0:
-        from ..compiler.lower_relax import programs_for_step
-
-        return programs_for_step(plan, step)
-    return plan.programs
-
-
 def _reads_input(program) -> bool:
     return any(getattr(op, "src", None) is not None and op.src.buf == "in" for op in program)
 
@@ -663,24 +480,10 @@ def _codec(plan: Plan):
     return codec
 
 
-_ADAPTIVE: list = []  # [hcc.backends.adaptive or None], once imported
-
-
-def _adaptive_module():
-    """hcc.backends.adaptive when it is installed (it is another part's module)."""
-    if not _ADAPTIVE:
-        try:
-            from . import adaptive
-        except ImportError:
-            adaptive = None
-        _ADAPTIVE.append(adaptive)
-    return _ADAPTIVE[0]
-
-
 def caller_buffers(plan: Plan, comm: Transport, array: Any, out: Any, timeout: float, *,
                    zero_fill: bool = False, input_read: bool = True) -> tuple[int, np.ndarray, np.ndarray, Any]:
     """Check the communicator and the caller's arrays against ``plan`` before any byte moves,
-    for every executor (static here, adaptive in adaptive.py). Returns ``(rank, in, out, result)``:
+    for every executor (static here, adaptive in backends/adaptive/). Returns ``(rank, in, out, result)``:
     flat views of the input and output buffers, and what ``run`` returns — ``out`` when the
     caller gave one, else a new array shaped like the input when the sizes agree.
     ``zero_fill``: a new output starts as zeros (the adaptive runtime leaves missing blocks 0).
@@ -714,31 +517,19 @@ def caller_buffers(plan: Plan, comm: Transport, array: Any, out: Any, timeout: f
     return rank, inp, out_flat, result
 
 
-def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
-        **options) -> np.ndarray:
-    """Run ``plan`` on rank ``comm.rank``; returns ``out`` (allocated when not given).
-
-    ``array``: this rank's input, ``plan.buffer_elems(rank)["in"]`` elements of the plan's dtype
-    (numpy storage dtype: bfloat16 as uint16), any shape, C-contiguous; ``None`` means zeros
-    (for ranks whose input the collective ignores, e.g. non-roots of a broadcast). ``out``:
-    optional preallocated output of ``buffer_elems(rank)["out"]`` elements. ``timeout``: the
-    deadline of every wait, in seconds. ``step``: the training step (``neighbor_average``
-    with ``peers = shift_one`` changes partners every step). Every check happens before any
-    byte moves.
-    """
-    comm.bind_plan(plan.wire_id(), plan.largest_message_bytes())
-    adaptive = _adaptive_module()
-    if adaptive is not None and adaptive.wants(plan, comm, options):
-        # on_failure = continue, adaptive = on, or a quorum: the adaptive runtime (issue 4)
-        # runs the plan's trees itself and survives deaths; this executor aborts on them
-        return adaptive.run(plan, comm, array, out=out, timeout=timeout, step=step, **options)
+def run_static(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
+               **options) -> np.ndarray:
+    """Run ``plan``'s program for rank ``comm.rank`` at training step ``step``; returns ``out``
+    (allocated when not given). Called by the runtime (backends/runtime.py), which has bound
+    the transport to the plan and chosen this executor; ``options`` are refused (this
+    executor has none). See ``hcc.run`` for the arguments."""
     unknown = sorted(set(options) - KNOWN_OPTIONS) if options else ()
     if unknown:
         raise UnknownOption(
             f"unknown run option(s) {', '.join(unknown)}"
             + (f" (known: {', '.join(sorted(KNOWN_OPTIONS))})" if KNOWN_OPTIONS else " (none are defined)")
         )
-    program = _programs(plan, step)[comm.rank] if 0 <= comm.rank < plan.n else ()
+    program = plan.programs_at(step)[comm.rank] if 0 <= comm.rank < plan.n else ()
     rank, inp, out_flat, result = caller_buffers(plan, comm, array, out, timeout,
                                                  input_read=array is not None or _reads_input(program))
     dtype, sizes = np_dtype(plan.dtype), plan.buffer_elems(rank)
@@ -749,22 +540,12 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
         return RankExecution(plan, comm, program, bufs, float(timeout), codec)
 
     # a transport with persistent transfers, the plan's own program, plain numpy arrays, and
-    # an output given: bind this call once and reuse it (BoundRun)
+    # an output given: bind this call once and reuse it (backends/bound.py)
     if (codec is None and type(out) is np.ndarray and (array is None or type(array) is np.ndarray)
             and program is plan.programs[rank] and getattr(comm, "send_init", None) is not None):
-        bound = _bound_run(plan, comm, array, out, execution)
-        if bound is not None:
-            bound.busy = True
-            try:
-                bound.run(float(timeout))
-            except BaseException:
-                # requests may still be active: drop the binding without reusing them
-                cache = plan.__dict__.get("_bound", [])
-                if bound in cache:
-                    cache.remove(bound)
-                raise
-            finally:
-                bound.busy = False
+        from .bound import run_bound
+
+        if run_bound(plan, comm, array, out, execution, float(timeout)):
             return result
     execution().execute()
     return result

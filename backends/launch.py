@@ -8,7 +8,7 @@ costs one process launch, not hundreds — and writes ``result<r>.json`` (per-it
 the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteration).
 
 Timing: before each iteration the ranks meet at a barrier; each rank times its own
-``plan.run``; an iteration's time is the maximum over ranks (the collective is done when the
+``hcc.run``; an iteration's time is the maximum over ranks (the collective is done when the
 slowest rank is). Each rank also records the CPU seconds its process spent (all threads,
 ``time.process_time``) per iteration: ``RunResult.detail["rank_cpu"]``, and how long the
 host's cores sat idle during its timed region (:func:`host_idle_seconds`, read just outside
@@ -22,6 +22,10 @@ overlaps between ranks can be checked. :class:`RunResult` is what every backend'
 Failure: the launcher watches its children; when one exits abnormally the others must end on
 their own (they raise :class:`RankFailed` within the per-wait deadline); after that deadline
 plus a grace period the launcher kills whatever is left — only its own children, by handle.
+
+:func:`local_ranks` is the one place that starts local rank processes (beside the rendezvous
+store they meet at) and ends them: :func:`run_cases_local` runs timed cases with it, and the
+fault and late-arrival harness of backends/testing.py runs its cases with it too.
 """
 from __future__ import annotations
 
@@ -33,16 +37,18 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..ir.files import atomic_write_text
 from .base import RuntimeFault
 
-__all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job", "host_idle_seconds"]
+__all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job", "host_idle_seconds",
+           "local_ranks"]
 
 
 def host_idle_seconds() -> float | None:
@@ -113,8 +119,8 @@ def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, time
 def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
     """Body of one rank process: run every case of the job; 0 on success, 1 on failure."""
     from ..ir.plan import Plan
-    from .executor import run
     from .reference import make_input
+    from .runtime import run
 
     job = Path(job_dir)
     spec = json.loads((job / "job.json").read_text())
@@ -211,6 +217,35 @@ def _wait_children(procs: list[subprocess.Popen], timeout: float, overall: float
     return codes
 
 
+@contextmanager
+def local_ranks(job: Path, world: int, argv_of: Callable[[int, str], list[str]], token: str, *,
+                store_host: str = "127.0.0.1", wrap: Callable[[int, list[str]], list[str]] | None = None
+                ) -> Iterator[tuple]:
+    """Serve a rendezvous store and start ``world`` rank processes, ``argv_of(rank,
+    store_address)`` each (rewritten by ``wrap(rank, argv)`` when given), with ``HCC_TOKEN`` in
+    their environment and their output in ``job/rank<r>.log``. Yields ``(store, procs)``; on
+    exit every child still running is killed and reaped — only these children, by handle."""
+    from .rendezvous import StoreServer
+
+    env = dict(os.environ, HCC_TOKEN=token)
+    procs: list[subprocess.Popen] = []
+    with StoreServer(token, store_host, 0) as store:
+        try:
+            for r in range(world):
+                argv = argv_of(r, store.address)
+                if wrap is not None:
+                    argv = wrap(r, argv)
+                with open(job / f"rank{r}.log", "wb") as log:  # the child keeps its own copy
+                    procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL))
+            yield store, procs
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+
+
 def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, warmup: int = 0,
                     timeout: float = 60.0, step: int = 0, save_outputs: bool = True,
                     wrap: Callable[[int, list[str]], list[str]] | None = None,
@@ -233,8 +268,6 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
     wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``
     SIGKILLs rank ``r`` that long after every rank finished iteration 0 (fault-injection tests).
     ``pace_Bps`` paces every connection to that many bytes/s (emulated links, no root needed)."""
-    from .rendezvous import StoreServer
-
     if backend != "sockets":
         raise RuntimeFault(f"run_cases_local launches the sockets worker, not {backend!r}")
     token = secrets.token_hex(32)
@@ -243,53 +276,39 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
         world = prepare_job(job, cases, iters, warmup, timeout, step, save_outputs)
         if max_message is None:
             max_message = max(int(c[0].size_bytes) for c in cases) + (1 << 20)
-        env = dict(os.environ, HCC_TOKEN=token)
-        procs: list[subprocess.Popen] = []
-        logs = []
-        with StoreServer(token, store_host, 0) as store:
+
+        def argv_of(r: int, store: str) -> list[str]:
+            argv = [sys.executable, "-m", "hcc.backends.sockets", "--job", str(job), "--rank", str(r),
+                    "--world", str(world), "--store", store, "--timeout", str(timeout),
+                    "--max-message", str(max_message)]
+            if hosts is not None:
+                argv += ["--host", hosts[r]]
+            if pace_Bps:
+                argv += ["--pace", repr(float(pace_Bps))]
+            return argv
+
+        t0 = time.monotonic()
+        with local_ranks(job, world, argv_of, token, store_host=store_host, wrap=wrap) as (store, procs):
             killed_at = None
-            try:
-                t0 = time.monotonic()
-                for r in range(world):
-                    argv = [sys.executable, "-m", "hcc.backends.sockets", "--job", str(job), "--rank", str(r),
-                            "--world", str(world), "--store", store.address, "--timeout", str(timeout),
-                            "--max-message", str(max_message)]
-                    if hosts is not None:
-                        argv += ["--host", hosts[r]]
-                    if pace_Bps:
-                        argv += ["--pace", repr(float(pace_Bps))]
-                    if wrap is not None:
-                        argv = wrap(r, argv)
-                    log = open(job / f"rank{r}.log", "wb")
-                    logs.append(log)
-                    procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL))
-                if kill_rank is not None:
-                    # count the delay from the moment every rank has finished iteration 0, so
-                    # the kill lands mid-run however slow the start-up was
-                    kr, delay = kill_rank
-                    key = "barrier/hcc/c0/i1"
-                    limit = time.monotonic() + timeout * 3
-                    while store.value(key, 0) < world and time.monotonic() < limit and all(
-                            p.poll() is None for p in procs):
-                        time.sleep(0.005)
-                    time.sleep(delay)
-                    procs[kr].kill()
-                    killed_at = time.monotonic()
-                n_iters = sum(1 for _ in cases) * (iters + warmup)
-                codes = _wait_children(procs, timeout, overall=timeout * (3 + n_iters) + 30.0,
-                                       report_dead=lambda ranks: store.put("hcc/dead", list(ranks)))
-                wall = time.monotonic() - t0
-                detail = {"wall_s": wall}
-                if killed_at is not None:
-                    detail["kill_to_end_s"] = time.monotonic() - killed_at
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
-                for log in logs:
-                    log.close()
+            if kill_rank is not None:
+                # count the delay from the moment every rank has finished iteration 0, so
+                # the kill lands mid-run however slow the start-up was
+                kr, delay = kill_rank
+                key = "barrier/hcc/c0/i1"
+                limit = time.monotonic() + timeout * 3
+                while store.value(key, 0) < world and time.monotonic() < limit and all(
+                        p.poll() is None for p in procs):
+                    time.sleep(0.005)
+                time.sleep(delay)
+                procs[kr].kill()
+                killed_at = time.monotonic()
+            n_iters = sum(1 for _ in cases) * (iters + warmup)
+            codes = _wait_children(procs, timeout, overall=timeout * (3 + n_iters) + 30.0,
+                                   report_dead=lambda ranks: store.put("hcc/dead", list(ranks)))
+            wall = time.monotonic() - t0
+            detail = {"wall_s": wall}
+            if killed_at is not None:
+                detail["kill_to_end_s"] = time.monotonic() - killed_at
         return _collect(job, backend, world, len(cases), codes, detail)
 
 

@@ -1,5 +1,8 @@
 """hcc.backends.mpi — the ``mpi`` backend: a Transport over mpi4py, and a local launcher.
 
+mpi4py is imported where it is used (``pip install 'hcc[mpi]'`` installs it with the ``mpich``
+wheel; a site MPI's mpi4py works too); :func:`available` says whether it is there.
+
 Terms
 - *communicator*: an mpi4py ``Comm`` (usually ``MPI.COMM_WORLD``); hcc rank ``r`` is MPI rank
   ``r`` of that communicator, so a plan of ``n`` ranks needs a communicator of size ``n``.
@@ -26,7 +29,7 @@ Embedding, one call per rank inside the user's own ``mpiexec`` job::
     from mpi4py import MPI
     import hcc.backends.mpi
     comm = hcc.backends.mpi.MPIBackend(MPI.COMM_WORLD)
-    out = plan.run(comm, array)
+    out = hcc.run(plan, comm, array)
 """
 from __future__ import annotations
 
@@ -36,7 +39,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,12 +49,11 @@ from typing import Sequence
 import numpy as np
 
 from ..ir.errors import PlanError
-from ..ir.files import atomic_write_text
-from .base import CollectiveTimeout, Request, RuntimeFault, Transport, register
+from .base import Capabilities, CollectiveTimeout, Request, RuntimeFault, Transport, register
 
 __all__ = [
-    "MPIBackend", "MPIRequest", "available", "bench_hcc", "bench_native", "bench_pair",
-    "find_mpiexec", "loopback_env", "native_collective", "run_cases_local", "run_local",
+    "MPIBackend", "MPIRequest", "available", "find_mpiexec", "loopback_env", "mpiexec_job", "reaping_shm",
+    "run_cases_local", "run_local",
 ]
 
 # Poll schedule of wait_any: test this many times back to back, then sleep between tests,
@@ -116,6 +117,9 @@ class MPIBackend(Transport):
     """The plan's Transport over an mpi4py communicator (rank = MPI rank, world = size)."""
 
     name = "mpi"
+    # MPI ranks run in lockstep and MPICH cannot survive a death: no arrival-order scheduling
+    # by default, no agreement store (the runtime runs the static executor)
+    capabilities = Capabilities()
 
     def __init__(self, comm=None, *, abort_on_fault: bool = True):
         from mpi4py import MPI
@@ -128,8 +132,6 @@ class MPIBackend(Transport):
         ub = self.comm.Get_attr(MPI.TAG_UB)
         # The IR promises tags < 2**24; the MPI standard only promises TAG_UB >= 32767.
         self.tag_ub = int(ub) if ub is not None else 32767
-        self.kill_at_iteration: int | None = None  # fault tests: SIGKILL at the first send
-        self._die_armed = False  # of that iteration of the first case (see barrier)
         # track_completions(True): every request posted since, not yet seen complete, and its
         # MPI request in a parallel list that Testsome reads as it is (wait_completed)
         self._live: list[MPIRequest] | None = None
@@ -153,8 +155,6 @@ class MPIBackend(Transport):
 
     def isend(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
         self._check(peer, tag)
-        if self._die_armed:
-            os.kill(os.getpid(), signal.SIGKILL)
         mv = _as_bytes(data)
         req = self.comm.Isend([mv, self._MPI.BYTE], dest=peer, tag=tag)
         r = MPIRequest(req, peer, tag, "send", mv)
@@ -202,8 +202,6 @@ class MPIBackend(Transport):
 
     def start_all(self, requests: Sequence[MPIRequest]) -> None:
         """Post persistent requests (``MPI_Startall``), in the given order."""
-        if self._die_armed:
-            os.kill(os.getpid(), signal.SIGKILL)
         self._MPI.Prequest.Startall([r.req for r in requests])
 
     def wait_some(self, requests: Sequence[MPIRequest], timeout: float) -> list[int]:
@@ -291,8 +289,6 @@ class MPIBackend(Transport):
     def barrier(self, name: str = "", timeout: float = 60.0) -> None:
         """All ranks meet (``MPI_Ibarrier`` polled with the same deadline as ``wait_any``);
         ``name`` is only for messages (launch.worker_run names each iteration ``c<i>/i<k>``)."""
-        if self.kill_at_iteration is not None and name == f"c0/i{self.kill_at_iteration}":
-            self._die_armed = True
         req = MPIRequest(self.comm.Ibarrier(), -1, -1, f"barrier {name}",
                          memoryview(b""))
         self.wait_any([req], timeout)
@@ -313,48 +309,6 @@ class MPIBackend(Transport):
         if exc is not None and self.abort_on_fault and isinstance(exc, (RuntimeFault, OSError)):
             self.abort(exc)
         self.close()
-
-
-# --------------------------------------------------------------------------- native peer
-
-def _mpi_op(MPI, op: str | None):
-    return {None: MPI.SUM, "sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN,
-            "max": MPI.MAX}[op]
-
-
-def native_collective(kind: str, comm, inp: np.ndarray, out: np.ndarray, root: int = 0,
-                      op: str | None = "sum") -> np.ndarray:
-    """Run MPICH's own collective ``kind`` on ``inp``/``out`` (the plan's buffer layout,
-    ir.plan.buffer_layout) — the native peer of benchmarks. Returns ``out``."""
-    from mpi4py import MPI
-
-    n = comm.Get_size()
-    mop = _mpi_op(MPI, op)
-    if kind == "allreduce":
-        comm.Allreduce(inp, out, op=mop)
-    elif kind == "reduce":
-        comm.Reduce(inp, out, op=mop, root=root)
-    elif kind == "broadcast":
-        if comm.Get_rank() == root:
-            out[...] = inp
-        comm.Bcast(out, root=root)
-    elif kind in ("allgather", "gather", "reduce_scatter", "scatter"):
-        e = out.size if kind in ("allgather", "gather") else inp.size
-        counts = [((i + 1) * e // n) - (i * e // n) for i in range(n)]
-        displs = [i * e // n for i in range(n)]
-        if kind == "allgather":
-            comm.Allgatherv(inp, [out, counts, displs, None])
-        elif kind == "gather":
-            comm.Gatherv(inp, [out, counts, displs, None], root=root)
-        elif kind == "scatter":
-            comm.Scatterv([inp, counts, displs, None], out, root=root)
-        else:
-            comm.Reduce_scatter(inp, out, recvcounts=counts, op=mop)
-    elif kind == "alltoall":
-        comm.Alltoall(inp, out)
-    else:
-        raise ValueError(f"no native MPI peer for collective kind {kind!r}")
-    return out
 
 
 # --------------------------------------------------------------------------- launching
@@ -447,9 +401,11 @@ def reaping_shm():
                 time.sleep(0.1)
 
 
-def _launch(job: Path, world: int, extra: list[str], wall: float) -> tuple[int, str]:
-    cmd = [*find_mpiexec(), "-n", str(world), sys.executable, "-m", "hcc.backends.mpi",
-           "--job", str(job), *extra]
+def mpiexec_job(world: int, argv: Sequence[str], wall: float) -> tuple[int, str]:
+    """Run ``argv`` as ``world`` MPI ranks under the ``mpich`` wheel's launcher, on loopback,
+    reaping the shared-memory segments an aborted job leaves; returns ``(status, output)``.
+    A job that outlives ``wall`` seconds is killed (status -9)."""
+    cmd = [*find_mpiexec(), "-n", str(world), *argv]
     with reaping_shm():
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -518,7 +474,8 @@ def run_cases_local(cases: Sequence[tuple], *, iters: int = 1, warmup: int = 0,
         world = prepare_job(job, cases, iters, warmup, timeout, step)
         extra = ["--kill", f"{kill[0]}:{kill[1]}"] if kill else []
         budget = wall or _wall(timeout, len(cases) * (iters + warmup), world)
-        code, log = _launch(job, world, extra, budget)
+        code, log = mpiexec_job(world, [sys.executable, "-m", "hcc.backends.mpi", "--job", str(job), *extra],
+                                budget)
         return _collect(job, world, len(cases), code, log)
 
 
@@ -529,172 +486,38 @@ def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float =
                            step=kw.get("step", 0), kill=kw.get("kill"), wall=kw.get("wall"))[0]
 
 
-def bench_pair(plan, inputs, iters: int, warmup: int = 1,
-               timeout: float = 60.0) -> tuple[list[float], list[float]]:
-    """hcc's plan against MPICH's own collective of the same kind, size, dtype and op, on the
-    same input buffers, in the same mpiexec job: ``(hcc_times, native_times)`` in seconds, per
-    iteration, slowest rank. The two alternate iteration by iteration (which one goes first
-    alternates too), each after the same ``MPI_Barrier``, so a noisy moment of the shared
-    machine falls on both; hcc's output array is given from the first warm-up on, so the
-    bound run (:class:`~hcc.backends.executor.BoundRun`) is made before anything is timed.
-    hcc's last output is checked against the numpy reference."""
-    from .launch import prepare_job
-    from .reference import check, expected
-
-    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
-        job = Path(tmp)
-        world = prepare_job(job, [(plan, inputs)], iters, warmup, timeout)
-        code, log = _launch(job, world, ["--pair", plan.kind],
-                            _wall(timeout, 2 * (iters + warmup), world))
-        path = job / "pair.json"
-        if code != 0 or not path.exists():
-            raise RuntimeFault(f"hcc mpi: paired run of {plan.name!r} failed (mpiexec status {code}): "
-                               + log.strip()[-600:])
-        outs = [np.load(job / f"case0.out{r}.npy") for r in range(world)]
-        check(plan, outs, expected(plan, list(inputs)))
-        pair = json.loads(path.read_text())
-        return pair["hcc"], pair["native"]
-
-
-def bench_native(kind: str, size_bytes: int, n: int, iters: int, *, dtype: str = "float32",
-                 warmup: int = 1, op: str = "sum", root: int = 0) -> list[float]:
-    """Per-iteration times (s, slowest rank) of MPICH's own ``kind`` on ``n`` local ranks at
-    ``size_bytes`` per rank (nccl-tests sizes; the plan IR's buffer layout)."""
-    with tempfile.TemporaryDirectory(prefix="hcc-mpi-") as tmp:
-        job = Path(tmp)
-        spec = {"kind": kind, "size_bytes": size_bytes, "dtype": dtype, "iters": iters,
-                "warmup": warmup, "op": op, "root": root}
-        atomic_write_text(job / "native_only.json", json.dumps(spec))
-        code, log = _launch(job, n, ["--native", kind], _wall(60.0, iters + warmup, n))
-        path = job / "native.json"
-        if code != 0 or not path.exists():
-            raise RuntimeFault(f"hcc mpi: native {kind} failed (mpiexec status {code}): "
-                               + log.strip()[-600:])
-        return json.loads(path.read_text())["times"]
-
-
-def bench_hcc(plan, iters: int, warmup: int = 1, seed: int = 0) -> list[float]:
-    """Per-iteration times (s, slowest rank) of ``plan`` on ``plan.n`` local MPI ranks, each
-    rank drawing the reference module's random input from ``seed``."""
-    return run_cases_local([(plan, seed)], iters=iters, warmup=warmup)[0].times
-
-
 # --------------------------------------------------------------------------- the rank side
 
-def _native_times(job: Path, kind: str, comm) -> list[float]:
-    """MPICH's collective alone (:func:`bench_native`), on random buffers of
-    ``native_only.json``'s size. Times are the slowest rank's."""
-    from mpi4py import MPI
-
-    from ..ir.plan import DTYPE_SIZES, buffer_layout
-    from .kernels import np_dtype
-
-    me, n = comm.Get_rank(), comm.Get_size()
-    spec = json.loads((job / "native_only.json").read_text())
-    dt = np_dtype(spec["dtype"])
-    elems = spec["size_bytes"] // DTYPE_SIZES[spec["dtype"]]
-    n_in, n_out = buffer_layout(kind, elems, n, me, spec["root"])
-    inp = np.random.default_rng(me).integers(0, 100, n_in).astype(dt)
-    out = np.zeros(n_out, dtype=dt)
-    times = []
-    for it in range(spec["warmup"] + spec["iters"]):
-        comm.Barrier()
-        t0 = MPI.Wtime()
-        native_collective(kind, comm, inp, out, root=spec["root"], op=spec["op"])
-        dt_s = MPI.Wtime() - t0
-        if it >= spec["warmup"]:
-            times.append(comm.allreduce(dt_s, op=MPI.MAX))
-    if me == 0:
-        atomic_write_text(job / "native.json", json.dumps({"kind": kind, "times": times}))
-    return times
-
-
-def _pair_times(job: Path, kind: str, comm: MPIBackend) -> None:
-    """:func:`bench_pair`'s rank side: case 0's plan and MPICH's ``kind`` alternating, each
-    iteration after one ``MPI_Barrier``; rank 0 writes the slowest rank's times of both."""
-    from mpi4py import MPI
-
-    from ..ir.plan import Plan
-    from .executor import run
-    from .kernels import np_dtype
-
-    world = comm.comm
-    me = world.Get_rank()
-    spec = json.loads((job / "job.json").read_text())
-    case, timeout = spec["cases"][0], float(spec["timeout"])
-    plan = Plan.load(job / case["plan"])
-    x = np.ascontiguousarray(np.load(job / case["inputs"].format(rank=me)))
-    elems = plan.buffer_elems(me)
-    dt = np_dtype(plan.dtype)
-    out = np.empty(elems["out"], dtype=dt)  # given from the first warm-up: bound before timing
-    native_out = np.zeros(elems["out"], dtype=dt)
-    root, op = max(plan.root, 0), plan.op or "sum"
-    times: dict[str, list[float]] = {"hcc": [], "native": []}
-
-    def hcc() -> None:
-        run(plan, comm, x, out=out, timeout=timeout)
-
-    def native() -> None:
-        native_collective(kind, world, x, native_out, root=root, op=op)
-
-    for it in range(case["warmup"] + case["iters"]):
-        for name, fn in (("hcc", hcc), ("native", native)) if it % 2 == 0 else (("native", native), ("hcc", hcc)):
-            world.Barrier()
-            t0 = MPI.Wtime()
-            fn()
-            dt_s = MPI.Wtime() - t0
-            if it >= case["warmup"]:
-                times[name].append(dt_s)
-    every = world.gather(times, root=0)
-    np.save(job / f"case0.out{me}.npy", out)
-    if me == 0:
-        slowest = {k: [max(ts) for ts in zip(*(t[k] for t in every))] for k in times}
-        atomic_write_text(job / "pair.json", json.dumps(slowest))
-
-
-def _worker(job: Path, kill: tuple[int, int] | None, native: str | None, pair: str | None = None) -> int:
+def _worker(job: Path, kill: tuple[int, int] | None) -> int:
     from mpi4py import MPI
 
     from .launch import worker_run
 
-    world = MPI.COMM_WORLD
-    me = world.Get_rank()
-    comm = MPIBackend(world)
+    me = MPI.COMM_WORLD.Get_rank()
+    comm = MPIBackend(MPI.COMM_WORLD)
+    runner = comm
     if kill is not None and kill[0] == me:
-        comm.kill_at_iteration = kill[1]
-    if pair:
-        try:
-            _pair_times(job, pair, comm)
-        except Exception as e:  # either side failed: end the job with the reason
-            comm.abort(RuntimeFault(f"rank {me}: paired {pair}: {type(e).__name__}: {e}"))
-        return 0
-    code = 0
-    if (job / "job.json").exists():
-        code = worker_run(str(job), me, lambda: comm)
+        from .testing import KillSwitch
+
+        # SIGKILL at the first send after iteration kill[1] of case 0 begins
+        runner = KillSwitch(comm, at_barrier=f"c0/i{kill[1]}")
+    code = worker_run(str(job), me, lambda: runner)
     if code != 0:  # the reason is in result<rank>.json; the others must not hang
         comm.abort(RuntimeFault(f"rank {me}: failed; see the launcher's report"), code=code)
-    if native:
-        try:
-            _native_times(job, native, world)
-        except Exception as e:  # MPICH's own collective failed: end the job with the reason
-            comm.abort(RuntimeFault(f"rank {me}: native {native}: {type(e).__name__}: {e}"))
     return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``mpiexec -n N python -m hcc.backends.mpi --job DIR [--kill R:I] [--native KIND |
-    --pair KIND]``: one rank of a launched job (backends/launch.py's job format)."""
+    """``mpiexec -n N python -m hcc.backends.mpi --job DIR [--kill R:I]``: one rank of a
+    launched job (backends/launch.py's job format)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m hcc.backends.mpi")
     ap.add_argument("--job", required=True)
     ap.add_argument("--kill", default=None, help="RANK:ITERATION to SIGKILL (fault tests)")
-    ap.add_argument("--native", default=None, help="only MPICH's own collective KIND (native_only.json)")
-    ap.add_argument("--pair", default=None,
-                    help="case 0's plan and MPICH's own collective KIND, alternating (bench_pair)")
     a = ap.parse_args(argv)
     kill = tuple(int(v) for v in a.kill.split(":")) if a.kill else None
-    return _worker(Path(a.job), kill, a.native, a.pair)
+    return _worker(Path(a.job), kill)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ fail the same way (measured: 8–10 ms after the SIGKILL on this machine) and ra
 :class:`~hcc.backends.base.RankFailed` naming it.
 
 Surviving deaths (``on_failure = continue``, sockets path): the rank actors run the adaptive
-executor (backends/adaptive.py), which needs a transport with ``store``/``token`` — the
+runtime (backends/adaptive/), which needs a transport that declares ``agreement`` — the
 watched sockets transport hands on the driver's store. Agreement on who died: the driver
 appends ``dead(r)`` to the log as soon as Ray fails rank r's step (``EventLog.report_dead``,
 which keeps one event per death however many reporters); each rank also reports the deaths its
@@ -71,6 +71,7 @@ from .base import (
     Transport,
     register,
 )
+from .base import Capabilities
 
 __all__ = [
     "ActorGroup", "RayTransport", "available", "destroy_group", "init_group", "local_cluster",
@@ -252,17 +253,20 @@ class RayTransport(Transport):
     receive completes when the bytes are in the destination slice."""
 
     name = "ray"
+    # actors enter a collective when their tasks reach it; the agreement log needs the
+    # coordinator's store, which a transport made with ``store`` has (set in __init__)
+    capabilities = Capabilities(arrival_order=True)
 
     def __init__(self, rank: int, world: int, mailboxes: Sequence[Any], session: str, *,
-                 die_after_sends: int | None = None, store: str | None = None,
-                 token: str | bytes | None = None, group: str = "hcc", timeout: float = 30.0):
+                 store: str | None = None, token: str | bytes | None = None, group: str = "hcc",
+                 timeout: float = 30.0):
         self._ray_mod = _ray()
         if len(mailboxes) != world or not 0 <= rank < world:
             raise ValueError(f"hcc ray: rank {rank} of {world} with {len(mailboxes)} mailboxes")
         self.rank, self.world, self.session = rank, world, session
         # ``store``: the address of a coordinator's rendezvous store (the driver's, or the
-        # group actor's) holding the agreement log; with it the adaptive executor can run
-        # over this transport (adaptive.wants looks for ``store`` and ``token``)
+        # group actor's) holding the agreement log; with it the adaptive runtime can run over
+        # this transport (it declares ``agreement``)
         self.store = self.token = None
         self.group, self.timeout = group, timeout
         if store is not None:
@@ -270,11 +274,10 @@ class RayTransport(Transport):
 
             self.token = token.encode() if isinstance(token, str) else token
             self.store = StoreClient(store, self.token, min(timeout, 30.0))
+            self.capabilities = Capabilities(arrival_order=True, agreement=True)
         self._mb = list(mailboxes)
         self._watch = {mailboxes[p].watch.remote(session): p for p in range(world) if p != rank}
         self._dead: set[int] = set()
-        self._sends = 0
-        self._die_after = die_after_sends  # fault injection for tests: SIGKILL self
         # The k-th send to (peer, tag) matches the peer's k-th receive from (rank, tag): MPI's
         # non-overtaking order, whatever order Ray delivers the mailbox calls in.
         self._send_seq: dict[tuple[int, int], int] = {}
@@ -293,15 +296,8 @@ class RayTransport(Transport):
     def failed(self) -> frozenset[int]:
         return frozenset(self._dead)
 
-    def arm(self, sends: int | None) -> None:
-        """SIGKILL this process at the ``sends + 1``-th send from now (None: never)."""
-        self._die_after = None if sends is None else self._sends + sends
-
     def isend(self, peer: int, tag: int, data: memoryview) -> RayRequest:
         ray = self._ray_mod
-        self._sends += 1
-        if self._die_after is not None and self._sends > self._die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
         mv = _bytes_view(data)
         obj = ray.put(np.frombuffer(mv, dtype=np.uint8))  # the one copy, into the store
         seq = self._next(self._send_seq, (peer, tag))
@@ -426,7 +422,7 @@ class _WatchedTransport(Transport):
     transport in short slices and raises PeerFailed as soon as Ray fails a peer's watch.
 
     It lives for one :meth:`ActorGroup.run` call (all its iterations), so the adaptive
-    executor (backends/adaptive.py) keeps one agreement session per call. It reports itself
+    runtime (backends/adaptive/) keeps one agreement session per call. It reports itself
     as ``name = "ray"`` (the backend; ``data`` says which path carries the bytes) and hands on
     the inner transport's ``store``, ``token``, ``group`` and ``timeout``: the store is the
     driver's (:meth:`ActorGroup.run` serves it), which hosts the agreement log."""
@@ -436,9 +432,10 @@ class _WatchedTransport(Transport):
 
     def __init__(self, inner: Transport, mailboxes: Sequence[Any], session: str):
         self._ray_mod = _ray()
-        self._sends = 0
-        self._die_after: int | None = None  # fault injection for tests: SIGKILL self
         self.inner = inner
+        # Ray's actors arrive when their tasks do; the store the inner transport carries is
+        # the driver's, with the agreement log
+        self.capabilities = Capabilities(arrival_order=True, agreement=inner.capabilities.agreement)
         self.rank, self.world, self.session = inner.rank, inner.world, session
         for attr in ("store", "token", "group", "timeout"):
             setattr(self, attr, getattr(inner, attr, None))
@@ -455,14 +452,7 @@ class _WatchedTransport(Transport):
     def bind_plan(self, plan_id: int, max_message: int) -> None:
         self.inner.bind_plan(plan_id, max_message)  # the sockets frames carry the plan id
 
-    def arm(self, sends: int | None) -> None:
-        """SIGKILL this process at the ``sends + 1``-th send from now (None: never)."""
-        self._die_after = None if sends is None else self._sends + sends
-
     def isend(self, peer, tag, data):
-        self._sends += 1
-        if self._die_after is not None and self._sends > self._die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
         try:
             return self.inner.isend(peer, tag, data)
         except RuntimeFault as e:
@@ -599,10 +589,10 @@ class _RankActorImpl(_MailboxCore):
 
     def _step_sync(self, plan, rank, handles, session, it, x, last, timeout, step, data,
                    rendezvous, token, die_at, delay, options):
-        from .executor import run as execute
+        from .adaptive import close_session
+        from .runtime import engine, run as execute
 
         t_enter, wall_enter = time.perf_counter(), time.time()
-        adaptive = _adaptive_module()
         comm = self._comms.get(session)
         if comm is None:
             if data == "sockets":
@@ -613,27 +603,28 @@ class _RankActorImpl(_MailboxCore):
                                     token=token, group=_SOCKETS_GROUP, timeout=timeout)
             self._comms[session] = comm
         options = dict(options)
-        runs_adaptive = adaptive is not None and adaptive.wants(plan, comm, {})
-        if die_at is not None:
-            if runs_adaptive:
-                options["progress"] = _killer(die_at)  # at the die_at-th data chunk
+        runner = comm
+        if die_at is not None:  # fault injection (tests, benchmarks): backends/testing.py
+            from .testing import KillSwitch, kill_after_chunks
+
+            if engine(plan, comm, options) == "adaptive":
+                options["progress"] = kill_after_chunks(die_at)  # at the die_at-th data chunk
             else:
-                comm.arm(die_at)
+                runner = KillSwitch(comm, after_sends=die_at)  # at its (die_at + 1)-th send
         ok = False
         try:
             if delay > 0:
                 time.sleep(delay)  # a late arrival (tests, benchmarks)
             if die_at is not None and die_at <= 0:
                 os.kill(os.getpid(), signal.SIGKILL)
-            out = execute(plan, comm, x, timeout=timeout, step=step, **options)
+            out = execute(plan, runner, x, timeout=timeout, step=step, **options)
             elapsed = time.perf_counter() - t_enter
             wall_exit = time.time()
             ok = True
         finally:
             if last or not ok:
                 self._comms.pop(session, None)
-                if adaptive is not None:
-                    adaptive.close_session(comm)
+                close_session(comm)
                 comm.close()
         info = None
         if hasattr(out, "contributors"):  # an AdaptiveResult: what the survivors agreed on
@@ -643,27 +634,6 @@ class _RankActorImpl(_MailboxCore):
 
     async def pid(self) -> int:
         return os.getpid()
-
-
-def _killer(k: int):
-    """A ``progress`` callback (adaptive.run calls it after every data chunk this rank sends or
-    receives) that SIGKILLs this process at the ``k``-th chunk: fault injection for tests."""
-    count = [0]
-
-    def progress() -> None:
-        count[0] += 1
-        if count[0] >= k:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return progress
-
-
-def _adaptive_module():
-    try:
-        from . import adaptive
-    except ImportError:  # hcc.backends.adaptive missing: every plan runs static
-        return None
-    return adaptive
 
 
 class _MailboxImpl(_MailboxCore):
@@ -854,7 +824,7 @@ class ActorGroup:
         timed iteration — adaptive runs after its k-th data chunk sent or received, static
         runs at its (k+1)-th send; ``k = 0``: as it enters. ``delays[r]``: seconds rank r
         waits before it enters each iteration (late arrivals). ``options``: keyword options of
-        every rank's ``plan.run`` (e.g. ``quorum``, ``chunk_bytes`` of the adaptive executor)."""
+        every rank's ``hcc.run`` (e.g. ``quorum``, ``chunk_bytes`` of the adaptive runtime)."""
         ray = _ray()
         n = plan.n
         if n > self.world:
@@ -1086,7 +1056,7 @@ def init_group(world: int, rank: int, group_name: str = "default", *,
                timeout: float = 120.0) -> "GroupComm":
     """Inside one of the user's actors (Ray's collective convention: every member calls it
     with the same ``world`` and ``group_name`` and its own integer ``rank``): returns a
-    :class:`RayTransport` for ``plan.run(comm, array)``. Blocks until all members joined.
+    :class:`RayTransport` for ``hcc.run(plan, comm, array)``. Blocks until all members joined.
 
     Each member gets a small mailbox actor owned by it (it dies with the member, which is how
     the others learn of the death); the named actor ``hcc-group:<group_name>`` is the
@@ -1114,7 +1084,7 @@ def init_group(world: int, rank: int, group_name: str = "default", *,
 
 class GroupComm(RayTransport):
     """A :class:`RayTransport` bound to a named group for the group's lifetime: call
-    ``plan.run(comm, array)`` as often as needed (messages match in order, per peer and tag,
+    ``hcc.run(plan, comm, array)`` as often as needed (messages match in order, per peer and tag,
     as in MPI). Plans with ``on_failure = continue`` run on the adaptive executor over the
     group actor's agreement log and survive members' deaths; after any other failed call the
     group is unusable: destroy it and create a new one."""
@@ -1135,9 +1105,9 @@ def destroy_group(group_name: str = "default") -> None:
     member = _groups.pop(group_name, None)
     if member is not None:
         mailbox, group, comm = member
-        adaptive = _adaptive_module()
-        if adaptive is not None:
-            adaptive.close_session(comm)  # its log tail, if a plan ran adaptively
+        from .adaptive import close_session
+
+        close_session(comm)  # its log tail, if a plan ran adaptively
         if comm.store is not None:
             comm.store.close()
         try:

@@ -1,7 +1,7 @@
 """hcc.backends.sockets — the TCP transport (backend name ``sockets``), authenticated, zero copy.
 
     with hcc.backends.sockets.connect(rank, world, rendezvous="127.0.0.1:29500", token=tok) as comm:
-        out = plan.run(comm, array)
+        out = hcc.run(plan, comm, array)
 
 Terms
 - rendezvous: a :class:`~hcc.backends.rendezvous.StoreServer` (started by rank 0 unless a
@@ -20,7 +20,7 @@ Terms
   followed by ``length`` bytes. Kinds: DATA (a message), FAIL (``tag`` names a rank the sender
   saw die; sent on to every other connection once, so every rank learns the dead rank's name
   even when it never talked to it), BYE (clean close). ``plan`` is the 32-bit id of the plan
-  the message belongs to (:meth:`~hcc.ir.plan.Plan.wire_id`, set by ``plan.run`` through
+  the message belongs to (:meth:`~hcc.ir.plan.Plan.wire_id`, set by the runtime through
   :meth:`bind_plan`; 0 outside a plan). A receiver checks the magic, the session id and the
   kind; a DATA frame whose receive is posted must carry that receive's plan id (otherwise the
   ranks run different plans) and have exactly the posted length; an early one must not exceed
@@ -68,7 +68,8 @@ from typing import AbstractSet, Any, Callable
 
 import numpy as np
 
-from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RuntimeFault, Transport, register
+from .base import (Capabilities, CollectiveTimeout, PeerFailed, RankFailed, Request, RuntimeFault, Transport,
+                   register)
 from .kernels import STAGING
 from .rendezvous import (
     MAX_PENDING,
@@ -236,6 +237,9 @@ class SocketTransport(Transport):
     """TCP transport between the ranks of one job (see the module docstring)."""
 
     name = "sockets"
+    # independent processes enter a collective at different times; connect() gives every
+    # transport the job's rendezvous store, which hosts the adaptive runtime's agreement log
+    capabilities = Capabilities(arrival_order=True, agreement=True)
 
     def __init__(self, rank: int, world: int, token: bytes, addresses: dict[int, tuple[str, int]],
                  listener: socket.socket, timeout: float = 30.0, max_message: int = DEFAULT_MAX_MESSAGE,
@@ -248,6 +252,8 @@ class SocketTransport(Transport):
         # frame carrying it is bounded by its largest message; 0 = no plan (raw isend/irecv)
         self._plan, self._plan_max = 0, max_message
         self.store, self._server, self.group = store, server, group
+        if store is None:  # made without a store: nothing to keep an agreement log on
+            self.capabilities = Capabilities(arrival_order=True)
         self._listener = listener
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)

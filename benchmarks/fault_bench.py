@@ -3,7 +3,7 @@ and what the default (adaptive on, with its fast path) costs when nobody is late
 
     .venv/bin/python benchmarks/fault_bench.py [--ranks 8] [--size-mib 64] [--reps 3] [--stagger 0.5]
 
-8 local ranks over sockets (backends/adaptive.py's harness: one process per rank, reused
+8 local ranks over sockets (backends/testing.py's harness: one process per rank, reused
 across the cases of a job; the first case of every job is a warm-up that is not counted: it
 opens the connections and the agreement session). Times are seconds from a common start
 barrier to the moment a rank's run returns; a case's time is the maximum over the ranks that
@@ -85,7 +85,7 @@ from typing import Sequence
 import numpy as np
 
 import hcc
-from hcc.backends.adaptive import Case, run_local
+from hcc.backends.testing import Case, run_local
 from hcc.backends.reference import ResultMismatch, _reduce, check, expected, make_inputs
 from hcc.ir.files import atomic_write_text
 

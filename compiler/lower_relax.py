@@ -35,8 +35,9 @@ peers of the step and computes ``out = (in + Σ peers' in) / (1 + #peers)`` by R
 - ``all``: every other rank;
 - ``shift_one`` (BAGUA): with h = n/2, for r < h the peer is ((k + r) mod ⌈n/2⌉) + h,
   otherwise (r − h − k) mod h. The pairing is mutual (one peer each) and changes every step,
-  so n must be even. The plan stores step 0's programs; :func:`programs_for_step` gives
-  step k's.
+  so n must be even. The pairing repeats every n/2 steps, so the plan carries every step:
+  ``programs`` is step 0's, ``step_programs`` steps 1 .. n/2 − 1 (``Plan.programs_at(k)``
+  picks step k's; no runtime lowers anything).
 
 Messages are split into chunks of ``chunk_bytes`` (uncompressed bytes) so both phases
 pipeline and each chunk carries its own codec header (int8 quantizes per chunk).
@@ -68,7 +69,7 @@ from ..ir.wire import check_compress, wire_nbytes
 from .program import CollectiveSpec
 
 __all__ = [
-    "AUTO_CHUNK_BYTES", "PEERS", "message_nbytes", "programs_for_step",
+    "AUTO_CHUNK_BYTES", "PEERS", "message_nbytes", "step_period",
     "relax_plan", "wire_bytes",
 ]
 
@@ -171,15 +172,14 @@ def _programs(kind: str, n: int, elems: int, chunk_elems: int, op: str | None,
     return tuple(_allreduce_program(r, n, elems, chunk_elems, op == "avg") for r in range(n))
 
 
-def programs_for_step(plan: Plan, step: int) -> tuple[tuple[Op, ...], ...]:
-    """The programs a ``neighbor_average`` plan runs at training step ``step`` (only
-    ``shift_one`` changes with the step; every other plan returns ``plan.programs``)."""
-    if plan.kind != "neighbor_average" or (plan.peers or "ring") != "shift_one":
-        return plan.programs
-    if step < 0:
-        raise PlanError(f"step must be >= 0, got {step}")
-    chunk_elems = _chunk_elems(plan.chunk_bytes, plan.dtype)
-    return _programs(plan.kind, plan.n, plan.elems, chunk_elems, plan.op, plan.peers, step)
+def step_period(kind: str, peers: str | None, n: int) -> int:
+    """How many training steps the plan's pairing takes to repeat: n/2 for a neighbor_average
+    with ``peers = shift_one`` (the pairing of step k + n/2 is step k's), else 1.
+
+    >>> step_period("neighbor_average", "shift_one", 6), step_period("neighbor_average", "ring", 6)
+    (3, 1)
+    """
+    return n // 2 if kind == "neighbor_average" and peers == "shift_one" and n > 1 else 1
 
 
 def message_nbytes(plan: Plan, count: int) -> int:
@@ -228,6 +228,8 @@ def relax_plan(spec: CollectiveSpec, topo: Topology, chunk_bytes: int | None) ->
     chunk_elems = _chunk_elems(chunk_bytes, spec.dtype)
     op = "avg" if spec.kind == "neighbor_average" else (spec.op or "sum")
     programs = _programs(spec.kind, n, elems, chunk_elems, op, peers, 0)
+    steps = tuple(_programs(spec.kind, n, elems, chunk_elems, op, peers, k)
+                  for k in range(1, step_period(spec.kind, peers, n)))
     plan = Plan(
         name=spec.name,
         kind=spec.kind,
@@ -246,5 +248,6 @@ def relax_plan(spec: CollectiveSpec, topo: Topology, chunk_bytes: int | None) ->
         on_failure=spec.on_failure,
         adaptive=spec.adaptive,
         peers=peers,
+        step_programs=steps,
     )
     return replace(plan, figures=Figures(wire_bytes=wire_bytes(plan)))

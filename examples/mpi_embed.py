@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     x = np.random.default_rng(rank).standard_normal(plan.elems).astype(np.float32)
     comm = hcc.backends.mpi.MPIBackend(world)   # the Transport: MPI rank = hcc rank
     with comm:                                  # on a failure: report, then MPI_Abort the job
-        out = plan.run(comm, x, timeout=30.0)
+        out = hcc.run(plan, comm, x, timeout=30.0)
 
     want = np.empty_like(x)
     world.Allreduce(x, want, op=MPI.SUM)        # MPICH's own result on the same inputs

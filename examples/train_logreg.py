@@ -122,11 +122,11 @@ def train(mode: str, plan, comm, cfg: Config, shard, rank: int) -> tuple[np.ndar
         g = gradient(w, Xs[idx], ys[idx])
         lr = cfg.lr * 50 / (50 + step)  # decaying, so every mode settles near the optimum
         if mode in ("full", "int8", "fp16"):
-            g = plan.run(comm, g, timeout=30)
+            g = hcc.run(plan, comm, g, timeout=30)
             w -= lr * g
         elif mode == "ring":
             w -= lr * g
-            w = plan.run(comm, w, step=step, timeout=30)
+            w = hcc.run(plan, comm, w, step=step, timeout=30)
         else:
             w -= lr * g
             averager.step(w)

@@ -5,13 +5,13 @@
     plan = hcc.compile(program, "allreduce")      # bounds, tree packing, lowering, verify
     plan.figures.efficiency                       # bound_s / predicted_s
     plan.save("plan.json"); plan = hcc.Plan.load("plan.json")
-    out = plan.run(comm, array)                   # on one rank, over a backend communicator
+    out = hcc.run(plan, comm, array)              # on one rank, over a backend communicator
 
 Heavy dependencies (OR-Tools, networkx, mpi4py, Ray, matplotlib) load only when used.
 """
 from __future__ import annotations
 
-from .api import compile, compile_all, load
+from .api import compile, compile_all, load, run
 from .grammar.diagnostics import SourceError
 from .grammar.errors import HccError
 from .ir.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PlanError, VerifyError
@@ -34,5 +34,5 @@ __all__ = [
     "ArgumentError", "ArgumentTypeError", "ArgumentValueError",
     "CollectiveSpec", "CollectiveTimeout", "CostModel", "Figures", "HccError", "PeerFailed", "Plan",
     "PlanError", "Program", "RankFailed", "RootFailed", "RuntimeFault", "SourceError",
-    "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "relax", "__version__",
+    "Topology", "Tree", "VerifyError", "compile", "compile_all", "load", "relax", "run", "__version__",
 ]

@@ -1,4 +1,4 @@
-"""hcc.api — the public entry points; thin wrappers over the compiler pipeline."""
+"""hcc.api — the public entry points; thin wrappers over the compiler pipeline and the runtime."""
 from __future__ import annotations
 
 import os
@@ -68,6 +68,17 @@ def compile(program: Program | str | os.PathLike, name: str | None = None, *,
     if not isinstance(program, Program):
         program = load(program)
     return compile_unit(program, name, model=model or DEFAULT_MODEL).plan
+
+
+def run(plan: Plan, comm, array=None, **options):
+    """Run ``plan`` on this rank over ``comm`` (a backend's transport: sockets, MPI, Ray) and
+    return its output: ``out = hcc.run(plan, comm, x)``. Keywords: ``out`` (a preallocated
+    output, may be ``x`` itself), ``timeout`` (seconds per wait), ``step`` (the training step
+    of a neighbor_average), and the adaptive runtime's ``adaptive``, ``quorum``,
+    ``chunk_bytes``; see :func:`hcc.backends.runtime.run`, which decides how the plan runs."""
+    from .backends.runtime import run as run_plan
+
+    return run_plan(plan, comm, array, **options)
 
 
 def compile_all(program: Program | str | os.PathLike, *, model: "CostModel | None" = None,

@@ -4,8 +4,8 @@ Two helpers on top of any averaging plan (an ``allreduce`` with ``op = avg`` or 
 ``neighbor_average``, compressed or not):
 
 - :func:`every` — *delayed* synchronisation ("local SGD"): communicate only every k steps.
-  ``sync = hcc.relax.every(4)``; ``if sync(step): w[:] = plan.run(comm, w)``. Or wrap the
-  communicate function: ``average = sync.wrap(lambda w: plan.run(comm, w))``;
+  ``sync = hcc.relax.every(4)``; ``if sync(step): w[:] = hcc.run(plan, comm, w)``. Or wrap the
+  communicate function: ``average = sync.wrap(lambda w: hcc.run(plan, comm, w))``;
   ``w = average(step, w)`` returns its input unchanged on the steps that skip.
 
 - :class:`AsyncAverager` — *asynchronous* model averaging. ``start(x)`` takes a snapshot of
@@ -109,7 +109,7 @@ class AsyncAverager:
     """Averages snapshots of a model in a background thread (see the module docstring).
 
     ``period``: :meth:`step` launches a collective every ``period`` calls. ``run_options``
-    (e.g. ``timeout=30``) are passed to every ``plan.run``.
+    (e.g. ``timeout=30``) are passed to every ``hcc.run``.
     """
 
     def __init__(self, plan: Plan, comm, period: int = 1, **run_options):
@@ -131,11 +131,13 @@ class AsyncAverager:
     def _work(self, snapshot: np.ndarray, step: int) -> None:
         import numpy as np
 
+        from .backends.runtime import run
+
         try:
             opts = dict(self._options)
             if self.plan.kind == "neighbor_average":
                 opts["step"] = step
-            out = self.plan.run(self.comm, snapshot, **opts)
+            out = run(self.plan, self.comm, snapshot, **opts)
             with self._lock:
                 self._result = np.asarray(out).reshape(snapshot.shape)
         except BaseException as e:  # handed to the caller's thread by apply/finish

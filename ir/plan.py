@@ -339,12 +339,17 @@ class Plan:
     # backends/adaptive.py adaptive_on) — what a source that does not say `adaptive` means
     adaptive: bool | None = False
     peers: str | None = None  # neighbor_average only: ring | all | shift_one
+    # neighbor_average whose pairing changes with the training step (peers = shift_one): the
+    # programs of steps 1 .. p-1, p the pairing's period (n/2 steps); ``programs`` is step 0.
+    # Step k runs :meth:`programs_at` (k), so no runtime lowers anything. Empty otherwise.
+    step_programs: tuple[tuple[tuple[Op, ...], ...], ...] = ()
     version: int = PLAN_VERSION
 
     def __getstate__(self) -> dict:
-        # Pickled (Ray ships plans to its actors) without what a process caches on the object
-        # under "_" names — the digest, buffer sizes, the executor's schedules and its bound
-        # MPI runs (persistent requests, which cannot cross processes)
+        # Pickled (Ray ships plans to its actors) without the values derived from the plan and
+        # memoized on it under "_" names (digest, buffer sizes): recomputed where needed. A
+        # runtime's own state (schedules, bound MPI runs) is never kept on a Plan
+        # (backends/state.py keeps it beside the plan).
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     @property
@@ -377,6 +382,26 @@ class Plan:
             i, o = buffer_layout(self.kind, self.elems, self.n, rank, self.root)
             sizes = cache[rank] = {"in": i, "out": o, "tmp": self.tmp_elems[rank]}
         return dict(sizes)
+
+    def programs_at(self, step: int) -> tuple[tuple[Op, ...], ...]:
+        """Every rank's program at training step ``step``: ``programs`` except for a
+        neighbor_average whose pairing changes with the step (``step_programs``), which
+        repeats with its period.
+
+        >>> from .topology import Topology
+        >>> p = Plan("p", "neighbor_average", ("a", "b"), -1, 0, "float32", "avg", "relax", 0, (),
+        ...          ((), ()), (0, 0), Topology("t", ("a", "b"), ()), step_programs=(((), ()),))
+        >>> p.programs_at(3) is p.step_programs[0], p.programs_at(4) is p.programs
+        (True, True)
+        """
+        if not self.step_programs:
+            return self.programs
+        if step < 0:
+            from .errors import PlanError
+
+            raise PlanError(f"step must be >= 0, got {step}")
+        k = step % (len(self.step_programs) + 1)
+        return self.programs if k == 0 else self.step_programs[k - 1]
 
     # The heavy parts live in their own modules and are imported where used.
     def verify(self) -> None:
@@ -437,14 +462,3 @@ class Plan:
         from .serialize import summary
 
         return summary(self)
-
-    def run(self, comm, array=None, **options):
-        """Execute this plan on one rank over a backend communicator (see hcc.backends)."""
-        if not _RUN:  # imported on first use: the IR does not depend on the backends
-            from ..backends.executor import run
-
-            _RUN.append(run)
-        return _RUN[0](self, comm, array, **options)
-
-
-_RUN: list = []  # [hcc.backends.executor.run], once Plan.run first needs it

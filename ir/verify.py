@@ -56,6 +56,7 @@ from __future__ import annotations
 import gc
 from array import array
 from bisect import bisect_left, bisect_right
+from dataclasses import replace
 from typing import Any, Callable
 
 from .errors import VerifyError
@@ -712,21 +713,21 @@ def _runs(out: Any, lo: int, hi: int) -> list[tuple[int, int, Value]]:
     return out.runs(lo, hi) if isinstance(out, _Slots) else out.pieces(lo, hi)
 
 
-def _check_final(plan: Plan, r: int, out: Any) -> None:
+def _check_final(plan: Plan, r: int, out: Any, step: int = 0) -> None:
     name = plan.ranks[r]
     if plan.kind == "neighbor_average":
-        exact = None if plan.peers == "shift_one" else set(neighbor_peers(plan.peers, plan.n, r))
+        exact = set(neighbor_peers(plan.peers, plan.n, r, step))
         for s, e, v in _runs(out, 0, out.length):
             ok = v is not None and len(v[0]) == 1 and v[0][0][0] == 0
             if ok:
                 qs = _bits(v[0][0][1])  # a set already: a rank counted twice failed earlier
                 others = set(qs) - {r}
-                ok = (r in qs and v[1] == len(qs)
-                      and (others == exact if exact is not None else len(others) == 1))
+                ok = r in qs and v[1] == len(qs) and others == exact
             if not ok:
                 raise _fail(plan, f"rank {r} ({name}) ends with out[{s}:{e}] = {_show(v, s, e)}, but "
                                   f"neighbor_average (peers = {plan.peers}) requires the mean of its own "
-                                  f"input and its peers' inputs", r)
+                                  f"input and its peers' inputs"
+                                  + (f" of step {step}" if getattr(plan, "step_programs", ()) or step else ""), r)
         return
     req = _required(plan, r)
     if req is None:
@@ -752,21 +753,38 @@ def _check_final(plan: Plan, r: int, out: Any) -> None:
 
 def verify(plan: Plan, on_phase: Callable[[str, int, int], None] | None = None) -> None:
     """Raise :class:`VerifyError` unless ``plan`` is consistent, deadlock-free and leaves
-    every rank's ``out`` exactly as its collective requires (see the module docstring).
+    every rank's ``out`` exactly as its collective requires (see the module docstring) — at
+    every training step, for a neighbor_average plan that carries ``step_programs``.
     ``on_phase(step, done, total)`` is told each phase as it starts (progress reporting)."""
     _check_header(plan)
+    _check_steps(plan)
     # verification allocates a few objects per op and frees almost none until it returns:
     # the cyclic collector would rescan them all again and again (cost.simulate does the same)
     enabled = gc.isenabled()
     gc.disable()
     try:
-        _verify_programs(plan, on_phase)
+        _verify_programs(plan, 0, on_phase)
+        for k, progs in enumerate(getattr(plan, "step_programs", ()), 1):
+            _verify_programs(replace(plan, programs=progs, step_programs=()), k, on_phase)
     finally:
         if enabled:
             gc.enable()
 
 
-def _verify_programs(plan: Plan, on_phase: Callable[[str, int, int], None] | None = None) -> None:
+def _check_steps(plan: Plan) -> None:
+    """``step_programs`` only on a neighbor_average whose pairing changes with the step, one
+    program per rank, exactly one period of steps (shift_one repeats every n/2)."""
+    steps = getattr(plan, "step_programs", ())
+    period = plan.n // 2 if plan.kind == "neighbor_average" and plan.peers == "shift_one" and plan.n > 1 else 1
+    if len(steps) + 1 != period:
+        raise _fail(plan, f"the plan carries {len(steps) + 1} steps' programs, but "
+                          f"{plan.kind}{f' (peers = {plan.peers})' if plan.peers else ''} repeats every {period}")
+    for k, progs in enumerate(steps, 1):
+        if len(progs) != plan.n:
+            raise _fail(plan, f"step {k}: {plan.n} ranks but {len(progs)} programs")
+
+
+def _verify_programs(plan: Plan, step: int, on_phase: Callable[[str, int, int], None] | None = None) -> None:
     say = on_phase or (lambda what, done, total: None)
     sizes = [plan.buffer_elems(r) for r in range(plan.n)]
     say("ops and messages", 1, 5)
@@ -780,4 +798,4 @@ def _verify_programs(plan: Plan, on_phase: Callable[[str, int, int], None] | Non
     del order
     say("final buffers", 5, 5)
     for r, out in enumerate(outs):
-        _check_final(plan, r, out)
+        _check_final(plan, r, out, step)

@@ -14,13 +14,12 @@ from hcc.backends.codecs import get_codec
 from hcc.backends.kernels import np_dtype, reduce_into, scale_into
 from hcc.ir.plan import neighbor_peers
 from hcc.compiler.lower_relax import (
-    programs_for_step,
     relax_plan,
     wire_bytes,
 )
 from hcc.compiler.program import CollectiveSpec
 from hcc.grammar.diagnostics import Source, SourceError, Span
-from hcc.ir.errors import PlanError
+from hcc.ir.errors import PlanError, VerifyError
 from hcc.ir.plan import Copy, Recv, RecvReduce, Scale, Send
 from hcc.ir.topology import Link, Topology
 
@@ -199,14 +198,22 @@ def test_rejects_what_it_does_not_lower():
         relax_plan(spec(dtype="int32"), full_mesh(4), None)
 
 
-def test_programs_for_step():
+def test_plans_carry_every_step():
     ring = relax_plan(spec(kind="neighbor_average", compress="none"), full_mesh(4), None)
-    assert programs_for_step(ring, 7) is ring.programs
+    assert ring.step_programs == () and ring.programs_at(7) is ring.programs
     s1 = relax_plan(spec(kind="neighbor_average", peers="shift_one", compress="none"), full_mesh(4), None)
-    assert programs_for_step(s1, 0) == s1.programs
-    step1 = programs_for_step(s1, 1)
-    assert step1 != s1.programs
+    assert len(s1.step_programs) == 1  # shift_one over 4 ranks repeats every 2 steps
+    assert s1.programs_at(0) is s1.programs and s1.programs_at(2) is s1.programs
+    step1 = s1.programs_at(1)
+    assert step1 != s1.programs and s1.programs_at(5) is step1
     assert {op.peer for op in step1[0] if isinstance(op, Send)} == {3}
+    # every step a rank can be at is one of the plan's, with the pairing of that step
+    s6 = relax_plan(spec(kind="neighbor_average", n=6, peers="shift_one", compress="none"), full_mesh(6), None)
+    assert len(s6.step_programs) == 2
+    for step in range(7):
+        for r in range(6):
+            sent = {op.peer for op in s6.programs_at(step)[r] if isinstance(op, Send)}
+            assert sent == set(neighbor_peers("shift_one", 6, r, step)), (step, r)
 
 
 def test_plans_verify_when_verifier_present():
@@ -216,10 +223,16 @@ def test_plans_verify_when_verifier_present():
                spec(kind="neighbor_average", peers="shift_one", compress="int8"),
                spec(kind="neighbor_average", peers="all", compress="fp16")):
         verify.verify(relax_plan(sp, full_mesh(len(sp.ranks)), 1024))
-    # every step's programs of a shift_one plan verify too
+    # every step's programs of a shift_one plan verify too (verify checks each step's pairing)
     plan = relax_plan(spec(kind="neighbor_average", n=6, peers="shift_one", compress="none"), full_mesh(6), 1024)
-    for step in range(4):
-        verify.verify(replace(plan, programs=programs_for_step(plan, step)))
+    verify.verify(plan)
+    # a plan whose steps are out of order fails: step 1 run as step 0 averages the wrong peers
+    with pytest.raises(VerifyError, match="of step 0"):
+        verify.verify(replace(plan, programs=plan.step_programs[0],
+                              step_programs=(plan.programs, plan.step_programs[1])))
+    # a plan that drops a step of its period is refused
+    with pytest.raises(VerifyError, match="repeats every 3"):
+        verify.verify(replace(plan, step_programs=plan.step_programs[:1]))
 
 
 # ---------------------------------------------------------------- executed results
@@ -288,7 +301,7 @@ def test_neighbor_average_exact_uncompressed(peers, n, step):
     xs = [rng.normal(size=elems) for _ in range(n)]
     plan = relax_plan(spec(kind="neighbor_average", n=n, elems=elems, dtype="float64",
                            compress="none", peers=peers), full_mesh(n), 2048)
-    outs = execute(plan, xs, programs_for_step(plan, step))
+    outs = execute(plan, xs, plan.programs_at(step))
     for r in range(n):
         group = neighbor_peers(peers, n, r, step)
         want = (xs[r] + sum(xs[p] for p in group)) / (1 + len(group))

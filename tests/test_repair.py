@@ -216,38 +216,57 @@ def test_residual_plan_of_an_allreduce_whose_tree_root_died_promotes_a_child(pla
 
 
 def test_adaptive_defaults_on_for_sockets_and_ray_off_for_mpi_and_off_forces_static():
+    """The runtime decides from what a transport declares (its capabilities), not its name."""
     from dataclasses import replace
 
-    from hcc.backends.adaptive import adaptive_on, wants
+    from hcc.backends.base import Capabilities
+    from hcc.backends.mpi import MPIBackend
+    from hcc.backends.ray import RayTransport
+    from hcc.backends.runtime import adaptive_on, engine
+    from hcc.backends.sockets import SocketTransport
 
     prog = hcc.load("""topology t { node g[0..2]
       g[0..2] <-> g[0..2] : 1 GB/s }
     collective a = allreduce on t { size = 4000 B  dtype = int32 }""")
     plan = hcc.compile(prog, "a")
 
-    class Comm:  # what wants() reads of a transport: its name and its rendezvous store
-        def __init__(self, name, store=True):
-            self.name, self.store, self.token = name, (object() if store else None), "t"
+    class Comm:  # what the runtime reads of a transport: its declared capabilities
+        def __init__(self, caps, name="anything"):
+            self.capabilities, self.name = caps, name
+
+    sockets = Comm(SocketTransport.capabilities)
+    ray = Comm(Capabilities(arrival_order=True, agreement=True))  # a RayTransport with a store
+    mpi = Comm(MPIBackend.capabilities)
+    assert SocketTransport.capabilities.agreement and not MPIBackend.capabilities.arrival_order
+    assert RayTransport.capabilities.arrival_order and not RayTransport.capabilities.agreement
+
+    def wants(p, c, options):
+        return engine(p, c, options) == "adaptive"
 
     default, on, off = (replace(plan, adaptive=v) for v in (None, True, False))
-    for name, expect in (("sockets", True), ("ray", True), ("mpi", False)):
-        assert adaptive_on(default, Comm(name)) is expect, name
-        assert adaptive_on(on, Comm(name)) and not adaptive_on(off, Comm(name))
-    assert adaptive_on(off, Comm("sockets"), option=True) and not adaptive_on(on, Comm("sockets"), option=False)
-    assert wants(default, Comm("sockets"), {}) and not wants(off, Comm("sockets"), {})
-    assert not wants(default, Comm("mpi"), {})  # MPI: the static executor
-    assert not wants(on, Comm("sockets", store=False), {})  # no store, no agreement log
+    for comm, expect in ((sockets, True), (ray, True), (mpi, False)):
+        assert adaptive_on(default, comm) is expect
+        assert adaptive_on(on, comm) and not adaptive_on(off, comm)
+    assert adaptive_on(off, sockets, option=True) and not adaptive_on(on, sockets, option=False)
+    # a transport named "sockets" that declares nothing is treated as declaring nothing
+    assert not adaptive_on(default, Comm(Capabilities(), name="sockets"))
+    assert wants(default, sockets, {}) and not wants(off, sockets, {})
+    assert not wants(default, mpi, {})  # MPI: the static executor
+    assert not wants(on, Comm(Capabilities(arrival_order=True)), {})  # no store, no agreement log
+    assert not wants(on, Comm(RayTransport.capabilities), {})  # a Ray transport made without a store
     # off still survives deaths when asked to (on_failure = continue uses the compiled trees)
-    assert wants(replace(off, on_failure="continue"), Comm("sockets"), {})
-    assert wants(off, Comm("sockets"), {"quorum": 2})
+    assert wants(replace(off, on_failure="continue"), sockets, {})
+    assert wants(off, sockets, {"quorum": 2})
+    # adaptive said and off: the flattened program; said and on: the adaptive runtime
+    assert not wants(default, sockets, {"adaptive": False}) and wants(off, sockets, {"adaptive": True})
     # more ranks than the adaptive layout holds: the default stays static instead of failing
     from hcc.backends.adaptive import MAX_FLOWS
 
     big = type("Big", (), {"kind": "allgather", "compress": "none", "on_failure": "abort",
                            "adaptive": None, "n": MAX_FLOWS + 1})()
-    assert not wants(big, Comm("sockets"), {})
+    assert not wants(big, sockets, {})
     big.n = MAX_FLOWS
-    assert wants(big, Comm("sockets"), {})
+    assert wants(big, sockets, {})
 
 
 def _link_loads(trees, roots, sizes, uplink, arrived_at, live):
@@ -354,7 +373,7 @@ def test_only_ranks_with_no_piece_left_to_push_relay(n, data):
 
 
 # --------------------------------------------------------------------------- star ownership
-# (backends/adaptive.py _Run.maybe_claim / share_rest: who owns the star allreduce's sub-blocks)
+# (backends/adaptive/star.py maybe_claim / share_rest: who owns the star allreduce's sub-blocks)
 
 def _loads(flows, owners, live, at, up, n, down=None):
     """Each live rank's modelled time after the last arrival for the current ``owners``,

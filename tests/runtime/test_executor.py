@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_executor_plans import chain_broadcast, ring_allreduce, threaded  # noqa: E402
 
 from hcc.backends.base import CollectiveTimeout, RankFailed, Transport  # noqa: E402
-from hcc.backends.executor import InputMismatch, UnknownOption, run  # noqa: E402
+from hcc.backends.executor import InputMismatch, UnknownOption  # noqa: E402
+from hcc.backends.runtime import run  # noqa: E402
 from hcc.backends.reference import check, expected, make_inputs  # noqa: E402
 from hcc.ir.plan import Send  # noqa: E402
 

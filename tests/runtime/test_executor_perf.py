@@ -238,7 +238,7 @@ def test_fused_direct_allreduce_on_the_staged_path_matches_numpy(dtype, op):
             with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="staged", timeout=20.0) as c:
                 comm = _Staged(c)
                 for _ in range(2):
-                    outs[r] = plan.run(comm, ins[r], timeout=20.0)
+                    outs[r] = hcc.run(plan, comm, ins[r], timeout=20.0)
         except Exception as e:  # asserted below
             errs[r] = e
 

@@ -99,7 +99,7 @@ def threaded(plan, inputs, outs_given=None, timeout=10.0, linger=0.0, **kw):
     errors). ``outs_given``: per-rank output buffers; ``linger``: seconds a rank keeps its
     connections open after its part is done."""
     from hcc.backends import sockets
-    from hcc.backends.executor import run
+    from hcc.backends.runtime import run
 
     port = free_port()
     outs, errs = [None] * plan.n, [None] * plan.n

@@ -15,7 +15,8 @@ import time
 import pytest
 
 import hcc
-from hcc.backends.adaptive import CLAIM_CAP, STAR_SPLIT, Case, run_local
+from hcc.backends.adaptive import CLAIM_CAP, STAR_SPLIT
+from hcc.backends.testing import Case, run_local
 from hcc.backends.reference import _reduce, check, expected_after_failures, make_inputs
 
 pytestmark = pytest.mark.slow
@@ -252,7 +253,7 @@ collective ar = allreduce on star {{ size = {size} B  on_failure = continue }}
 
 def test_allreduce_star_pieces_move_once_when_a_rank_dies(plans):
     # Arrival order 0, 1, 2, 3, 4 (0.15 s apart). The star allreduce's 32 sub-blocks (8 per
-    # owner slot, backends/adaptive.py) are owned by whoever claimed them (at most 1.5 equal
+    # owner slot, backends/adaptive/star.py) are owned by whoever claimed them (at most 1.5 equal
     # shares = 12 each) or got them at the share-out when the last rank arrived; 4 MB in
     # 256 KiB chunks: one chunk per sub-block, so a rank sends one piece per sub-block it does
     # not own. Owners keep the pieces they received, so a death costs local re-reductions, not

@@ -21,6 +21,7 @@ import hcc
 from hcc.backends import RankFailed, RootFailed
 from hcc.backends import ray as hray
 from hcc.backends.reference import _reduce, check, expected, expected_after_failures, make_inputs
+from hcc.backends.testing import kill_after_chunks
 
 pytestmark = [
     pytest.mark.slow,
@@ -249,8 +250,8 @@ def test_users_actors_survive_a_members_death_through_init_group(plans, cluster)
         def allreduce(self, plan, x, die_at):
             from hcc.backends import ray as hr
 
-            opts = {"progress": hr._killer(die_at)} if die_at is not None else {}
-            out = plan.run(self.comm, x, timeout=TIMEOUT_S, chunk_bytes=CHUNK, **opts)
+            opts = {"progress": kill_after_chunks(die_at)} if die_at is not None else {}
+            out = hcc.run(plan, self.comm, x, timeout=TIMEOUT_S, chunk_bytes=CHUNK, **opts)
             return np.asarray(out), out.contributors, out.dead
 
         def leave(self, name: str) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hcc
-from hcc.backends.adaptive import Case, run_local
+from hcc.backends.testing import Case, run_local
 from hcc.backends.reference import _reduce, check, expected, make_inputs
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_staggered_arrivals_adaptive_and_static_are_exact_and_wait_only_for_the_
 def test_default_is_static_when_nobody_is_late_adaptive_when_someone_is_and_the_log_stays_bounded(plans):
     # `adaptive` not said: the backend's default, on for sockets (Plan.adaptive None). Every
     # run decides on one store counter whether every rank arrived before any rank declared the
-    # run late (backends/adaptive.py _Run.decide): static program then, adaptive otherwise.
+    # run late (backends/adaptive/engine.py Run.decide): static program then, adaptive otherwise.
     from dataclasses import replace
 
     plan = replace(plans["small"], adaptive=None)
@@ -93,7 +93,7 @@ def test_default_is_static_when_nobody_is_late_adaptive_when_someone_is_and_the_
 def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plans):
     # Several runs: a rank may fold the early arrivals after its first result chunk came in
     # (its contributor set still growing then); such a chunk must still count as final. One
-    # run of this in about 15 hung before that was handled (_Run.refresh_shapes).
+    # run of this in about 15 hung before that was handled (Run.refresh_shapes).
     plan = plans["allreduce"]
     sets = [((0, 2, 4), (1, 3)), ((1, 3, 4), (0, 2)), ((0, 1, 2), (3, 4))] * 2
     cases = [Case(plan, seed=11 + i, delays=tuple(LATE_S if r in late else 0.0 for r in range(N)), quorum=3)
@@ -126,8 +126,8 @@ def test_quorum_reduce_keeps_the_root_and_the_first_arrivals(plans):
 
 
 def test_plan_run_dispatches_to_the_adaptive_runtime_and_returns_an_ndarray(plans):
-    # three ranks as threads of this process over real sockets: Plan.run -> executor.run ->
-    # adaptive.run for a plan with on_failure = continue
+    # three ranks as threads of this process over real sockets: hcc.run -> runtime.run ->
+    # the adaptive runtime for a plan with on_failure = continue
     import secrets
     import threading
 
@@ -146,7 +146,7 @@ def test_plan_run_dispatches_to_the_adaptive_runtime_and_returns_an_ndarray(plan
         def rank(r):
             try:
                 with sockets.connect(r, 3, store.address, token, timeout=10, serve_store=False) as comm:
-                    outs[r] = plan.run(comm, ins[r], timeout=10)
+                    outs[r] = hcc.run(plan, comm, ins[r], timeout=10)
                     close_session(comm)
             except Exception as e:  # reported below with the rank
                 errs.append((r, e))
@@ -195,7 +195,7 @@ def test_a_timed_out_adaptive_run_names_what_it_lacks_and_dumps_each_ranks_view(
                         released.wait(20)  # present on the wire, never in the collective
                         return
                     try:
-                        plan.run(comm, ins[r], timeout=1.0)
+                        hcc.run(plan, comm, ins[r], timeout=1.0)
                     finally:
                         close_session(comm)
             except Exception as e:  # reported below with the rank
@@ -226,7 +226,7 @@ def test_a_timed_out_adaptive_run_names_what_it_lacks_and_dumps_each_ranks_view(
     import doctest
 
     import hcc.backends.adaptive as adaptive
-    from hcc.backends.adaptive import _ranges
+    from hcc.backends.adaptive import ranges as _ranges
     assert _ranges([8, 0, 2, 1, 3, 10, 11]) == "0-3, 8, 10-11" and _ranges([]) == ""
     result = doctest.testmod(adaptive)
     assert result.attempted > 0 and result.failed == 0
@@ -283,7 +283,7 @@ collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
 
 
 def test_the_second_to_last_arrival_owns_nothing_when_its_link_cannot_drain_in_time():
-    # Who owns the star allreduce's sub-blocks (backends/adaptive.py maybe_claim / share_rest,
+    # Who owns the star allreduce's sub-blocks (backends/adaptive/star.py maybe_claim / share_rest,
     # backends/repair.py claim_count / share_by_load): the plan says g3's link is 4x slower
     # (0.25 MB/s) than the others' (1 MB/s). Ranks 0-2 arrive at once and claim up to
     # CLAIM_CAP equal shares each (1.5 x 8 = 12 sub-blocks: possibly all 32); rank 3 arrives

@@ -27,6 +27,8 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import mpi_peers  # noqa: E402  MPICH's own collectives, the benchmarks' peer
 PY = sys.executable
 
 TOPO = """
@@ -264,10 +266,10 @@ def test_embedding_example_under_mpiexec():
 def test_native_peer_and_pair():
     """MPICH's own collective runs in the same job as the plan, on the same buffers."""
     plan = hcc.compile(grid_program(4)[0], "big_allreduce")
-    hcc_t, native_t = mpi.bench_pair(plan, make_inputs(plan, 3), iters=3, warmup=1)
+    hcc_t, native_t = mpi_peers.bench_pair(plan, make_inputs(plan, 3), iters=3, warmup=1)
     assert len(hcc_t) == 3 and len(native_t) == 3
     assert all(t > 0 for t in hcc_t + native_t)
-    times = mpi.bench_native("broadcast", 1 << 16, 2, iters=2)
+    times = mpi_peers.bench_native("broadcast", 1 << 16, 2, iters=2)
     assert len(times) == 2 and all(t > 0 for t in times)
 
 
@@ -276,7 +278,8 @@ def test_native_collective_matches_reference(tmp_path):
     body = """
         import numpy as np
         from mpi4py import MPI
-        from hcc.backends.mpi import native_collective
+        import sys; sys.path.insert(0, "benchmarks")
+        from mpi_peers import native_collective
         from hcc.ir.plan import buffer_layout, block_range
         c = MPI.COMM_WORLD; r, n = c.rank, c.size
         E = 1001
@@ -334,6 +337,7 @@ BOUND = """
     from hcc.ir.plan import Plan
     from hcc.backends.mpi import MPIBackend
     from hcc.backends.reference import check, expected, make_input
+    from hcc.backends.state import peek
     t = MPIBackend(MPI.COMM_WORLD)
     r, n = t.rank, t.world
     names = sys.argv[2:]
@@ -348,28 +352,28 @@ BOUND = """
             x[...] = make_input(plan, it + 1, r)
             out = outs[it % 2]
             out[...] = make_input(plan, 99, r)[:1].repeat(out.size) if out.size else out
-            got = plan.run(t, x, out=out)
+            got = hcc.run(plan, t, x, out=out)
             assert got is out
             want = expected(plan, [make_input(plan, it + 1, q) for q in range(n)])
             check(plan, [out if q == r else None for q in range(n)],
                   [want[q] if q == r else None for q in range(n)])
-        bound = plan.__dict__.get("_bound", [])
+        bound = peek(plan).bound
         assert len(bound) == 2, f"{plan.name}: {len(bound)} bindings, want one per output buffer"
         if plan.kind == "allreduce":  # in place: the output is the input
             for it in range(3):
                 x[...] = make_input(plan, it + 7, r)
-                plan.run(t, x, out=x)
+                hcc.run(plan, t, x, out=x)
                 want = expected(plan, [make_input(plan, it + 7, q) for q in range(n)])
                 check(plan, [x if q == r else None for q in range(n)],
                       [want[q] if q == r else None for q in range(n)])
-            assert len(plan.__dict__["_bound"]) == 3
+            assert len(peek(plan).bound) == 3
     made = len(t._persistent)
     t.close()                                   # frees every persistent request; later runs bind again
     assert not t._persistent and made > 0
     plan = plans[0]
     x = make_input(plan, 5, r).copy()
     out = np.zeros(plan.buffer_elems(r)["out"], x.dtype)
-    plan.run(t, x, out=out)
+    hcc.run(plan, t, x, out=out)
     want = expected(plan, [make_input(plan, 5, q) for q in range(n)])
     check(plan, [out if q == r else None for q in range(n)], [want[q] if q == r else None for q in range(n)])
     print(f"rank {r}: bound ok, {made} persistent requests", flush=True)
@@ -404,7 +408,7 @@ collective a2a = alltoall on t4 { size = 4000 B
 
 
 def test_bound_runs_reuse_persistent_requests_and_stay_exact(tmp_path):
-    """plan.run with the same arrays again binds once (persistent MPI requests, executor.BoundRun)
+    """hcc.run with the same arrays again binds once (persistent MPI requests, backends/bound.py)
     and stays exact when the input changes between runs and the output holds garbage;
     in-place runs and a closed communicator bind anew."""
     names = ["ar_direct", "ar_ring", "ar_pack", "bc", "ag", "rs", "a2a"]
@@ -422,6 +426,7 @@ BOUND_TIMEOUT = """
     import hcc
     from hcc.backends.base import CollectiveTimeout
     from hcc.backends.mpi import MPIBackend
+    from hcc.backends.state import peek
     t = MPIBackend(MPI.COMM_WORLD)
     r = t.rank
     plan = hcc.compile('''
@@ -432,20 +437,20 @@ BOUND_TIMEOUT = """
     ''', "bc")
     x = np.arange(plan.buffer_elems(r)["in"], dtype=np.float32)
     out = np.zeros(plan.buffer_elems(r)["out"], np.float32)
-    plan.run(t, x, out=out)                     # binds
-    plan.run(t, x, out=out)                     # reuses the binding
-    assert len(plan.__dict__["_bound"]) == 1
+    hcc.run(plan, t, x, out=out)                     # binds
+    hcc.run(plan, t, x, out=out)                     # reuses the binding
+    assert len(peek(plan).bound) == 1
     if r == 0:
         t0 = time.monotonic()
         try:
-            plan.run(t, x, out=out, timeout=1.0)
+            hcc.run(plan, t, x, out=out, timeout=1.0)
         except CollectiveTimeout as e:
             print(f"rank 0: bound timeout after {time.monotonic() - t0:.1f} s: {e}", flush=True)
-        assert plan.__dict__["_bound"] == [], "a run that failed must drop its binding"
+        assert peek(plan).bound == [], "a run that failed must drop its binding"
     else:
         time.sleep(2.0)                         # the root's bound run times out meanwhile
     if r == 1:
-        plan.run(t, x, out=out)                 # drains the root's abandoned sends
+        hcc.run(plan, t, x, out=out)                 # drains the root's abandoned sends
         assert np.array_equal(out, x)
     t.barrier("end", 30.0)
     print(f"rank {r}: done", flush=True)

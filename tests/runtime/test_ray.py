@@ -131,7 +131,7 @@ def test_grid_over_the_object_store(plans, group):
 @pytest.mark.parametrize("data", ["sockets", "objects"])
 def test_adaptive_is_the_default_on_both_data_paths(plans, group, data):
     """A plan that does not say ``adaptive`` (``Plan.adaptive = None``) is adaptive over Ray
-    (backends/adaptive.py ``adaptive_on``: on for transports named "ray"): on time, the fast
+    (backends/runtime.py ``adaptive_on``: on for transports that declare ``arrival_order``, as Ray's do): on time, the fast
     path runs the static program; with a rank 0.4 s late the run takes the adaptive schedule,
     whose ranks report what they agreed on (only that executor does)."""
     plan = replace(plans["allreduce_4_float32"], adaptive=None)
@@ -179,7 +179,7 @@ def test_run_from_a_driver(plans, cluster):
 
 def test_init_group_in_users_actors(plans, cluster):
     """Ray's collective convention: the user's actors join a named group and call
-    ``plan.run(comm, x)`` — twice, to show the communicator is reusable."""
+    ``hcc.run(plan, comm, x)`` — twice, to show the communicator is reusable."""
     ray = cluster
     plan = plans["big_allreduce"]
 
@@ -195,8 +195,8 @@ def test_init_group_in_users_actors(plans, cluster):
             return self.comm.rank
 
         def allreduce(self, plan, x):
-            first = plan.run(self.comm, x, timeout=30.0)
-            second = plan.run(self.comm, first / 4, timeout=30.0)
+            first = hcc.run(plan, self.comm, x, timeout=30.0)
+            second = hcc.run(plan, self.comm, first / 4, timeout=30.0)
             return first, second
 
         def leave(self, name: str) -> None:

@@ -9,6 +9,8 @@ from collections import defaultdict, deque
 import numpy as np
 import pytest
 
+import hcc
+
 from hcc.backends.base import CollectiveTimeout, Request, Transport
 from hcc.compiler.lower_relax import relax_plan
 from hcc.ir.plan import neighbor_peers
@@ -131,7 +133,7 @@ def test_compressed_allreduce_through_executor(compress):
     rng = np.random.default_rng(11)
     xs = [rng.normal(size=elems).astype(np.float32) for _ in range(n)]
     plan = make_plan(n=n, elems=elems, compress=compress)
-    outs, hub = run_world(n, lambda r, comm: plan.run(comm, xs[r], timeout=20))
+    outs, hub = run_world(n, lambda r, comm: hcc.run(plan, comm, xs[r], timeout=20))
     exact = np.mean(np.stack(xs).astype(np.float64), axis=0)
     # int8: at most two quantizations of ranges < 9 (4.5-sigma normals); loose end-to-end check
     tol = 2 * 9 / 255 if compress == "int8" else 4 * 2.0**-11 * 4
@@ -152,7 +154,7 @@ def test_compressed_allreduce_ranks_identical():
     rng = np.random.default_rng(12)
     xs = [rng.normal(size=elems).astype(np.float32) for _ in range(n)]
     plan = make_plan(n=n, elems=elems)
-    outs, _ = run_world(n, lambda r, comm: plan.run(comm, xs[r], timeout=20))
+    outs, _ = run_world(n, lambda r, comm: hcc.run(plan, comm, xs[r], timeout=20))
     assert all(o.tobytes() == outs[0].tobytes() for o in outs)
 
 
@@ -163,7 +165,7 @@ def test_neighbor_average_through_executor(peers, n):
     xs = [rng.normal(size=elems) for _ in range(n)]
     plan = make_plan(kind="neighbor_average", n=n, elems=elems, dtype="float64", compress="none", peers=peers)
     for step in (0, 1):
-        outs, _ = run_world(n, lambda r, comm: plan.run(comm, xs[r], step=step, timeout=20))
+        outs, _ = run_world(n, lambda r, comm: hcc.run(plan, comm, xs[r], step=step, timeout=20))
         for r in range(n):
             g = neighbor_peers(peers, n, r, step)
             np.testing.assert_allclose(outs[r], (xs[r] + sum(xs[p] for p in g)) / (1 + len(g)), rtol=1e-12)

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_executor_plans import chain_broadcast, ring_allreduce  # noqa: E402
 
+import hcc  # noqa: E402
 from hcc.backends import sockets  # noqa: E402
 from hcc.backends.base import CollectiveTimeout, RuntimeFault  # noqa: E402
 from hcc.backends.launch import RunFailed, run_cases_local  # noqa: E402
@@ -153,10 +154,10 @@ def test_ranks_running_different_plans_fail_clearly_instead_of_mixing_data():
     ins = make_inputs(a, 1)
 
     def run_a(c):
-        return a.run(c, ins[0], timeout=5)
+        return hcc.run(a, c, ins[0], timeout=5)
 
     def run_b(c):
-        return b.run(c, ins[1], timeout=5)
+        return hcc.run(b, c, ins[1], timeout=5)
 
     res, errs = _pair(run_a, run_b, timeout=5)
     assert any(isinstance(e, sockets.ProtocolError) and "different plans" in str(e) for e in errs), errs

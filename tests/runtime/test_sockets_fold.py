@@ -17,7 +17,7 @@ from test_executor_plans import ring_allreduce  # noqa: E402
 from test_sockets import _fake_rank0  # noqa: E402
 
 import hcc  # noqa: E402
-from hcc.backends import executor, sockets  # noqa: E402
+from hcc.backends import executor, runtime, sockets  # noqa: E402
 from hcc.ir.plan import RecvReduce  # noqa: E402
 from hcc.backends.launch import run_cases_local  # noqa: E402
 from hcc.backends.reference import check, expected, make_inputs  # noqa: E402
@@ -123,7 +123,7 @@ def _run_two_counting_folds(plan):
                     return inner(peer, tag, nbytes, fold)
 
                 c.irecv_fold = counting
-                outs[r] = executor.run(plan, c, ins[r], timeout=10)
+                outs[r] = runtime.run(plan, c, ins[r], timeout=10)
                 c.barrier("done", 10)
         except Exception as e:  # collected for the assertions
             errs[r] = e

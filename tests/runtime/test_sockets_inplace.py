@@ -1,4 +1,4 @@
-"""In-place runs over sockets (``plan.run(comm, x, out=x)``, what ``torch.distributed``'s
+"""In-place runs over sockets (``hcc.run(plan, comm, x, out=x)``, what ``torch.distributed``'s
 collectives do and what benchmarks/runtime_bench.py measures against gloo): compiled plans give
 the numpy result when the output overwrites the input, and the launcher's ``inplace`` case
 option restores the input before every iteration (``"chained"``: only before the last)."""
