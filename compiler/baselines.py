@@ -102,6 +102,7 @@ class _Search:
             self.out.setdefault(u, []).append(v)
         self.pos = {v: i for i, v in enumerate(self.ranks)}
         self._routes: dict[tuple[int, int], tuple[tuple[str, ...], ...]] = {}
+        self._bfs: dict[str, dict[str, list[str]]] = {}
         self.direct: list[list[int]] = []
         for i, name in enumerate(self.ranks):
             nb = [(self.cap[(name, y)], self.pos[y]) for y in self.out.get(name, ()) if y in self.pos]
@@ -124,29 +125,10 @@ class _Search:
         return found
 
     def _switch_routes(self, a: str, b: str) -> tuple[tuple[str, ...], ...]:
-        # BFS through switches only, level by level, until b's level; then the shortest routes
-        preds: dict[str, list[str]] = {a: []}
-        frontier = [a]
-        reached = False
-        while frontier and not reached:
-            nxt: list[str] = []
-            level: dict[str, list[str]] = {}
-            for x in frontier:
-                if x != a and x not in self.switches:
-                    continue
-                for y in self.out.get(x, ()):
-                    if y in preds:
-                        continue
-                    if y not in self.switches and y != b:
-                        continue
-                    level.setdefault(y, []).append(x)
-            for y, ps in level.items():
-                preds[y] = ps
-                nxt.append(y)
-                if y == b:
-                    reached = True
-            frontier = nxt
-        if not reached:
+        preds = self._bfs.get(a)
+        if preds is None:
+            preds = self._bfs[a] = self._switch_bfs(a)
+        if b not in preds:
             return ()
         out: list[tuple[str, ...]] = []
         stack: list[tuple[str, tuple[str, ...]]] = [(b, (b,))]
@@ -158,6 +140,28 @@ class _Search:
             for p in reversed(preds[x]):
                 stack.append((p, (p,) + tail))
         return tuple(out)
+
+    def _switch_bfs(self, a: str) -> dict[str, list[str]]:
+        """Breadth-first from rank ``a`` through switches only (a rank ends a route): every
+        vertex's predecessors on its shortest routes, once per source (the 512-rank DGX-1
+        cluster's fabric is 1 500 vertices; a search per rank pair took 38 s per ring)."""
+        preds: dict[str, list[str]] = {a: []}
+        dist = {a: 0}
+        frontier = [a]
+        while frontier:
+            nxt: list[str] = []
+            for x in frontier:
+                if x != a and x not in self.switches:
+                    continue
+                for y in self.out.get(x, ()):
+                    if y not in dist:
+                        dist[y] = dist[x] + 1
+                        preds[y] = [x]
+                        nxt.append(y)
+                    elif dist[y] == dist[x] + 1:
+                        preds[y].append(x)
+            frontier = nxt
+        return preds
 
     def candidates(self, u: int, used: list[bool]):
         seen = set()
@@ -182,6 +186,40 @@ class _Search:
                 return path
         return None
 
+    def closable_start(self, first: int, rate: float, res: dict) -> int:
+        """A rank to start a ring at on a large topology, from ``first`` on in rank order
+        (spreading the rings' starts): the first one some rank not directly linked to it can
+        still reach, so that the ring, which leaves the start's neighbourhood at once and
+        ends far away, can close (a DGX-1 server whose NIC into the start's PCIe switch is
+        already full of rings cannot)."""
+        for k in range(min(self.n, _FAR_CANDIDATES)):
+            v = (first + k) % self.n
+            near = set(self.direct[v])
+            for d in range(1, min(self.n, _FAR_CANDIDATES) + 1):
+                u = (v - d) % self.n
+                if u not in near and u != v and self.usable(u, v, rate, res) is not None:
+                    return v
+        return first
+
+    def options(self, cur: int, used: list[bool], rate: float, res: dict, onward: bool) -> list:
+        """The hops usable from ``cur`` at ``rate``, as (rank, path), in the order to try:
+        hops with room for more rings first (NCCL stays on NVLink/NVSwitch inside a server
+        and crosses the network once per server: a NIC with room for one ring is the last
+        resort), then, with ``onward``, Warnsdorff's rule (the rank with the fewest ways on
+        first, so a server's one GPU whose NIC is still free is kept for the exit), then the
+        search order (direct links widest first, then nearest in rank order)."""
+        found = []
+        for i, v in enumerate(self.candidates(cur, used)):
+            self.spent += 1
+            path = self.usable(cur, v, rate, res)
+            if path is not None:
+                room = min(res[(x, y)] for x, y in zip(path, path[1:])) / rate
+                found.append((-min(2, int(room + 1e-9)), i, v, path))
+        if onward:
+            found = [(k, self._onward(v, used, rate, res, cur), i, v, p) for k, i, v, p in found]
+        found.sort(key=lambda t: t[:-2])
+        return [(t[-2], t[-1]) for t in found]
+
     def ring(self, rate: float, res: dict, start: int, budget: int) -> list[tuple[int, tuple[str, ...]]] | None:
         """A Hamiltonian cycle from ``start`` of hops usable at ``rate`` (taking it from
         ``res`` as it goes, so one ring never over-books a link), or None."""
@@ -189,7 +227,7 @@ class _Search:
         used = [False] * n
         used[start] = True
         hops: list[tuple[int, tuple[str, ...]]] = []  # (next rank, path) per hop taken
-        stack = [self.candidates(start, used)]
+        stack = [iter(self.options(start, used, rate, res, False))]
         cur = start
 
         def take(path, sign):
@@ -206,13 +244,9 @@ class _Search:
                     return hops + [(start, close)]
             else:
                 found = None
-                for v in stack[-1]:
-                    self.spent += 1
+                for v, path in stack[-1]:
                     budget -= 1
-                    if used[v]:
-                        continue
-                    path = self.usable(cur, v, rate, res)
-                    if path is not None:
+                    if not used[v] and self.usable(cur, v, rate, res) is not None:
                         found = (v, path)
                         break
                 if found is not None:
@@ -221,7 +255,7 @@ class _Search:
                     used[v] = True
                     hops.append((v, path))
                     cur = v
-                    stack.append(self.candidates(v, used))
+                    stack.append(iter(self.options(v, used, rate, res, False)))
                     continue
             # dead end: undo the last hop
             stack.pop()
@@ -259,17 +293,9 @@ class _Search:
                     hops.pop()
                     take(close, -1)
                 return
-            options = []
-            for v in self.candidates(cur, used):
-                self.spent += 1
-                path = self.usable(cur, v, rate, res)
-                if path is not None:
-                    options.append((v, path))
+            options = self.options(cur, used, rate, res, True)
             if self.spent >= limit:
                 return
-            # Warnsdorff's rule: the rank with the fewest ways on first (ties: the search
-            # order), so the one rank of a server whose NIC is still free is kept for the exit
-            options.sort(key=lambda vp: self._onward(vp[0], used, rate, res, cur))
             for v, path in options:
                 if used[v] or self.usable(cur, v, rate, res) is None:
                     continue
@@ -386,9 +412,7 @@ def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_
         else:
             res = dict(s.cap)
             for k in range(most):
-                # start each ring at a different rank: a ring must close into its start, and
-                # the links into the previous starts are the first to be used up
-                start = (k * max(1, n // most)) % n
+                start = s.closable_start((k * max(1, n // most)) % n, b, res)
                 hops = s.ring(b, res, start, budget)
                 if hops is None:
                     break
