@@ -22,7 +22,12 @@ from .ir.topology import Topology
 
 
 def _parser(action: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"hcc netem {action}")
+    p = argparse.ArgumentParser(prog=f"hcc netem {action}", description={
+        "up": "build the emulation of a topology (needs root)",
+        "down": "remove an emulation: its namespaces, links, relay and state file",
+        "status": "show the emulations that are up, and what of them is gone",
+        "exec": "run a command inside a rank's namespace: hcc netem exec [-n NAME] RANK -- CMD ARGS...",
+    }[action])
     if action == "up":
         p.add_argument("file", help="program (.hcl) or topology JSON")
         p.add_argument("-t", "--topology", metavar="TOPOLOGY", help="which topology of the file")
@@ -35,15 +40,55 @@ def _parser(action: str) -> argparse.ArgumentParser:
                        help="cost: the compiler's route metric (latency + 1 MiB / capacity); "
                             "hops: fewest hops (a link is a cable); bandwidth: OSPF-style 1/capacity")
     elif action == "down":
-        p.add_argument("name", nargs="?")
+        p.add_argument("name", nargs="?", help="the emulation (default: the only one up)")
         p.add_argument("--kill", action="store_true", help="SIGKILL processes still inside")
     elif action == "status":
-        p.add_argument("name", nargs="?")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("name", nargs="?", help="one emulation (default: every one up)")
+        p.add_argument("--json", action="store_true", help="print the state as JSON")
     elif action == "exec":
-        p.add_argument("-n", "--name")
+        p.add_argument("-n", "--name", help="the emulation (default: the only one up)")
         p.add_argument("rank", help="rank index (into the topology's nodes) or vertex name")
     return p
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:g} µs"
+
+
+def latency_notes(declared: Topology, n, requested: str | None = None) -> list[str]:
+    """Why a latency the topology declares is not the delay the emulation ``n`` applies, in
+    words for the user: ``hcc netem up`` printed ``latency by none`` and ``0.000 ms`` for links
+    declared at 2 µs and 20 µs and never said why. ``requested``: the ``--delay`` asked for
+    (None when unknown, as for ``status``)."""
+    from .netem import MIN_DELAY_LINE_S
+
+    want: dict[tuple[str, str], float] = {}
+    for l in declared.links:
+        want[l.src, l.dst] = max(want.get((l.src, l.dst), 0.0), l.latency)
+    applied = {(e.vertex, e.peer): e.delay_s for e in n.ends}
+    lost = sorted({lat for arc, lat in want.items() if lat > 0 and not applied.get(arc)})
+    notes = []
+    if lost:
+        count = sum(1 for arc, lat in want.items() if lat > 0 and not applied.get(arc))
+        shown = ", ".join(_us(x) for x in lost[:4]) + (", …" if len(lost) > 4 else "")
+        if requested == "none":
+            why = "--delay none asks for no emulated latency"
+        else:
+            how = {"auto": "this kernel has no sch_netem qdisc, so delays go through the delay line, "
+                           "a user-space relay",
+                   "delay-line": "--delay delay-line puts delays in a user-space relay"}.get(
+                requested, "the delay line is a user-space relay")
+            why = (f"they are under {_us(MIN_DELAY_LINE_S)}, the shortest latency the delay line emulates "
+                   f"({how} whose timing is good to about 0.1 ms; the namespaces' own stack adds tens "
+                   "of µs per hop, more than these latencies)")
+        notes.append(f"note: {count} link direction{'s' if count != 1 else ''} declared with a latency "
+                     f"({shown}) run with none added: {why}")
+    if n.delay_mode == "netem":  # tc netem takes whole microseconds (at least 1)
+        rounded = sorted({lat for lat in want.values() if lat > 0 and abs(lat * 1e6 - max(round(lat * 1e6), 1)) > 1e-9})
+        if rounded:
+            notes.append("note: tc netem applies delays in whole microseconds: "
+                         + ", ".join(f"{_us(x)} as {max(round(x * 1e6), 1)} µs" for x in rounded[:4]))
+    return notes
 
 
 def read_topology(path: str, which: str | None = None) -> Topology:
@@ -55,8 +100,12 @@ def read_topology(path: str, which: str | None = None) -> Topology:
             d = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise HccError(f"cannot read topology {path}: {e}") from None
+        if not isinstance(d, dict):
+            raise HccError(f"cannot read topology {path}: not a JSON object")
         d = d.get("topology", d)  # a netem state file or a plan JSON carries one under "topology"
-        return Topology.from_dict(d)
+        from .ir.serialize import topology_from_dict
+
+        return topology_from_dict(d, path)  # numbers checked as a plan file's are
     from .api import load
 
     program = load(path)
@@ -115,6 +164,8 @@ def cmd_netem(args) -> int:
                 return 2
             n = netem.up(topo, opts.name, scale=opts.scale, delay_mode=opts.delay, routing=opts.routing)
             print(n.describe())
+            for note in latency_notes(topo, n, opts.delay):
+                print(note)
             print(f"state: {netem.state_path(n.name)}; remove with `hcc netem down {n.name}`")
             return 0
         if args.action == "down":
@@ -140,6 +191,8 @@ def cmd_netem(args) -> int:
             print("no emulation is up")
         for n in items:
             print(n.describe())
+            for note in latency_notes(n.topology, n):
+                print(note)
             missing = [ns for _, ns in n.namespaces if ns not in netem.existing_namespaces()]
             if missing:
                 print(f"  WARNING: namespaces gone: {', '.join(missing)}")

@@ -242,3 +242,117 @@ def test_run_compiles_with_the_backends_model_unless_told(tmp_path):
     (plan,) = runner.load_plans(str(plan_json), model=runner.RUN_MODELS["sockets"])
     assert plan.chunk_bytes == Plan.load(plan_json).chunk_bytes
     assert plan.figures.predicted_s == pytest.approx(_chain_time(plan.chunk_bytes, runner.SOCKETS_PER_MESSAGE_S))
+
+
+# ---- the help a user finds (issue 21) ---------------------------------------------------------
+
+def test_version():
+    r = hcc_cmd("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"hcc {hcc.__version__}", (r.stdout, r.stderr)
+
+
+def _options(parser):
+    """Every argument of ``parser`` and of its subcommands: (where, argparse action)."""
+    import argparse
+
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                for where, b in _options(sub):
+                    yield f"{name} {where}".strip(), b
+        else:
+            yield "", a
+
+
+def test_every_option_has_help_text():
+    """`hcc run --backend/--iters/--warmup/--json/--seed`, `hcc viz -c --format -o` and the
+    whole `hcc netem` family had no help line."""
+    from hcc.cli import build_parser
+    from hcc.netemcmd import _parser
+
+    bare = [f"hcc {where} {a.option_strings or a.dest}" for where, a in _options(build_parser())
+            if not (a.help or "").strip()]
+    for action in ("up", "down", "status", "exec"):
+        p = _parser(action)
+        assert (p.description or "").strip(), action
+        bare += [f"hcc netem {action} {a.option_strings or a.dest}" for _, a in _options(p)
+                 if not (a.help or "").strip()]
+    assert not bare, bare
+
+
+def test_help_shows_the_run_options():
+    r = hcc_cmd("run", "-h")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for fragment in ("--backend {sockets,mpi,ray} sockets:", "--iters N timed runs", "--warmup N untimed runs",
+                     "--json print one JSON object", "--seed SEED seed of the random inputs"):
+        assert fragment in text, fragment
+
+
+def test_netem_says_why_a_latency_is_not_emulated():
+    """2 µs and 20 µs links under the delay line (the mode this kernel gets: no sch_netem)
+    were shown as `latency by none` and `0.000 ms` without a reason."""
+    from dataclasses import replace
+
+    from hcc.netem import MIN_DELAY_LINE_S, layout
+    from hcc.netemcmd import latency_notes
+
+    topo = hcc.load("topology lat { node a, b, c\n a <-> b : 1 GB/s, 2 us\n b <-> c : 1 GB/s, 20 us\n"
+                    " a <-> c : 1 GB/s, 80 us }").topologies["lat"]
+    n = layout(topo, "lat", delay_mode="delay-line")  # what `up` builds without the netem qdisc
+    assert {(e.vertex, e.peer): e.delay_s for e in n.ends}[("a", "c")] == pytest.approx(80e-6)
+    (note,) = latency_notes(topo, n, "auto")
+    assert "4 link directions declared with a latency (2 µs, 20 µs) run with none added" in note
+    assert f"under {MIN_DELAY_LINE_S * 1e6:g} µs" in note and "no sch_netem" in note
+    assert "--delay none" in latency_notes(topo, layout(topo, "lat", delay_mode="none"), "none")[0]
+    sub_us = hcc.load("topology s { node a, b\n a <-> b : 1 GB/s, 0.3 us }").topologies["s"]
+    n = replace(layout(sub_us, "s", delay_mode="netem"))
+    assert latency_notes(sub_us, n, "netem") == ["note: tc netem applies delays in whole microseconds: 0.3 µs as 1 µs"]
+
+
+@pytest.mark.netem
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/ip").exists() and not Path("/sbin/ip").exists(),
+                    reason="needs root and iproute2")
+def test_netem_up_prints_the_reason(tmp_path):
+    src = tmp_path / "lat.hcl"
+    src.write_text("topology lat { node a, b\n a <-> b : 1 GB/s, 2 us }\n")
+    name = f"t21{os.getpid() % 100000}"
+    try:
+        r = hcc_cmd("netem", "up", src, "-n", name)
+        if r.returncode == 2 and "netem" in r.stderr and "permitted" in r.stderr:
+            pytest.skip(r.stderr)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert any(l.startswith("note: 2 link directions declared with a latency (2 µs)") for l in lines), r.stdout
+    finally:
+        hcc_cmd("netem", "down", name)
+
+
+def test_a_plan_file_with_a_negative_latency_exits_2(plan_file, tmp_path):
+    """It made `hcc simulate`, `hcc viz` and `hcc run` loop forever (routing cycles on
+    negative arcs); a zero capacity raised ZeroDivisionError (exit 1)."""
+    d = json.loads(Path(plan_file).read_text())
+    for field, value, fragment in ((3, -1e-6, "latency -1e-06 is outside 0 .. 3600 s"),
+                                   (2, 0, "capacity 0 is outside 1 .. 10^18 B/s")):
+        bad = json.loads(json.dumps(d))
+        bad["topology"]["links"][0][field] = value
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(bad))
+        for cmd in (("simulate", p), ("viz", p, "-o", tmp_path / "x.dot"), ("run", p, "--iters", 1)):
+            r = hcc_cmd(*cmd)
+            assert r.returncode == 2, (cmd, r.stderr)
+            assert fragment in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "x.dot").exists()
+
+
+def test_api_errors_from_flags_exit_2(monkeypatch):
+    """A value out of its domain that reaches the library (an ArgumentError) is bad input."""
+    import hcc.commands as commands
+    from hcc.cli import main
+    from hcc.ir.errors import ArgumentValueError
+
+    def boom(args):
+        raise ArgumentValueError("a flag out of its domain")
+
+    monkeypatch.setattr(commands, "cmd_check", boom)
+    assert main(["check", str(DEMO)]) == 2
