@@ -325,7 +325,7 @@ def _rows(a, med: dict, meta: dict, results: dict | None = None) -> list[dict]:
     own ratio (its time over its own last arrival + one hop; against static, over the static
     time of the same arrivals): every rep draws new delays, so the median time and the median
     last arrival may come from different reps. ``ratio_of_medians`` keeps the median time over
-    the median reference (what this row printed up to commit 4e62611): in a seed-7 run
+    the median reference (the figure this row printed before): in a seed-7 run
     whose first rep stalled 4.6 s on one TCP connection it paired the third rep's time
     (L = 6.68 s) with the first rep's arrival (6.02 s), 1.26 against that rep's own 1.18."""
     def cpu(label: str) -> float | None:

@@ -82,7 +82,7 @@ def loopback_source(n: int, port: str = "2 GB/s, 100 us") -> str:
 
     Latency 100 us, not 5: a message's cost on loopback is mostly the Python wake-ups on each
     side. A 64-byte chain broadcast over 3 hops (4 ranks) measured a median of 504-576 us
-    (min 204-238 us) per run on this machine: 70-190 us per hop. With 5 us the compiler cut a
+    (min 204-238 us) per run on the 2-core benchmark machine: 70-190 us per hop. With 5 us the compiler cut a
     16 MiB broadcast into 256 KiB chunks (31-57 ms); with 100 us it picks 1 MiB (27-30 ms;
     64 MiB: 2 MiB chunks, 94-124 ms against 104-143 ms for 512 KiB)."""
     return (f"topology loopback {{\n    node r[0..{n - 1}]\n    switch s\n"
@@ -101,28 +101,18 @@ MPI_PORT = "8 GB/s, 100 us"
 
 
 # Per (kind, MiB): the settings the benchmark adds to a collective, as a user could write them
-# in the source (language.md: ``algorithm``, ``chunk``); every other case is the compiler's
-# choice (``auto``). Chosen by measurement on this machine (docs/backends.md, "Speed"; hcc/gloo
-# busbw ratio, median of 3 interleaved reps at load average 9-24, CPU ms of all ranks per iteration):
-# - broadcast 16 MiB: direct (root sends the whole buffer to each rank, one round) 0.92x, 24 ms
-#   CPU, against auto's ring of 1 MiB chunks 0.55x, 31 ms (gloo 22 ms); 4 MiB chunks 0.88x.
-#   At 64 MiB auto's ring of 2 MiB chunks stayed best (1.72x; direct 0.89x).
-# - allreduce: auto (ring, one chunk per step). In 1 MiB chunks (pipelined within each ring
-#   step) 64 MiB measured 1.01/1.44/1.53x in three short runs against 0.76/0.86/1.76x for
-#   auto, but 0.73x in the 7-rep run, at 302 ms CPU against auto's 233-252 ms and gloo's
-#   224 ms: on a machine this loaded the CPU a schedule costs decides, so auto is kept. At
-#   16 MiB the chunked ring lost outright (1 MiB: 0.43x; 512 KiB: 0.54x; direct 0.70x).
-# Re-measured in place (commit 5eda763, 5-6 interleaved reps, load average 2-4): broadcast 16 MiB
-#   direct 1.05x, the compiler's ring 0.90x, 4 MiB chunks 0.93x; allreduce one chunk per ring
-#   step 0.98-1.04x at 64 MiB against 0.95-0.99x for 2, 4 or 8 MiB chunks (which cost up to
-#   30 ms more CPU) and 1.01x for direct. The table stands.
-# Re-measured on commit 66ed9be (receives with MSG_WAITALL; 6-8 interleaved reps, load 1-7 with
-#   emulated-network jobs beside, CPU ms of all ranks per iteration, which the load moves far
-#   less than wall time): broadcast 64 MiB in auto's 2 MiB ring chunks 101-106 ms CPU against
-#   87 ms in 8 MiB chunks (two runs; 4 MiB 91 ms, tree of 8 MiB 85-89 ms; gloo 84-90 ms), wall
-#   ratios 1.02-1.09x and 1.02x, inside the spread; on two cores that four ranks keep busy the
-#   CPU decides, so 64 MiB takes 8 MiB chunks. Broadcast 16 MiB: direct 19-21 ms, a tree of
-#   4 MiB chunks 18-21 ms, the compiler's 1 MiB ring 26-27 ms (gloo 19-20 ms): direct stays.
+# in the source (docs/language.md: ``algorithm``, ``chunk``); every other case is the compiler's
+# choice (``auto``). Chosen by measurement (hcc/gloo busbw ratio over interleaved reps, and the
+# CPU ms of all ranks per iteration, which moves far less with the machine's load than wall
+# time; on two cores that four ranks keep busy, the CPU a schedule costs decides):
+# - broadcast 16 MiB: direct (the root sends the whole buffer to each rank, one round) 19-24 ms
+#   CPU and 0.92-1.05x gloo, against the compiler's ring of 1 MiB chunks 26-31 ms and
+#   0.55-0.90x (gloo 19-22 ms).
+# - broadcast 64 MiB: a ring of 8 MiB chunks, 87 ms CPU against 101-106 ms in the compiler's
+#   2 MiB chunks (gloo 84-90 ms); the wall ratios of the two were within the reps' spread.
+# - allreduce: auto (ring, one chunk per step): 0.98-1.04x at 64 MiB against 0.95-0.99x for 2,
+#   4 or 8 MiB chunks, which cost up to 30 ms more CPU; at 16 MiB chunked rings lost outright
+#   (1 MiB: 0.43x; 512 KiB: 0.54x; direct 0.70x).
 SOCKETS_SETTINGS: dict[tuple[str, int], str] = {
     ("broadcast", 16): "algorithm = direct",
     ("broadcast", 64): "algorithm = ring; chunk = 8 MiB",
@@ -172,14 +162,14 @@ WARMUP = 10
 # x; ``all_gather`` writes separate outputs): hcc runs them in place too, ``hcc.run(plan, comm, x,
 # out=x)``, so both sides move and touch the same memory. It matters for allreduce: a ring
 # step out of place computes ``out = in + received`` (three streams), in place ``x += received``
-# (two); numpy, per 16 MiB in 256 KiB pieces on this machine: 1.35 ms against 0.61 ms, and a
+# (two); numpy, per 16 MiB in 256 KiB pieces: 1.35 ms against 0.61 ms, and a
 # 64 MiB 4-rank ring folds 48 MiB per rank per iteration. ``--out-of-place`` measures the other.
 INPLACE_KINDS = frozenset({"allreduce", "broadcast"})
 # How the in-place kinds get their input back between iterations (backends/launch.py's case
 # option): "chained", as gloo's loop (each call reduces the last one's output; the input is
 # restored only before the last iteration, which is checked), or True, restored before every
 # iteration (``--restore-each``): 64 MiB copied per rank between timed regions, which gloo's
-# side never pays (docs/backends.md, "Chained in-place iterations").
+# side never pays.
 INPLACE_MODE = "chained"
 
 
