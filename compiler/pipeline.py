@@ -43,6 +43,7 @@ decentralized lowering, only when ``compress != none`` or for ``neighbor_average
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -51,6 +52,7 @@ from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
+from . import progress
 from .algorithms import BIDIR_MAX_RANKS, RINGS_MAX_RANKS
 from .cost import DEFAULT_MODEL, ChunkChoice, CostModel, chunk_candidates, choose_chunk, least_latency
 from .program import CollectiveSpec, Program
@@ -396,10 +398,11 @@ class Lower:
         order = [a for a in lowered if a in BASELINES] + [a for a in lowered if a not in BASELINES]
         out = []
         best = float("inf")
-        for alg in order:
+        for i, alg in enumerate(order):
             build = self._builder(alg, u)
             if build is None:
                 continue
+            progress.report("lower", alg, i + 1, len(order))
             prune = spec.algorithm == "auto" and alg not in BASELINES
             mine = cands
             if alg in NEW_FORMS and not spec.chunk_bytes:
@@ -407,6 +410,7 @@ class Lower:
             choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"))
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
+            _drop_losing_programs(out, eligible)
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
         return replace(u, candidates=tuple(out))
@@ -421,9 +425,33 @@ class Select:
         pool = [c for c in u.candidates if c.algorithm in eligible]
         if not pool:
             raise CompileError(f"{u.spec.name}: algorithm {u.spec.algorithm} produced no plan")
-        # on a tie the compiler's own schedule over a baseline (the same rings, say)
-        best = min(pool, key=lambda c: (c.predicted_s, c.algorithm in BASELINES, c.algorithm))
+        best = min(pool, key=_select_key)
         return replace(u, chosen=best, plan=best.choice.plan)
+
+
+def _select_key(c: Candidate) -> tuple:
+    """Select's order: fastest first; on a tie the compiler's own schedule over a baseline
+    (the same rings, say), then by name."""
+    return (c.predicted_s, c.algorithm in BASELINES, c.algorithm)
+
+
+# a lowered candidate of more than this many ops that can no longer be selected keeps its
+# figures and trees but not its programs: on the 1024-rank fat tree every allgather candidate
+# holds 2-3 million ops (about 1 GB each), and keeping them all took a compile to 8.8 GB
+KEEP_PROGRAMS_OPS = 500_000
+
+
+def _drop_losing_programs(out: list[Candidate], eligible: tuple[str, ...]) -> None:
+    """Empty the programs of every large candidate in ``out`` except the one Select would
+    take now (``out`` only grows, so a candidate beaten now stays beaten)."""
+    pool = [c for c in out if c.algorithm in eligible]
+    keep = min(pool, key=_select_key) if pool else None
+    for k, c in enumerate(out):
+        plan = c.choice.plan
+        if c is keep or sum(len(p) for p in plan.programs) <= KEEP_PROGRAMS_OPS:
+            continue
+        hollow = replace(plan, programs=tuple(() for _ in plan.programs))
+        out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
 
 
 @dataclass(frozen=True)
@@ -610,7 +638,9 @@ class Verify:
     name: str = "verify"
 
     def apply(self, u: Unit) -> Unit:
-        u.plan.verify()
+        from ..ir.verify import verify
+
+        verify(u.plan, on_phase=lambda step, done, total: progress.report("verify", step, done, total))
         return u
 
 
@@ -623,6 +653,7 @@ def run_passes(unit: Unit, passes: tuple = PASSES, hook: Hook | None = None) -> 
     """Apply each pass in order; ``hook(name, seconds, unit)`` runs after each one."""
     for p in passes:
         t0 = time.perf_counter()
+        progress.report(p.name)
         unit = p.apply(unit)
         if hook is not None:
             hook(p.name, time.perf_counter() - t0, unit)
@@ -661,7 +692,17 @@ def compile_unit(program: Program, name: str | None = None, *, model: CostModel 
     t0 = time.perf_counter()
     spec = resolve(program, name)
     unit = Unit(program=program, spec=spec, topology=program.topology_of(spec), model=model)
-    unit = run_passes(unit, PASSES, hook)
+    # lowering and verifying allocate millions of small acyclic objects and free few until the
+    # pass ends; the cyclic collector rescanned them all again and again (a second lowering
+    # of the 1024-rank ring allgather took 20 s instead of 13 s of CPU with it on)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with progress.collective(spec.name):
+            unit = run_passes(unit, PASSES, hook)
+    finally:
+        if enabled:
+            gc.enable()
     figures = replace(unit.plan.figures, compile_s=time.perf_counter() - t0)
     return replace(unit, plan=replace(unit.plan, figures=figures))
 
