@@ -281,12 +281,9 @@ class SlotComm(Transport):
 
 
 def _run_plan(plan, comm: Transport, array, out, timeout: float):
-    from . import api
+    from .api import run  # the runtime's one entry (backends/runtime.py decides how)
 
-    run = getattr(api, "run", None)  # the runtime's one entry, where it lives
-    if run is not None:
-        return run(plan, comm, array, out=out, timeout=timeout)
-    return plan.run(comm, array, out=out, timeout=timeout)
+    return run(plan, comm, array, out=out, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------- handles
@@ -386,7 +383,7 @@ class Communicator:
             else:
                 if rank == 0:
                     store.set(f"{prefix}/token", os.urandom(32).hex().encode())
-                token = _store_get(store, f"{prefix}/token", timeout).decode().encode()
+                token = _store_get(store, f"{prefix}/token", timeout)
         host = host or os.environ.get("HCC_HOST") or _local_address()
         listener = socket.create_server((host, 0), backlog=max(16, world))
         lh, lp = listener.getsockname()[:2]
