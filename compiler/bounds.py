@@ -676,3 +676,35 @@ def binding_cut(kind: str, topo: Topology, ranks, root, size_bytes: float, *, pe
         floor = max(floor_terms, key=lambda c: c.time(size_bytes))
         return ag if ag.time(size_bytes) <= floor.time(size_bytes) else floor
     raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def latency_aware_bound(cut_s: float, depth: int, per_hop_s: float, capacity_ratio: float = 1.0) -> float:
+    """A lower bound on the α-β time of any schedule that pipelines fixed-size chunks over
+    trees at least ``depth`` rank hops deep, each relay forwarding a chunk once it holds all
+    of it (hcc's lowering; NCCL's and ForestColl's pipelines too), when the cut alone allows
+    ``cut_s``. Arithmetic, for chunks of ``s`` bytes:
+
+    - per-message cost: a packing that reaches the cut loads its tight links to capacity
+      ``c_t``, and each message holds a link ``per_hop_s`` (``a``: latency + per-message
+      cost) beyond its bytes, so a tight link is busy ``cut_s x (1 + a c_t / s)``;
+    - pipeline fill: the last chunk of a tree ``d`` deep still crosses ``d - 1`` hops after
+      its first, each at least ``s / c_max + a`` (a proportionate flow shop: ``d - 1`` times
+      the largest chunk, whatever the order);
+    - ``t(s) = cut_s + cut_s a c_t / s + (d - 1)(s / c_max + a)`` is least at
+      ``s* = sqrt(cut_s a c_t c_max / (d - 1))``, where it is
+      ``cut_s + 2 sqrt(cut_s a (d - 1) c_t / c_max) + (d - 1) a``.
+
+    ``capacity_ratio`` is ``c_t / c_max``; 1 when every link has one capacity, and the
+    narrowest over the widest link keeps the bound valid when the tight links are unknown.
+    Trees of depth 1 (a star, a direct exchange) pay no fill. Not a bound for schedules
+    that re-chunk at relays or that do not pipeline over trees.
+
+    >>> round(latency_aware_bound(6.25e-3, 7, 2e-6) * 1e3, 4)   # 6.25 + 2 sqrt(6.25e-3 x 2e-6 x 6) + 6 x 2e-6
+    6.8097
+    >>> latency_aware_bound(1e-3, 1, 2e-6)
+    0.001
+    """
+    if depth <= 1 or cut_s <= 0 or per_hop_s <= 0:
+        return cut_s
+    k = depth - 1
+    return cut_s + 2.0 * math.sqrt(cut_s * per_hop_s * k * max(0.0, capacity_ratio)) + k * per_hop_s
