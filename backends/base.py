@@ -78,6 +78,17 @@ class Capabilities:
     agreement: bool = False
 
 
+class BackendUnavailable(RuntimeFault, ImportError):
+    """A backend's optional dependency is not installed; the message names the extra that
+    installs it (mpi4py: ``hcc[mpi]``, Ray: ``hcc[ray]``)."""
+
+    def __init__(self, backend: str, module: str, extra: str, cause: BaseException | None = None):
+        super().__init__(f"the {backend} backend needs {module}, which is not installed"
+                         + (f" ({cause})" if cause is not None else "")
+                         + f"; install it with: pip install 'hcc[{extra}]'")
+        self.backend, self.module, self.extra = backend, module, extra
+
+
 class Request:
     """A handle on one non-blocking operation; backends subclass it."""
 

@@ -49,7 +49,7 @@ from typing import Sequence
 import numpy as np
 
 from ..ir.errors import PlanError
-from .base import Capabilities, CollectiveTimeout, Request, RuntimeFault, Transport, register
+from .base import BackendUnavailable, Capabilities, CollectiveTimeout, Request, RuntimeFault, Transport, register
 
 __all__ = [
     "MPIBackend", "MPIRequest", "available", "find_mpiexec", "loopback_env", "mpiexec_job", "reaping_shm",
@@ -77,6 +77,16 @@ _NAP_MAX = 1e-3
 # Extra wall time granted to a whole launched job beyond the per-wait deadlines: a 4-rank job
 # of one small plan takes 1-2 s here, most of it interpreter, numpy and mpi4py start-up.
 _JOB_GRACE_S = 30.0
+
+def import_mpi():
+    """mpi4py's ``MPI`` module, imported on first use (the import initialises MPI); raises
+    :class:`~hcc.backends.base.BackendUnavailable` naming ``hcc[mpi]`` when it is missing."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise BackendUnavailable("mpi", "mpi4py", "mpi", e) from None
+    return MPI
+
 
 def available() -> bool:
     """True when mpi4py and its MPI extension are installed. Checked without importing
@@ -122,8 +132,7 @@ class MPIBackend(Transport):
     capabilities = Capabilities()
 
     def __init__(self, comm=None, *, abort_on_fault: bool = True):
-        from mpi4py import MPI
-
+        MPI = import_mpi()
         self._MPI = MPI
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()

@@ -24,7 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..base import Capabilities, CollectiveTimeout, PeerFailed, Request, RuntimeFault, Transport, register
+from ..base import (BackendUnavailable, Capabilities, CollectiveTimeout, PeerFailed, Request, RuntimeFault,
+                    Transport, register)
 
 __all__ = ["RayTransport", "RayRequest", "MailboxCore", "available", "import_ray", "local_cluster", "DATA_PATHS",
            "SOCKETS_GROUP"]
@@ -38,10 +39,14 @@ _ENDED_KEPT = 4096
 
 
 def import_ray():
+    """The ``ray`` module, imported on first use, on loopback (the package docstring); raises
+    :class:`~hcc.backends.base.BackendUnavailable` naming ``hcc[ray]`` when Ray is missing."""
     for k, v in _LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
-    import ray
-
+    try:
+        import ray
+    except ImportError as e:
+        raise BackendUnavailable("ray", "ray", "ray", e) from None
     return ray
 
 
