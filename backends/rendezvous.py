@@ -27,7 +27,10 @@ Wire format
   hour), ``amount``/``wait``/``value`` integers of at most 2^53 in size; a bad field gets an
   ``{"ok": false}`` reply naming it, never a traceback or a spinning thread. The handshake has
   one deadline as a whole (:data:`HANDSHAKE_S`), not one per ``recv``, and at most
-  :data:`MAX_PENDING` connections may be in it at once (the oldest is dropped for a new one).
+  :data:`MAX_PENDING` connections may be in it at once: a new one beyond that takes the place
+  of the oldest if it has been waiting :data:`PENDING_GRACE_S`, else it is closed before the
+  server's nonce, which a client reads as "busy" and retries until its own deadline (a client
+  with the wrong token is answered by a closed connection *after* the nonce, and told so).
 """
 from __future__ import annotations
 
@@ -56,9 +59,12 @@ MAX_INT = 1 << 53  # counters and amounts: exact in a JSON number of any reader
 # The handshake is 3 messages of 32-64 bytes: 10 s for all of it is ~1000x a loopback round
 # trip under load, and bounds what a client that sends a byte a second can hold.
 HANDSHAKE_S = 10.0
-# Connections in the handshake at once: a job opens at most one per rank at startup, so 64
-# covers the joining burst of a 64-rank job; beyond it the oldest unauthenticated one goes.
-MAX_PENDING = 64
+# Connections in the handshake at once: a job opens one per rank at startup, and a handshake
+# takes ~1 ms, so 256 covers the joining burst of a 1024-rank job with room; a client refused
+# for it retries. A slot is taken from a connection only after it has had 2 s (a real client
+# under load answers in well under that), so a flood cannot evict the job's own ranks.
+MAX_PENDING = 256
+PENDING_GRACE_S = 2.0
 NONCE = 32
 _LEN = struct.Struct("!I")
 
@@ -217,7 +223,7 @@ class StoreServer:
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._closed = False
         self._clients: set[socket.socket] = set()
-        self._pending: dict[socket.socket, None] = {}  # in the handshake, oldest first
+        self._pending: dict[socket.socket, float] = {}  # in the handshake, oldest first: since
         self._bytes = 0  # the JSON size of the values held (MAX_STORE_BYTES)
         self._sizes: dict[str, int] = {}
         self._thread = threading.Thread(target=self._accept_loop, name="hcc-store", daemon=True)
@@ -229,13 +235,17 @@ class StoreServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            now = time.monotonic()
             with self._cond:
-                self._clients.add(conn)
-                self._pending[conn] = None
-                while len(self._pending) > MAX_PENDING:  # the oldest unauthenticated one goes
-                    old = next(iter(self._pending))
-                    del self._pending[old]
+                if len(self._pending) >= MAX_PENDING:
+                    old, since = next(iter(self._pending.items()))
+                    if now - since < PENDING_GRACE_S:  # all recent: refuse this one (it retries)
+                        conn.close()
+                        continue
+                    del self._pending[old]  # the oldest has had its chance
                     _drop(old)
+                self._clients.add(conn)
+                self._pending[conn] = now
             threading.Thread(target=self._serve, args=(conn,), name="hcc-store-client", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -391,21 +401,23 @@ class StoreClient:
         host, port = parse_address(address)
         deadline = time.monotonic() + timeout
         last: Exception | None = None
-        while True:  # the store may not be listening yet: retry until the deadline
+        while True:  # the store may not be listening yet, or be busy: retry until the deadline
             try:
                 self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
+                self._sock.settimeout(timeout)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                hs_deadline = time.monotonic() + max(timeout, HANDSHAKE_S)
+                ns = recv_exact_by(self._sock, NONCE, hs_deadline)  # closed before it: busy
                 break
-            except OSError as e:
+            except (OSError, ConnectionError) as e:
                 last = e
+                if getattr(self, "_sock", None) is not None:
+                    self._sock.close()
                 if time.monotonic() >= deadline:
                     raise RendezvousError(f"cannot reach the rendezvous store at {address} within "
                                           f"{timeout:g} s ({last})") from None
                 time.sleep(0.05)
         try:
-            self._sock.settimeout(timeout)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hs_deadline = time.monotonic() + max(timeout, HANDSHAKE_S)
-            ns = recv_exact_by(self._sock, NONCE, hs_deadline)
             nc = os.urandom(NONCE)
             self._sock.sendall(nc + _mac(token, b"hcc-store-client", ns, nc))
             mac = recv_exact_by(self._sock, 32, hs_deadline)

@@ -73,6 +73,7 @@ from .base import (Capabilities, CollectiveTimeout, PeerFailed, RankFailed, Requ
 from .kernels import STAGING
 from .rendezvous import (
     MAX_PENDING,
+    PENDING_GRACE_S,
     AuthenticationError,
     RendezvousError,
     StoreClient,
@@ -258,7 +259,7 @@ class SocketTransport(Transport):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._conns: dict[int, _Conn] = {}
-        self._pending: dict[socket.socket, None] = {}  # connections in the handshake, oldest first
+        self._pending: dict[socket.socket, float] = {}  # in the handshake, oldest first: since
         self._posted: dict[tuple[int, int], deque] = {}
         self._held: dict[tuple[int, int], deque] = {}
         self._dead: dict[int, str] = {}  # rank -> how we learnt it died
@@ -280,15 +281,21 @@ class SocketTransport(Transport):
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:  # at most MAX_PENDING in the handshake: the oldest goes for a new one
-                self._pending[sock] = None
-                while len(self._pending) > MAX_PENDING:
-                    old = next(iter(self._pending))
+            # at most max(MAX_PENDING, world) in the handshake (a job's own burst is world - 1):
+            # past it the oldest goes if it has had PENDING_GRACE_S, else the newcomer does
+            now = time.monotonic()
+            with self._lock:
+                if len(self._pending) >= max(MAX_PENDING, self.world):
+                    old, since = next(iter(self._pending.items()))
+                    if now - since < PENDING_GRACE_S:
+                        sock.close()
+                        continue
                     del self._pending[old]
                     try:
                         old.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass
+                self._pending[sock] = now
             threading.Thread(target=self._accept_one, args=(sock,), daemon=True).start()
 
     def _accept_one(self, sock: socket.socket) -> None:

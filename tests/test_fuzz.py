@@ -364,19 +364,34 @@ def test_the_transport_handshake_has_one_deadline_as_a_whole(monkeypatch):
 def test_the_transport_caps_unauthenticated_connections(monkeypatch):
     from hcc.backends import sockets
 
+    def eof(s) -> bool:
+        s.settimeout(5)
+        try:
+            return s.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
     monkeypatch.setattr(sockets, "MAX_PENDING", 3)
+    monkeypatch.setattr(sockets, "PENDING_GRACE_S", 0.0)  # the oldest may always go
     with _rank1() as (t, addr):
         idle = [socket.create_connection(addr, timeout=5) for _ in range(8)]
-        dropped = 0
-        for s in idle[:5]:
-            s.settimeout(5)
-            try:
-                dropped += s.recv(1) == b""
-            except ConnectionResetError:
-                dropped += 1
-        assert dropped == 5
+        for s in idle:
+            s.sendall(b"H")  # each is in the handshake, waiting for the rest of its HELLO
+        assert sum(eof(s) for s in idle[:5]) == 5  # the five oldest were dropped
         assert len(t._pending) <= 3
         for s in idle:
+            s.close()
+    monkeypatch.setattr(sockets, "PENDING_GRACE_S", 3600.0)  # none old enough: newcomers go
+    with _rank1() as (t, addr):
+        idle = [socket.create_connection(addr, timeout=5) for _ in range(3)]
+        import time
+
+        end = time.monotonic() + 10
+        while len(t._pending) < 3 and time.monotonic() < end:
+            time.sleep(0.01)
+        late = socket.create_connection(addr, timeout=5)
+        assert eof(late) and len(t._pending) == 3
+        for s in idle + [late]:
             s.close()
 
 

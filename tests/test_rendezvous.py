@@ -187,27 +187,61 @@ def test_the_handshake_has_one_deadline_as_a_whole(monkeypatch):
     assert closed and took < 5.0, took  # per-recv timeouts would have allowed 96 x 0.2 s = 19 s
 
 
+def _nonce_or_eof(s) -> bytes:
+    """What the store sent a raw connection: its nonce, or b"" when it closed it first."""
+    s.settimeout(5)
+    got = b""
+    while len(got) < 32:
+        k = s.recv(32 - len(got))
+        if not k:
+            break
+        got += k
+    return got
+
+
 def test_unauthenticated_connections_are_capped(monkeypatch, thread_errors):
+    """At most MAX_PENDING connections in the handshake. Past it, a new connection takes the
+    oldest one's place once that has had PENDING_GRACE_S; before that the new one is closed
+    before the nonce, which a real client reads as "busy" and retries."""
     import socket
 
     from hcc.backends import rendezvous as rz
 
     monkeypatch.setattr(rz, "MAX_PENDING", 4)
+    monkeypatch.setattr(rz, "PENDING_GRACE_S", 0.0)  # every pending one is old enough to go
     with StoreServer("tok") as server:
         host, port = rz.parse_address(server.address)
-        idle = [socket.create_connection((host, port), timeout=5) for _ in range(10)]
-        for s in idle:
-            rz.recv_exact(s, rz.NONCE)  # each was accepted and sent its nonce
-        dropped = 0
-        for s in idle[:6]:  # the six oldest were dropped for newer ones
-            s.settimeout(5)
-            dropped += s.recv(1) == b""
-        assert dropped == 6
-        assert len(server._pending) <= 4
+        idle = []
+        for _ in range(10):
+            idle.append(socket.create_connection((host, port), timeout=5))
+            assert len(_nonce_or_eof(idle[-1])) == rz.NONCE  # accepted: the nonce came
+        dropped = sum(s.recv(1) == b"" for s in idle[:6])  # the six oldest were dropped
+        assert dropped == 6 and len(server._pending) <= 4
         c = StoreClient(server.address, "tok", timeout=5)  # a real client still gets in
         c.set("k", 1)
         assert c.get("k") == 1
         c.close()
         for s in idle:
             s.close()
+
+    monkeypatch.setattr(rz, "PENDING_GRACE_S", 3600.0)  # none is old enough: newcomers refused
+    with StoreServer("tok") as server:
+        host, port = rz.parse_address(server.address)
+        idle = [socket.create_connection((host, port), timeout=5) for _ in range(4)]
+        assert all(len(_nonce_or_eof(s)) == rz.NONCE for s in idle)
+        late = socket.create_connection((host, port), timeout=5)
+        assert _nonce_or_eof(late) == b""  # closed before any nonce: "busy"
+        late.close()
+        with pytest.raises(RendezvousError, match="cannot reach"):
+            StoreClient(server.address, "tok", timeout=0.5)  # busy until its deadline
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("c", StoreClient(server.address, "tok", timeout=10)))
+        t.start()
+        time.sleep(0.3)
+        for s in idle:  # the slots free up: the retrying client gets in
+            s.close()
+        t.join(15)
+        got["c"].set("k", 2)
+        assert got["c"].peek("k") == 2
+        got["c"].close()
     assert not thread_errors
