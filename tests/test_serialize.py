@@ -334,3 +334,13 @@ def test_load_refuses_a_non_path_with_a_typed_error():
         assert isinstance(e.value, HccError) and "expected a path" in str(e.value)
         with pytest.raises(HccError):
             Plan.load(arg)
+
+
+def test_save_refuses_a_non_path_with_a_typed_error(tmp_path):
+    from hcc.ir.errors import ArgumentTypeError
+
+    plan = tree_plan()
+    for arg in (None, 3):
+        with pytest.raises(ArgumentTypeError, match="expected a path"):
+            save(plan, arg)
+    assert list(tmp_path.iterdir()) == []
