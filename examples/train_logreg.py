@@ -110,6 +110,7 @@ def compile_plans(params: int) -> dict[str, str]:
 
 
 def train(mode: str, plan, comm, cfg: Config, shard, rank: int) -> tuple[np.ndarray, float]:
+    import hcc
     from hcc.relax import AsyncAverager
 
     Xs, ys = shard
