@@ -403,6 +403,7 @@ class Lower:
             if build is None:
                 continue
             progress.report("lower", alg, i + 1, len(order))
+            build = _reporting(build, alg)
             prune = spec.algorithm == "auto" and alg not in BASELINES
             mine = cands
             if alg in NEW_FORMS and not spec.chunk_bytes:
@@ -427,6 +428,15 @@ class Select:
             raise CompileError(f"{u.spec.name}: algorithm {u.spec.algorithm} produced no plan")
         best = min(pool, key=_select_key)
         return replace(u, chosen=best, plan=best.choice.plan)
+
+
+def _reporting(build: Callable[[int], Plan], alg: str) -> Callable[[int], Plan]:
+    """``build`` that first reports which candidate it lowers at which chunk size."""
+    def run(chunk: int) -> Plan:
+        progress.report("lower", f"{alg} at {chunk} B chunks")
+        return build(chunk)
+
+    return run
 
 
 def _select_key(c: Candidate) -> tuple:

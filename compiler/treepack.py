@@ -80,7 +80,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..ir.topology import Topology
-from . import bounds
+from . import bounds, progress
 from .switches import Indexed
 
 __all__ = ["PackedTree", "Packing", "PackError", "pack_broadcast", "pack_allgather", "min_arborescence",
@@ -469,7 +469,9 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
             raise _unreachable(ix, pricer, r)
         master.add(col)
     stop = "round limit"
-    for _ in range(max_rounds or _MAX_ROUNDS):  # each round adds >= 1 column
+    limit = max_rounds or _MAX_ROUNDS
+    for k in range(limit):  # each round adds >= 1 column
+        progress.report("pack", "pricing round", k + 1, limit)
         master.solve()
         if master.objective() * scale >= bound * (1.0 - 1e-9):
             stop = ""
@@ -638,6 +640,7 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
         # wall-clock limit is only a safety net (the whole pack's time_limit, 120 s by
         # default, against 0.5 s budgets that take 0.4-5.5 s of wall time even at load 10);
         # when it fires the method says so, since the result then depends on the machine
+        progress.report("pack", f"few trees (CP-SAT, quantum {float(q):.6g} B/s)")
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 1
         solver.parameters.max_deterministic_time = budget - spent
@@ -1154,7 +1157,9 @@ def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: fl
             raise _unreachable(ix, pricer, r)
         add(col)
     stop = "round limit"
-    for _ in range(max_rounds or _MAX_ROUNDS):
+    limit = max_rounds or _MAX_ROUNDS
+    for k in range(limit):
+        progress.report("pack", f"symmetric pricing round ({len(sym.vperm)} hosts)", k + 1, limit)
         master.solve()
         if master.objective() * scale >= bound * (1.0 - 1e-9):
             stop = ""

@@ -163,35 +163,33 @@ def cmd_compile(args) -> int:
             f"-o writes one plan but {args.file} declares {len(names)} collectives "
             f"({', '.join(names)}); choose one with -c NAME",
         )
-    plans = [compile_unit(program, n, model=model).plan for n in names]
+    header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",
+              "bound", "eff", "algbw", "busbw", "NCCL-like", "vs NCCL-like", "compile"]
+    # compressed plans: their wire bytes and the predicted speedup over the best exact plan
+    lossy = any(c.compress != "none" for c in program.collectives if c.name in names)
+    if lossy:
+        header[5:5] = ["compress", "wire", "vs exact"]
+    # each collective's row is printed as soon as it is compiled (a 1024-rank program takes
+    # minutes), in columns sized in advance; compiles past 2 s report progress on stderr
+    table = None if args.json else _RowStream(header, names, [c.kind for c in program.collectives])
+    from .compiler.progress import StderrProgress, listening
+
+    plans = []
+    status = StderrProgress()
+    with listening(status):
+        for n in names:
+            try:
+                plans.append(compile_unit(program, n, model=model).plan)
+            finally:
+                status.close()
+            if table is not None:
+                table.row(_row(plans[-1], lossy))
     if args.output:
         atomic_write_text(args.output, plans[0].to_json())
     if args.json:
         rows = [{**{k: _json_safe(v) for k, v in summary(p).items()}, **_model_fields(model)} for p in plans]
         print(json.dumps(rows, indent=2))
         return 0
-    header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",
-              "bound", "eff", "algbw", "busbw", "NCCL-like", "vs NCCL-like", "compile"]
-    # compressed plans: their wire bytes and the predicted speedup over the best exact plan
-    lossy = any(p.compress != "none" for p in plans)
-    if lossy:
-        header[5:5] = ["compress", "wire", "vs exact"]
-    rows = []
-    for p in plans:
-        f = p.figures
-        row = [
-            p.name, p.kind, str(p.n), human_bytes(p.size_bytes), p.algorithm, str(len(p.trees)),
-            human_bytes(p.chunk_bytes), human_time(f.predicted_s), human_time(f.bound_s),
-            f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
-            f"{f.baseline} {human_time(f.baseline_predicted_s)}" if f.baseline_predicted_s else "-",
-            f"{f.baseline_predicted_s / f.predicted_s:.2f}x" if f.baseline_predicted_s and f.predicted_s else "-",
-            human_time(f.compile_s),
-        ]
-        if lossy:
-            row[5:5] = [p.compress, human_bytes(f.wire_bytes),
-                        f"{f.exact_predicted_s / f.predicted_s:.2f}x" if f.exact_predicted_s else "-"]
-        rows.append(row)
-    print(_table(header, rows))
     print(f"cost model: {describe_model(model)}")
     print("NCCL-like: the fastest of the single ring, NCCL's multi-channel rings (channels found), the "
           "double binary tree and recursive doubling, priced by the same model")
@@ -203,6 +201,48 @@ def cmd_compile(args) -> int:
     if args.output:
         print(f"wrote {args.output}")
     return 0
+
+
+# widths of the compile table's columns, fixed before the first row is known (the longest
+# each human_* formatter writes, e.g. "476.8 MiB", "12.30 ms", "150.0 GB/s"); a longer cell
+# only shifts the rest of its own row
+_WIDTHS = {"ranks": 5, "size": 9, "algorithm": 13, "trees": 5, "chunk": 9, "predicted": 9, "bound": 9,
+           "eff": 5, "algbw": 10, "busbw": 10, "NCCL-like": 16, "vs NCCL-like": 12, "compile": 9,
+           "compress": 8, "wire": 9, "vs exact": 8}
+
+
+class _RowStream:
+    """The compile table printed a row at a time: header first, then each row as it comes."""
+
+    def __init__(self, header: list[str], names: list[str], kinds: list[str]):
+        fixed = {"collective": max(map(len, names), default=0), "kind": max(map(len, kinds), default=0)}
+        self.widths = [max(len(h), fixed.get(h, _WIDTHS.get(h, 0))) for h in header]
+        self._line(header)
+        self._line(["-" * w for w in self.widths])
+
+    def _line(self, cells: list[str]) -> None:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, self.widths))),
+              flush=True)
+
+    def row(self, cells: list[str]) -> None:
+        self._line(cells)
+
+
+def _row(p: Plan, lossy: bool) -> list[str]:
+    """One plan's cells of the compile table."""
+    f = p.figures
+    row = [
+        p.name, p.kind, str(p.n), human_bytes(p.size_bytes), p.algorithm, str(len(p.trees)),
+        human_bytes(p.chunk_bytes), human_time(f.predicted_s), human_time(f.bound_s),
+        f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
+        f"{f.baseline} {human_time(f.baseline_predicted_s)}" if f.baseline_predicted_s else "-",
+        f"{f.baseline_predicted_s / f.predicted_s:.2f}x" if f.baseline_predicted_s and f.predicted_s else "-",
+        human_time(f.compile_s),
+    ]
+    if lossy:
+        row[5:5] = [p.compress, human_bytes(f.wire_bytes),
+                    f"{f.exact_predicted_s / f.predicted_s:.2f}x" if f.exact_predicted_s else "-"]
+    return row
 
 
 def _names(items: list[str], limit: int = 6) -> str:

@@ -189,3 +189,96 @@ def test_large_broadcast_stops_after_its_round_budget(monkeypatch):
     check_packing(topo, topo.nodes, short)
     assert "round limit" in short.method and short.gap > 0.1
     assert short.rate < full.rate <= full.bound * (1 + 1e-9)
+
+
+# -- progress of long compiles (compiler/progress.py) ------------------------------------------
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_progress_is_silent_for_short_compiles_then_plain_lines():
+    import io
+
+    from hcc.compiler.progress import StderrProgress
+
+    out, clock = io.StringIO(), _Clock()
+    p = StderrProgress(out, delay=2.0, plain_every=2.0, clock=clock)
+    assert not p.tty  # a StringIO is not a terminal: plain lines
+    clock.t = 1.0
+    p("ag", "pack", "pricing round", 3, 500)
+    assert out.getvalue() == ""  # under 2 s: nothing
+    clock.t = 2.5
+    p("ag", "pack", "pricing round", 4, 500)
+    p("ag", "pack", "pricing round", 5, 500)  # same stage within 2 s: not repeated
+    clock.t = 2.6
+    p("ag", "lower", "ring", 1, 6)  # a new stage is always shown
+    clock.t = 5.0
+    p("ag", "lower", "treepack at 1048576 B chunks", None, None)
+    assert out.getvalue().splitlines() == [
+        "[   2.5 s] ag: pack: pricing round 4/500",
+        "[   2.6 s] ag: lower: ring 1/6",
+        "[   5.0 s] ag: lower: treepack at 1048576 B chunks",
+    ]
+    p.close()  # nothing to clear on plain output
+
+
+def test_progress_on_a_terminal_rewrites_one_line():
+    import io
+
+    from hcc.compiler.progress import StderrProgress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out, clock = Tty(), _Clock()
+    p = StderrProgress(out, delay=0.0, clock=clock)
+    p("", "pack", "pricing round", 1, 9)
+    clock.t = 1.0
+    p("", "lower", "", None, None)
+    p.close()
+    text = out.getvalue()
+    assert "\n" not in text and text.count("\r") == 4  # two updates, then blank and return
+    assert text.endswith("\r")  # cleared: what follows starts on a clean line
+
+
+def test_compile_reports_every_stage_of_every_collective():
+    import hcc
+    from hcc.compiler.pipeline import compile_unit
+    from hcc.compiler.progress import listening
+
+    prog = hcc.load(SAMPLES / "demo.hcl")
+    seen = []
+    with listening(lambda *a: seen.append(a)):
+        for c in prog.collectives[:2]:
+            compile_unit(prog, c.name)
+    for c in prog.collectives[:2]:
+        stages = [s for name, s, *_ in seen if name == c.name]
+        assert {"bounds", "pack", "lower", "select", "figures", "verify"} <= set(stages)
+        assert stages.index("pack") < stages.index("lower") < stages.index("verify")
+    # the chunk search names each candidate and size; verification its phases, in order
+    steps = [step for name, s, step, *_ in seen if s == "lower" and step]
+    assert any(" at " in step and step.endswith(" B chunks") for step in steps)
+    phases = [(d, t) for name, s, step, d, t in seen if s == "verify" and step]
+    assert phases[:5] == [(k, 5) for k in range(1, 6)]
+
+
+def test_compile_table_streams_rows_before_the_explanations():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hcc", "compile", str(SAMPLES / "demo.hcl")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    import hcc
+
+    names = [c.name for c in hcc.load(SAMPLES / "demo.hcl").collectives]
+    rows = [ln.split()[0] for ln in lines[2:2 + len(names)]]
+    assert rows == names and lines[2 + len(names)].startswith("cost model:")
+    # every row has as many cells as the header (fixed column widths, one line each)
+    assert all(len(ln.split()) >= len(lines[0].split()) for ln in lines[2:2 + len(names)])
