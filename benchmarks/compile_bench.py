@@ -178,6 +178,7 @@ def clear_memos() -> None:
 
     treepack.clear_cache()
     bounds._allgather_parametric.cache_clear()
+    bounds._narrowest.cache_clear()
 
 
 def run(args) -> list[dict]:

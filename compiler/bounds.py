@@ -220,11 +220,33 @@ def min_rank_cut_rate(topo: Topology, ranks) -> float:
     """min over vertex sets S holding some but not all ranks of B⁺(S), in bytes/s: the
     narrowest cut between ranks. Any cut separates rank 0 from some rank v, one way or the
     other, so it is min over v of min(maxflow(r0, v), maxflow(v, r0)) — 2(n-1) max-flows."""
-    net = _Net(topo, tuple(ranks))
-    r0, *others = net.rank_idx
-    if not others:
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
         return math.inf
-    return _rate(net, min(min(net.maxflow(r0, v), net.maxflow(v, r0)) for v in others))
+    return _narrowest_memo(topo, ranks)[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _narrowest(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
+    """(the narrowest rank cut's capacity in bytes/s, the vertex names of its source side),
+    memoised: the allreduce floor, the ring search's upper limit and the plan's explanation
+    all ask for it (2(n-1) max-flows: seconds at 1024 ranks)."""
+    net = _Net(topo, ranks)
+    r0, *others = net.rank_idx
+    best = None
+    for v in others:
+        for a, b in ((r0, v), (v, r0)):
+            value, side = net.min_cut(a, b)
+            if best is None or value < best[0]:
+                best = (value, side)
+    return _rate(net, best[0]), tuple(net.vertices[i] for i in sorted(best[1]))
+
+
+def _narrowest_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
+    try:
+        return _narrowest(topo, ranks)
+    except TypeError:  # an unhashable Topology: compute, do not memoise
+        return _narrowest.__wrapped__(topo, ranks)
 
 
 def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
@@ -624,14 +646,8 @@ def allreduce_cuts(topo, ranks) -> list[Cut]:
     total = sum(net.out_cap[r] for r in net.rank_idx) / net.scale
     out.append(Cut("all-ranks", tuple(sorted(ranks)), tuple(arcs), total, n, 2.0 * (n - 1), "out",
                    f"every element needs 2(n-1) = {2 * (n - 1)} rank-to-rank messages, each leaving a rank"))
-    r0, *others = net.rank_idx
-    best = None
-    for v in others:
-        for a, b, rev in ((r0, v, False), (v, r0, True)):
-            value, side = net.min_cut(a, b)
-            if best is None or value < best[0]:
-                best = (value, side)
-    out.append(_cut_of(net, best[1], "allreduce-cut", 1.0,
+    _, names = _narrowest_memo(topo, tuple(ranks))
+    out.append(_cut_of(net, {net.index[v] for v in names}, "allreduce-cut", 1.0,
                        "each side needs the other side's M bytes of partial reduction", False))
     return out
 
