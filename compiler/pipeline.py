@@ -372,8 +372,8 @@ class Lower:
             return lambda c: relax_plan(spec, topo, c)
         if alg == "rings":
             channels = u.packing("channels")
-            if channels is None:
-                return None
+            if channels is None or len(channels) < 2:
+                return None  # one channel is the single ring, priced as ``ring`` already
             from .baselines import rings_plan
 
             return lambda c: rings_plan(spec, topo, channels, c)
