@@ -144,8 +144,14 @@ def time_forestcoll(label: str, timeout_s: float):
     return cpu, wall, algbw
 
 
-def cases(quick: bool, scale: bool):
-    """(label, program, collective names) in table order."""
+def cases(quick: bool, scale: bool, only: set[str] | None = None):
+    """(label, program, collective names) in table order (``only``: these labels)."""
+    for label, program, names in _cases(quick, scale):
+        if only is None or label in only:
+            yield label, program, names
+
+
+def _cases(quick: bool, scale: bool):
     named = [("dgx1", hcc.load(ROOT / "samples" / "dgx1.hcl"), ["allgather", "broadcast", "allreduce"]),
              ("a100x2", hcc.load(with_collectives(a100_source(2), "a100x2")), None),
              ("a100x4", hcc.load(with_collectives(a100_source(4), "a100x4")), None),
@@ -184,12 +190,15 @@ def clear_memos() -> None:
 def run(args) -> list[dict]:
     warm_imports()
     rows = []
-    for label, program, names in cases(args.quick, args.scale):
+    only = set(args.only.split(",")) if args.only else None
+    for label, program, names in cases(args.quick, args.scale, only):
         for c in program.collectives:
             if names is not None and c.name not in names:
                 continue
             row = {"topology": label, "collective": c.name, "kind": c.kind, "ranks": len(c.ranks)}
-            for size in SIZES:
+            # the 512- and 1024-rank samples at the sizes their targets name (>= 256 MiB): a
+            # compile there takes a minute
+            for size in (SIZES[1:] if label in SCALE_SAMPLES else SIZES):
                 spec = replace(c, size_bytes=size)
                 prog = replace(program, collectives=tuple(spec if x.name == c.name else x for x in program.collectives))
                 if size == 256 * MiB:
@@ -267,8 +276,8 @@ def markdown(rows: list[dict]) -> str:
             v = r.get(k, "")
             if k == "baseline" and v:
                 v = f"{v} ({r['ring_channels']} ch)" if v == "rings" else v
-            if k in ("speedup_over_baseline", "treepack_vs_baseline_256MiB") and v != "":
-                v = f"{v:.2f}x"
+            if k in ("speedup_over_baseline", "treepack_vs_baseline_256MiB") and v not in ("", None):
+                v = f"{float(v):.2f}x"
             cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -283,19 +292,34 @@ def main(argv=None) -> int:
                     help="stop ForestColl after this many wall seconds (default 1800)")
     ap.add_argument("--forestcoll-child", help=argparse.SUPPRESS)
     ap.add_argument("-o", "--output", default=str(RESULTS))
+    ap.add_argument("--only", help="comma-separated topology labels (dgx1, a100x2, ..., sample names)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the CSV's rows of other topologies (replace the ones measured again)")
+    ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")
     args = ap.parse_args(argv)
     if args.forestcoll_child:
         forestcoll_child(args.forestcoll_child)
         return 0
+    if args.table:
+        with open(args.output, newline="") as fh:
+            print(markdown(list(csv.DictReader(fh))))
+        return 0
     if args.forestcoll and not FORESTCOLL.is_dir():
         print(f"ForestColl not found at {FORESTCOLL}: its columns say 'absent'", file=sys.stderr)
     rows = run(args)
+    if args.append and Path(args.output).exists():
+        with open(args.output, newline="") as fh:
+            old = list(csv.DictReader(fh))
+        fresh = {(r["topology"], r["collective"]) for r in rows}
+        keep = [r for r in old if (r["topology"], r["collective"]) not in fresh]
+        order = [label for label, _, _ in _cases(False, True)]
+        rows = sorted(keep + rows, key=lambda r: order.index(r["topology"]) if r["topology"] in order else len(order))
     print(markdown(rows))
     fields: list[str] = []
     for r in rows:
         fields += [k for k in r if k not in fields]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
+    w = csv.DictWriter(buf, fieldnames=fields, restval="")
     w.writeheader()
     w.writerows(rows)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
