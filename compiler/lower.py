@@ -424,8 +424,9 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
             spans = _root_spans(L, shapes)
         else:
             spans = split_by_rate(0, E, rates)
-        if _lower_timed(L, shapes, spans, bool(per_root), *timed):
-            return spans
+        got = _lower_timed(L, shapes, spans, bool(per_root), *timed)
+        if got is not None:
+            return got
     if kind in ("broadcast", "reduce", "allreduce") and not per_root:
         spans = split_by_rate(0, E, rates)
         sizes = _proportional_chunks(ce, rates) if proportional else ce
@@ -530,14 +531,21 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
 # port. The plan then runs in that order on every backend and in cost.simulate (with a
 # window of 1 on direct links the simulated time equals the schedule's own, exactly).
 
-# 4 in flight per port: 1 holds a rank's uplink to a switch idle while its last message
-# waits behind other senders at the switch (DGX-1 allgather through the PCIe switches: 0.59
-# of the bound with 1, 0.74 with 2, 0.76-0.82 with 4); more lets the executor reorder the
-# schedule (0.54-0.80 with 8)
+# 4 in flight per port when the collective's links include a switch: 1 holds a rank's
+# uplink to a switch idle while its last message waits behind other senders at the switch
+# (DGX-1 allgather through the PCIe switches: 0.59 of the bound with 1, 0.74 with 2,
+# 0.76-0.82 with 4), more lets the executor reorder the schedule (0.54-0.80 with 8). Without
+# switches every port is a direct link, where 1 costs nothing (a send completes when its
+# link frees) and the plan runs exactly as scheduled (1 x MI250 allgather: 0.88 with 1,
+# 0.84 with 4)
 PORT_WINDOW = 4
 # chunk periods of key credit per hop still ahead (0 pure WFQ): NVLink-only DGX-1 allgather
 # at 2 MiB chunks 0.909 with 0, 0.917 with 0.25, 0.889 with 2
 HOP_SLACK = 0.25
+# rounds of share rebalancing after the first schedule (see _lower_timed), stopped early
+# once every tree finishes within REBALANCE_TOLERANCE of its group's mean
+REBALANCE_ROUNDS = 2
+REBALANCE_TOLERANCE = 0.01
 
 
 def _msg_paths(topo: Topology, ranks: Sequence[str]):
@@ -663,6 +671,9 @@ class _Timed:
         nxt: dict[int, float] = {}  # port -> earliest time its window allows a start
         started: dict[int, deque] = {}  # port -> (message, end) of its last ``window`` starts
         self.pred = [-1] * nm
+        names = set(self.L.spec.ranks)
+        relay = {i for i, (_, v) in enumerate(self.links.ends) if v not in names}
+        self.end = [0.0] * nm
         self.makespan = 0.0
         order: list[int] = []
         ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
@@ -695,7 +706,7 @@ class _Timed:
                 continue
             m = heappop(q)[3]
             win = started.setdefault(x, deque())
-            w = window
+            w = window if relay else 1
             self.pred[m] = win[0][0] if len(win) == w else -1
             nb = nbytes[m]
             hops = path[m]
@@ -711,6 +722,7 @@ class _Timed:
                 if t_hop + per_msg + stream > end:
                     end = t_hop + per_msg + stream
             order.append(m)
+            self.end[m] = end
             if len(win) == w:
                 win.popleft()
             win.append((m, end))
@@ -818,25 +830,63 @@ TIMED_KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "reduc
 
 
 def _lower_timed(L: "_Lowering", shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
-                 topo: Topology, per_msg: float, window: int) -> bool:
-    """Emit the tree kinds through the timed schedule; False (nothing emitted) when a tree
-    path is not made of the collective's links (the plain lowering then routes it)."""
+                 topo: Topology, per_msg: float, window: int) -> list[tuple[int, int]] | None:
+    """Emit the tree kinds through the timed schedule and return the trees' spans; None
+    (nothing emitted) when a tree path is not made of the collective's links (the plain
+    lowering then routes it).
+
+    The packing's rates ignore the per-message cost, which weighs more on some trees than
+    on others (a tree over the 10 GB/s, 3 us socket link of a DGX-1 loses 4% at 1 MiB
+    chunks, one over NVLink 9%), so the trees finish at different times. Up to
+    REBALANCE_ROUNDS times, each tree's share is scaled by the mean finish time of its
+    group (the trees sharing one block) over its own, and the fastest schedule is kept."""
     kind = L.spec.kind
-    T = _Timed(L, shapes, _msg_paths(topo, L.spec.ranks), per_msg)
-    T.upsend, T.rootrecv, T.pieces = {}, {}, []
-    try:
-        T.prepare_paths()
-    except KeyError:
-        return False
+    links = _msg_paths(topo, L.spec.ranks)
     up = kind in ("reduce", "reduce_scatter", "allreduce")
     down = kind in ("broadcast", "allgather", "allreduce")
-    itemsize = T.itemsize
-    for t, ((lo, hi), sh) in enumerate(zip(spans, shapes)):
-        rate = sh.rate if sh.rate > 0 else 1.0
-        for k, (a, b) in enumerate(_even_chunks(lo, hi, L.ce)):
-            T.pieces.append((t, a, b))
-            T.tree_chunk(t, k, a, b, (b - lo) * itemsize / rate, up, down)
-    order = T.schedule(window)
+    grouped = kind in ("allgather", "reduce_scatter") or per_root
+    groups: dict[int, list[int]] = {}
+    for t, sh in enumerate(shapes):
+        groups.setdefault(sh.root if grouped else 0, []).append(t)
+    bounds_of = {g: (min(spans[t][0] for t in ts), max(spans[t][1] for t in ts)) for g, ts in groups.items()}
+    weight = [sh.rate if sh.rate > 0 else 1.0 for sh in shapes]
+    best = None
+    for rnd in range(REBALANCE_ROUNDS + 1):
+        if rnd:
+            spans = [(0, 0)] * len(shapes)
+            for g, ts in groups.items():
+                for t, sp in zip(ts, split_by_rate(*bounds_of[g], [weight[t] for t in ts])):
+                    spans[t] = sp
+        T = _Timed(L, shapes, links, per_msg)
+        T.upsend, T.rootrecv, T.pieces = {}, {}, []
+        try:
+            T.prepare_paths()
+        except KeyError:
+            return None
+        itemsize = T.itemsize
+        for t, (lo, hi) in enumerate(spans):
+            for k, (a, b) in enumerate(_even_chunks(lo, hi, L.ce)):
+                T.pieces.append((t, a, b))
+                T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
+        order = T.schedule(window)
+        if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
+            best = (T, order, list(spans))
+        finish = [0.0] * len(shapes)
+        for m in range(len(T.src)):
+            if T.end[m] > finish[T.tree[m]]:
+                finish[T.tree[m]] = T.end[m]
+        moved = False
+        for ts in groups.values():
+            live = [t for t in ts if finish[t] > 0]
+            if len(live) < 2:
+                continue
+            mean = sum(finish[t] for t in live) / len(live)
+            for t in live:
+                weight[t] *= mean / finish[t]
+            moved = moved or max(finish[t] for t in live) > mean * (1 + REBALANCE_TOLERANCE)
+        if not moved:
+            break
+    T, order, spans = best
     if kind == "reduce_scatter":
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             j = shapes[t].root
@@ -845,7 +895,7 @@ def _lower_timed(L: "_Lowering", shapes: list[TreeShape], spans: list[tuple[int,
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             return ChunkRef("out", a, b - a)
     T.emit(order, kind, dst_of)
-    return True
+    return spans
 
 
 def lower(
@@ -878,8 +928,8 @@ def lower(
     trees in chunk-major order (the executor's posting order decides the rest); ``"timed"``
     (broadcast, reduce, allgather, reduce_scatter, allreduce) runs the list schedule of the
     section "timed lowering" under ``model``'s per-message cost and writes its order into
-    the plan, ``port_window`` sends in flight per port (``proportional`` and ``window`` do
-    not apply to it).
+    the plan, ``port_window`` sends in flight per port when the links include a switch, one
+    without (``proportional`` and ``window`` do not apply to it).
     """
     spec = spec_like
     kind = spec.kind

@@ -223,25 +223,41 @@ def test_every_kind_lowers_verifies_and_computes(kind, n):
 TIMED = ("broadcast", "reduce", "allreduce", "allgather", "reduce_scatter")
 
 
-@pytest.mark.parametrize("kind,n,window", [(k, n, w) for k in TIMED for n in (1, 2, 3, 5) for w in (1, 4)])
-def test_timed_schedule_lowers_verifies_and_computes(kind, n, window):
+def switched(n: int, cap: float = 1e9) -> Topology:
+    """Every rank on one switch: each rank's only port is its uplink."""
+    v = names(n)
+    links = tuple(l for a in v for l in (Link(a, "sw", cap, 1e-6), Link("sw", a, cap, 1e-6)))
+    return Topology("switched", v, ("sw",), links)
+
+
+def via_switch(t: PT) -> PT:
+    return PT(t.root, tuple((a, b, (a, "sw", b)) for a, b, _ in t.edges), t.rate)
+
+
+@pytest.mark.parametrize("kind,n,net", [(k, n, net) for k in TIMED for n in (1, 2, 3, 5)
+                                        for net in ("mesh", "switched")])
+def test_timed_schedule_lowers_verifies_and_computes(kind, n, net):
     """The timed lowering (a list schedule written into port chains) computes the same
-    result as the plain one: symbolically (verify) and numerically in a random valid order."""
+    result as the plain one: symbolically (verify) and numerically in a random valid order;
+    and every send waits for the send ``window`` places before it on its port: 1 on direct
+    links, ``port_window`` when the links include a switch."""
     elems = 53
+    window = 1 if net == "mesh" else 3
     for op in (("sum", "avg", "max") if kind in REDUCING else (None,)):
         s = spec(kind, n, elems, op=op)
-        plan = lower(s, mesh(n), trees_for(kind, n, s.root), chunk_bytes=5 * 8, schedule="timed",
-                     port_window=window)
+        trees = trees_for(kind, n, s.root)
+        topo = mesh(n) if net == "mesh" else switched(n)
+        if net == "switched":
+            trees = [via_switch(t) for t in trees]
+        plan = lower(s, topo, trees, chunk_bytes=5 * 8, schedule="timed", port_window=3)
         plan.verify()
         check_numeric(plan, seed=n + window)
-        # every send on a port (here: a rank's link to one peer) after the first ``window``
-        # waits for the send ``window`` places earlier on that port
         for prog in plan.programs:
-            by_peer: dict[int, list[int]] = {}
+            by_port: dict[object, list[int]] = {}
             for i, op_ in enumerate(prog):
                 if isinstance(op_, Send):
-                    by_peer.setdefault(op_.peer, []).append(i)
-            for sends in by_peer.values():
+                    by_port.setdefault(op_.peer if net == "mesh" else "up", []).append(i)
+            for sends in by_port.values():
                 for a, b in zip(sends, sends[window:]):
                     assert a in prog[b].deps
 
