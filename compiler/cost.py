@@ -287,15 +287,22 @@ class _Network:
         self.names = plan.ranks
         self.trees = plan.trees
         self._cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self._by_verts: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     def _vertex_path(self, verts: Sequence[str]) -> tuple[int, ...] | None:
+        # one link-id path per distinct vertex path: a 1024-rank allgather's 1472 trees name
+        # about 3 000 distinct routes in their million edges
+        hit = self._by_verts.get(verts)
+        if hit is not None:
+            return hit
         out = []
         for u, v in zip(verts, verts[1:]):
             i = self.id.get((u, v))
             if i is None:
                 return None
             out.append(i)
-        return tuple(out)
+        found = self._by_verts[tuple(verts)] = tuple(out)
+        return found
 
     def _route(self, a: str, b: str) -> tuple[int, ...]:
         if a not in self._routes:  # one Dijkstra per source, every target at once
@@ -454,6 +461,7 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     messages = 0
     wire_total = 0
     routes: dict[tuple[int, int, int], tuple] = {}
+    by_path: dict[tuple[int, ...], tuple] = {}  # one route value per distinct link path
     hop_start: list[float] = []  # detail only: when each hop of the current message starts
     heappush, heappop = heapq.heappush, heapq.heappop
 
@@ -502,8 +510,11 @@ def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
         route = routes.get(key)
         if route is None:
             path = net.path(a, b, sop.tree)
-            route = (path, sum(lat[e] for e in path), min((cap[e] for e in path), default=float("inf")),
-                     tuple((e, lat[e] + per_msg, 1.0 / cap[e]) for e in path))
+            route = by_path.get(path)
+            if route is None:
+                route = (path, sum(lat[e] for e in path), min((cap[e] for e in path), default=float("inf")),
+                         tuple((e, lat[e] + per_msg, 1.0 / cap[e]) for e in path))
+                by_path[path] = route
             routes[key] = route
         path, _, cmin, hops = route
         stream = nbytes / cmin if path else 0.0
