@@ -5,6 +5,13 @@ with the compiler's bound and its compile time.
     .venv/bin/python benchmarks/scale_bench.py                          # both, 1 16 256 1024 MiB
     .venv/bin/python benchmarks/scale_bench.py --topologies dgx1x64 --sizes 16
     .venv/bin/python benchmarks/scale_bench.py --plot-only              # PNG from the CSV
+    .venv/bin/python benchmarks/scale_bench.py --samples                # `hcc compile` of each sample
+
+``--samples`` runs ``hcc compile samples/<topology>.hcl`` (every collective of the file, the
+verifier on, as a user would) in a child process per sample and reports its wall and CPU
+seconds and its peak resident memory (``wait4``'s ``ru_maxrss``) against issue 17's targets,
+60 s and 4 GiB; the compile's own progress lines pass through on stderr. Rows go to
+benchmarks/results/scale_compile.csv.
 
 Topologies: samples/fattree1024.hcl (32 racks x 32 nodes, 100 Gbit/s node links, 16 spines,
 full bisection) and samples/dgx1x64.hcl (64 DGX-1s: NVLink cube-mesh inside, 4 x 100 Gbit/s
@@ -118,6 +125,34 @@ def run_case(label: str, size: int, kind: str, warm: bool, verify: bool = True) 
     return row
 
 
+# issue 17: each 1024-rank sample compiles in at most this long and this much memory
+SAMPLE_TARGET_S = 60.0
+SAMPLE_TARGET_BYTES = 4 << 30
+SAMPLE_FIELDS = ["sample", "collectives", "exit", "wall_s", "cpu_s", "peak_rss_bytes", "within_targets"]
+
+
+def compile_sample(label: str) -> dict:
+    """``hcc compile`` of one sample in a child process: wall, CPU (user + system) and peak
+    RSS of that child alone."""
+    import os
+    import subprocess
+
+    import hcc
+
+    path = TOPOLOGIES[label]
+    t0 = time.perf_counter()
+    # the child's table and progress go straight to this terminal, as the user would see them
+    child = subprocess.Popen([sys.executable, "-m", "hcc", "compile", str(path)])
+    _, status, use = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    cpu = use.ru_utime + use.ru_stime
+    rss = use.ru_maxrss * 1024  # kilobytes on Linux
+    return {"sample": label, "collectives": len(hcc.load(str(path)).collectives), "exit": child.returncode,
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_bytes": rss,
+            "within_targets": child.returncode == 0 and wall <= SAMPLE_TARGET_S and rss <= SAMPLE_TARGET_BYTES}
+
+
 def _read(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -201,9 +236,29 @@ def main(argv=None) -> int:
                     help="leave out the symbolic verification pass (compile_s then excludes it)")
     ap.add_argument("--append", action="store_true", help="keep the rows already in the CSV")
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--samples", action="store_true",
+                    help="time `hcc compile` of each sample file (all its collectives), with peak memory")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
     out = Path(args.results)
+    if args.samples:
+        from hcc.ir.files import atomic_write_text
+
+        found = []
+        for label in args.topologies.split(","):
+            print(f"  hcc compile samples/{label}.hcl ...", file=sys.stderr, flush=True)
+            found.append(compile_sample(label))
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=SAMPLE_FIELDS)
+            w.writeheader()
+            w.writerows(found)
+            atomic_write_text(out / "scale_compile.csv", buf.getvalue())
+        print("| sample | collectives | wall s | CPU s | peak RSS | within 60 s and 4 GiB |")
+        print("|---|---|---|---|---|---|")
+        for r in found:
+            print(f"| {r['sample']} | {r['collectives']} | {r['wall_s']} | {r['cpu_s']} | "
+                  f"{r['peak_rss_bytes'] / (1 << 30):.2f} GiB | {'yes' if r['within_targets'] else 'no'} |")
+        return 0 if all(r["within_targets"] for r in found) else 1
     csv_path = out / "scale.csv"
     rows = _read(csv_path) if (args.append or args.plot_only) else []
     if not args.plot_only:
