@@ -23,7 +23,7 @@ def fb():
     return mod
 
 
-# seed 7 at commit 4e62611: the first rep stalled on one TCP connection (15.65 s)
+# a seed-7 run on the emulated star whose first rep stalled on one TCP connection (15.65 s)
 HOP = 3.55
 LASTS = [6.02, 5.35, 6.68]
 TIMES = {"allreduce/stagger/default": [15.652, 9.762, 12.085],

@@ -61,7 +61,7 @@ def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
 
 def test_no_rank_restores_its_input_while_another_is_still_timing():
     # a broadcast's receivers finish long before its root; copying their input back then
-    # took a core from the root's timed sends (docs/backends.md, "The benchmark's restore")
+    # took a core from the root's timed sends
     src = STAR + """collective b = broadcast on loopback {
     size = 16 MiB
     dtype = float32
