@@ -115,7 +115,8 @@ def _run_two_counting_folds(plan):
 
     def body(r):
         try:
-            with sockets.connect(r, 2, server.address, "tok", timeout=10, serve_store=False) as c:
+            # shm off: this tests the TCP reader's fold (local ranks otherwise share memory)
+            with sockets.connect(r, 2, server.address, "tok", timeout=10, serve_store=False, shm="off") as c:
                 inner = c.irecv_fold
 
                 def counting(peer, tag, nbytes, fold):
