@@ -117,7 +117,8 @@ def pair(timeout=10.0):
     comms = [None, None]
 
     def body(r):
-        comms[r] = sockets.connect(r, 2, f"127.0.0.1:{port}", token="perf-token", timeout=timeout)
+        # shm off: these tests measure the TCP path (local ranks otherwise share memory)
+        comms[r] = sockets.connect(r, 2, f"127.0.0.1:{port}", token="perf-token", timeout=timeout, shm="off")
 
     ts = [threading.Thread(target=body, args=(r,)) for r in range(2)]
     for t in ts:
@@ -235,7 +236,7 @@ def test_fused_direct_allreduce_on_the_staged_path_matches_numpy(dtype, op):
 
     def body(r):
         try:
-            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="staged", timeout=20.0) as c:
+            with sockets.connect(r, plan.n, f"127.0.0.1:{port}", token="staged", timeout=20.0, shm="off") as c:
                 comm = _Staged(c)
                 for _ in range(2):
                     outs[r] = hcc.run(plan, comm, ins[r], timeout=20.0)
