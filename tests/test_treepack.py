@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import networkx as nx
 import numpy as np
@@ -135,20 +134,15 @@ def test_dgx1_broadcast_150_gbps_with_exactly_four_trees():
     check_packing(topo, topo.nodes, p)
 
 
-def test_dgx1_every_collective_packs_fast():
+def test_dgx1_every_collective_packs_at_the_bound():
+    # speed is measured in benchmarks/compile_bench.py; here: every root's packing is optimal,
+    # reached by the solver's own stopping rules, never by the wall-clock safety net
     topo = dgx1()
-    pack_broadcast(topo, topo.nodes, "gpu1")
-    treepack.clear_cache()  # time the solver, not the memo
-    t0 = time.perf_counter()
-    for root in topo.nodes:
-        pack_broadcast(topo, topo.nodes, root)
-        pack_broadcast(topo, topo.nodes, root, reverse=True)
-    pack_allgather(topo, topo.nodes)
-    pack_allgather(topo, topo.nodes, reverse=True)
-    per = (time.perf_counter() - t0) / 18  # the allgathers include their 0.25 s CP-SAT budget
-    # issue 2's target is 0.3 s on an idle machine (measured 0.07 s per broadcast); 1 s
-    # leaves room for a loaded CI machine
-    assert per < 1.0, per
+    treepack.clear_cache()
+    packs = [pack_broadcast(topo, topo.nodes, root, reverse=rev) for root in topo.nodes for rev in (False, True)]
+    packs += [pack_allgather(topo, topo.nodes, reverse=rev) for rev in (False, True)]
+    for p in packs:
+        assert p.gap < 1e-6 and "safety net" not in p.method, p.method
 
 
 def test_allgather_few_trees_keep_the_exact_rate():
@@ -255,7 +249,7 @@ def test_cluster_32_ranks_allgather_at_the_bound():
     assert p.rate == pytest.approx(bounds.allgather_rate_bound(topo, topo.nodes), rel=1e-6)
     assert p.gap < 1e-6
     check_packing(topo, topo.nodes, p)
-    assert p.solve_s < 10.0  # issue target 3 s on an idle machine; see the benchmark
+    assert "safety net" not in p.method  # speed: benchmarks/compile_bench.py
 
 
 @pytest.mark.parametrize("n", [128, 256])
@@ -266,7 +260,7 @@ def test_fat_tree_packs_at_the_bound(n):
     check_packing(topo, topo.nodes, b)
     a = pack_allgather(topo, topo.nodes, reverse=True)
     assert a.rate == pytest.approx(25 * G / (n - 1), rel=1e-6)
-    assert a.solve_s < 30.0
+    assert "safety net" not in a.method
 
 
 def test_unreachable_rank_is_a_clear_error():
