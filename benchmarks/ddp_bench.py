@@ -19,7 +19,10 @@ after a barrier on the gloo group; a step's time is the slowest rank's.
 - ratio: gloo time / hcc time (> 1: hcc faster), median over the alternated iterations.
 
 Topology: loopback, hcc's default (a star of 10 Gbit/s links around one switch: every rank is a
-process on this host). ``--topology FILE.hcl`` passes ``HCC_TOPOLOGY`` instead.
+process on this host). ``--topology FILE.hcl`` passes ``HCC_TOPOLOGY`` instead. ``--netem b|c``
+(root) builds BENCHMARKS.md's emulated topology (b) (a ring, one link 10x slower) or (c) (two
+hosts joined by one slow link) with ``hcc netem``, runs every rank in its namespace (gloo bound
+to the rank's link, hcc listening on the rank's address) and removes the emulation afterwards.
 
 Prints a table and writes benchmarks/results/ddp_bench.csv.
 """
@@ -66,7 +69,9 @@ def worker(args) -> int:
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
         return float(dt)
 
-    # first calls: a size no one used yet (compile, or a plan found on disk by a second job)
+    # first calls: a size no one used yet (compile, or a plan found on disk by a second job),
+    # right after joining (the process is still importing the compiler and the runtime) and
+    # again at the end with a second new size (what a new bucket size costs mid-run)
     probe = torch.ones(args.probe_elems)
     out["first_call_s"] = timed(lambda: dist.all_reduce(probe, group=hcc_pg))
     out["second_call_s"] = timed(lambda: dist.all_reduce(probe, group=hcc_pg))
@@ -117,6 +122,8 @@ def worker(args) -> int:
                     times[k].append(dt)
         ar[str(mib)] = times
     out["allreduce_s"] = ar
+    late = torch.ones(args.probe_elems + 2)
+    out["late_first_call_s"] = timed(lambda: dist.all_reduce(late, group=hcc_pg))
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -125,7 +132,9 @@ def worker(args) -> int:
 
 # ------------------------------------------------------------------------------ the driver
 
-def launch(args, cache: str) -> dict:
+def launch(args, cache: str, net=None, ranks: tuple[str, ...] = ()) -> dict:
+    """One job of ``args.ranks`` processes; in ``net``'s namespaces (rank r on vertex
+    ``ranks[r]``, gloo bound to that vertex's link device) when an emulation is given."""
     from hcc.backends.rendezvous import free_port
 
     port = free_port()
@@ -136,6 +145,13 @@ def launch(args, cache: str) -> dict:
         if args.topology:
             env["HCC_TOPOLOGY"] = args.topology
         cmd = [sys.executable, __file__, "--worker"] + [a for a in sys.argv[1:] if a != "--worker"]
+        if net is not None:
+            v = ranks[r]
+            env["MASTER_ADDR"] = net.address(ranks[0])
+            env["HCC_RANKS"] = ",".join(ranks)
+            env["HCC_HOST"] = net.address(v)
+            env["GLOO_SOCKET_IFNAME"] = next(e.dev for e in net.ends if e.vertex == v)
+            cmd = net.wrap(v, cmd)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + args.deadline
     result = None
@@ -157,6 +173,23 @@ def launch(args, cache: str) -> dict:
     return result
 
 
+def netem_up(args, cache: str):
+    """Emulate topology (b) or (c) of BENCHMARKS.md (benchmarks/netem_bench.py's cases) on
+    ``args.ranks`` ranks; hcc compiles for the emulation as built (``Netem.model_topology``,
+    written to an .hcl in ``cache`` and passed as HCC_TOPOLOGY)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from netem_bench import make_case, to_hcl
+
+    from hcc import netem
+
+    case = make_case(args.netem, args.ranks)
+    net = netem.up(case.topology, name=f"ddp-{case.name}", scale=case.scale, routing=case.routing)
+    path = Path(cache) / f"{case.name}.hcl"
+    path.write_text(to_hcl(net.model_topology()))
+    args.topology = str(path)
+    return net, case.ranks, f"{case.name} ({args.netem})"
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -175,29 +208,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-elems", type=int, default=1_000_003, help="elements of the first-call probe")
     ap.add_argument("--topology", default=None, help="an .hcl for HCC_TOPOLOGY (default: hcc's star)")
     ap.add_argument("--deadline", type=float, default=1800.0, help="seconds a job may take")
+    ap.add_argument("--netem", choices=["b", "c"], default=None,
+                    help="run on emulated topology (b) or (c) of BENCHMARKS.md (root)")
     ap.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 and 4 MiB")
-    ap.add_argument("--csv", default=str(RESULTS / "ddp_bench.csv"))
+    ap.add_argument("--csv", default=None, help="default: benchmarks/results/ddp_bench[_netem_b|c].csv")
     args = ap.parse_args(argv)
     if args.quick:
         args.ranks, args.steps, args.warmup, args.width, args.layers = 2, 4, 1, 512, 2
         args.sizes, args.iters = "1,4", 3
     if args.worker:
         return worker(args)
+    net, ranks, topo = None, (), "loopback" if not args.topology else Path(args.topology).stem
     with tempfile.TemporaryDirectory(prefix="hcc-ddp-bench-") as cache:
-        t0 = time.monotonic()
-        res = launch(args, cache)
-        # a second job on the same cache: the first call now loads its plan from disk
-        warm = launch(argparse.Namespace(**{**vars(args), "steps": 0, "sizes": ""}), cache)
-        wall = time.monotonic() - t0
+        if args.netem:
+            net, ranks, topo = netem_up(args, cache)
+        try:
+            t0 = time.monotonic()
+            res = launch(args, cache, net, ranks)
+            # a second job on the same cache: the first call now loads its plan from disk
+            warm = launch(argparse.Namespace(**{**vars(args), "steps": 0, "sizes": ""}), cache, net, ranks)
+            wall = time.monotonic() - t0
+        finally:
+            if net is not None:
+                from hcc import netem
+
+                netem.down(net.name, kill=True)
     n = res["n"]
     rows = []
-    topo = "loopback" if not args.topology else Path(args.topology).stem
     print(f"ddp_bench: {n} ranks on {topo}, {res.get('params', 0) / 1e6:.1f} M parameters "
           f"({res.get('params', 0) * 4 / 2**20:.0f} MiB of gradients), {args.steps} steps per backend, "
           f"{wall:.0f} s")
-    print(f"hcc first all_reduce of {args.probe_elems} floats: {res['first_call_s']:.3f} s with an empty plan "
-          f"cache, {warm['first_call_s']:.3f} s with the plan on disk, {res['second_call_s']:.4f} s the second "
-          f"time; joining the hcc group: {res['join_s']:.2f} s")
+    print(f"hcc first all_reduce of {args.probe_elems} floats right after joining: {res['first_call_s']:.3f} s "
+          f"with an empty plan cache, {warm['first_call_s']:.3f} s with the plan on disk; "
+          f"{res['second_call_s']:.4f} s the second time; joining the hcc group: {res['join_s']:.2f} s")
+    print(f"hcc first all_reduce of a new size ({args.probe_elems + 2} floats) late in the job: "
+          f"{res['late_first_call_s']:.3f} s compiling it, {warm['late_first_call_s']:.3f} s from disk")
     print(f"{'metric':<24}{'hcc':>12}{'gloo':>12}{'gloo/hcc':>10}")
     if args.steps:
         h, g = res["step_s"]["hcc"], res["step_s"]["gloo"]
@@ -218,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
                      "iters": len(h)})
     rows.append({"topology": topo, "ranks": n, "metric": "first_call_cold_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
                  "hcc": res["first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
+    rows.append({"topology": topo, "ranks": n, "metric": "late_first_call_cold_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
+                 "hcc": res["late_first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
+    rows.append({"topology": topo, "ranks": n, "metric": "late_first_call_disk_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
+                 "hcc": warm["late_first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
     rows.append({"topology": topo, "ranks": n, "metric": "first_call_disk_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
                  "hcc": warm["first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
-    path = Path(args.csv)
+    path = Path(args.csv or RESULTS / f"ddp_bench{'_netem_' + args.netem if args.netem else ''}.csv")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
