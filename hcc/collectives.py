@@ -456,6 +456,12 @@ class Communicator:
             root: int = -1, info: CallInfo | None = None) -> None:
         """One plan run of a call, in a lane: ``array``/``out`` flat numpy buffers."""
         plan = self.cache.get(kind, count, dtype, op, root)
+        # a peer's frame that arrives before its receive is posted is held only up to the
+        # transport's bound (256 MiB): raise it to the largest message of a plan this rank
+        # runs itself (a 4 GiB all-reduce in whole-block chunks sends 1 GiB messages)
+        biggest = plan.largest_message_bytes()
+        if biggest > getattr(self.transport, "max_message", biggest):
+            self.transport.max_message = biggest
         comm = SlotComm(self.transport, 1 + seq % SLOTS)
         try:
             _run_plan(plan, comm, array, out, self.timeout)
