@@ -570,6 +570,12 @@ HOP_SLACK = 0.25
 # once every tree finishes within REBALANCE_TOLERANCE of its group's mean
 REBALANCE_ROUNDS = 2
 REBALANCE_TOLERANCE = 0.01
+# the schedule costs about 3x the plain lowering per message in Python (50-100 us per
+# message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
+# rebalancing; above TIMED_MAX_MESSAGES (a 1024-rank allgather has 1.5 M messages per chunk
+# round) the plain chunk-major order, so the timed lowering never dominates a compile
+TIMED_MAX_MESSAGES = 400_000
+REBALANCE_MAX_MESSAGES = 100_000
 
 
 def _msg_paths(topo: Topology, ranks: Sequence[str]):
@@ -874,8 +880,13 @@ def _lower_timed(L: "_Lowering", shapes: list[TreeShape], spans: list[tuple[int,
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     bounds_of = {g: (min(spans[t][0] for t in ts), max(spans[t][1] for t in ts)) for g, ts in groups.items()}
     weight = [sh.rate if sh.rate > 0 else 1.0 for sh in shapes]
+    per_chunk = (L.n - 1) * (int(up) + int(down))
+    messages = sum(-(-(hi - lo) // L.ce) for lo, hi in spans) * per_chunk
+    if messages > TIMED_MAX_MESSAGES:
+        return None
+    rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
     best = None
-    for rnd in range(REBALANCE_ROUNDS + 1):
+    for rnd in range(rounds + 1):
         if rnd:
             spans = [(0, 0)] * len(shapes)
             for g, ts in groups.items():
