@@ -309,6 +309,8 @@ typedef struct {
     int in_runner;
     uint64_t messages; /* data messages sent and received, for tests and benchmarks */
     uint64_t runs;     /* programs run by the runner to completion */
+    int users;         /* threads inside wait/run with the GIL released (changed under the GIL) */
+    int released;      /* the mappings and fds are gone (close, once no thread uses them) */
 } Engine;
 
 static double now_s(void) {
@@ -687,6 +689,14 @@ static void engine_release(Engine *e) {
     e->rdone = NULL;
 }
 
+/* after close(), once no thread is inside wait/run (called with the GIL held) */
+static void release_if_closed(Engine *e) {
+    if (e->closed && !e->users && !e->released) {
+        e->released = 1;
+        engine_release(e);
+    }
+}
+
 static void Engine_dealloc(Engine *e) {
     engine_release(e);
     pthread_mutex_destroy(&e->mu);
@@ -909,6 +919,10 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
     PyObject *handles;
     double timeout;
     if (!PyArg_ParseTuple(args, "Od", &handles, &timeout)) return NULL;
+    if (e->released) {
+        PyErr_SetString(PyExc_RuntimeError, "engine closed");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(handles, "handles must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -935,6 +949,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
     int status = 0, fpeer = -1;
     double deadline = now_s() + timeout;
     int any = 0;
+    e->users++;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
         uint32_t seq0 = atomic_load(&e->bell->seq);
@@ -956,6 +971,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
         nap(e, seq0, left, 1);
     }
     Py_END_ALLOW_THREADS
+    e->users--;
     PyObject *done = PyList_New(0);
     for (Py_ssize_t i = 0; i < n && done; i++) {
         req_t *r = e->table[hs[i]];
@@ -967,6 +983,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
     }
     free(hs);
     free(busy);
+    release_if_closed(e);
     if (!done) return NULL;
     PyObject *res = Py_BuildValue("(Niis)", done, status, fpeer, status == 3 ? e->err : "");
     return res;
@@ -976,7 +993,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
 static PyObject *Engine_done(Engine *e, PyObject *args) {
     long long h;
     if (!PyArg_ParseTuple(args, "L", &h)) return NULL;
-    if (h < 0 || h >= e->table_len || !e->table[h]) Py_RETURN_TRUE;
+    if (e->released || h < 0 || h >= e->table_len || !e->table[h]) Py_RETURN_TRUE;
     return PyBool_FromLong(e->table[h]->done);
 }
 
@@ -984,7 +1001,7 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
     long long h;
     if (!PyArg_ParseTuple(args, "L", &h)) return NULL;
     pthread_mutex_lock(&e->mu);
-    if (h >= 0 && h < e->table_len && e->table[h] && e->table[h]->done) {
+    if (!e->released && h >= 0 && h < e->table_len && e->table[h] && e->table[h]->done) {
         free(e->table[h]);
         e->table[h] = NULL;
     }
@@ -994,6 +1011,7 @@ static PyObject *Engine_release(Engine *e, PyObject *args) {
 
 static PyObject *Engine_poll(Engine *e, PyObject *noargs) {
     /* one progress pass and a look at the peers' sockets, without sleeping */
+    if (e->released) Py_RETURN_NONE;
     pthread_mutex_lock(&e->mu);
     progress(e);
     struct pollfd fds[e->npeers + 1];
@@ -1012,6 +1030,7 @@ static PyObject *Engine_poll(Engine *e, PyObject *noargs) {
 }
 
 static PyObject *Engine_interrupt(Engine *e, PyObject *noargs) {
+    if (e->released) Py_RETURN_NONE;
     atomic_store(&e->interrupt, 1);
     atomic_fetch_add(&e->bell->seq, 1);
     uint64_t one = 1;
@@ -1024,7 +1043,7 @@ static PyObject *Engine_interrupt(Engine *e, PyObject *noargs) {
 static PyObject *Engine_dead(Engine *e, PyObject *noargs) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
-    for (int k = 0; k < e->npeers; k++) {
+    for (int k = 0; e->peers && k < e->npeers; k++) {
         peer_t *p = &e->peers[k];
         int s = p->broken ? 3 : p->dead;
         if (s) {
@@ -1050,12 +1069,19 @@ static PyObject *Engine_close(Engine *e, PyObject *noargs) {
         }
         if (p->bell) ring_bell(p);
     }
+    atomic_store(&e->interrupt, 1); /* a thread blocked in wait returns */
+    if (e->evfd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(e->evfd, &one, sizeof one);
+        (void)w;
+    }
+    release_if_closed(e);
     Py_RETURN_NONE;
 }
 
 static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
     int64_t held = 0;
-    for (int k = 0; k < e->npeers; k++)
+    for (int k = 0; e->peers && k < e->npeers; k++)
         for (held_t *h = e->peers[k].held; h; h = h->next) held++;
     return Py_BuildValue("{s:K,s:K,s:L}", "messages", (unsigned long long)e->messages, "runs",
                          (unsigned long long)e->runs, "held", (long long)held);
@@ -1298,6 +1324,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         int status = 0, fpeer = -1;
         int64_t fop = -1;
         char *busy = calloc(e->npeers ? e->npeers : 1, 1);
+        e->users++;
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&e->mu);
         e->in_runner = 1;
@@ -1377,6 +1404,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         e->in_runner = 0;
         pthread_mutex_unlock(&e->mu);
         Py_END_ALLOW_THREADS
+        e->users--;
         free(busy);
         free(R.missing);
         free(R.reqs);
@@ -1396,6 +1424,7 @@ out:
     if (got_in) PyBuffer_Release(&bin);
     if (got_out) PyBuffer_Release(&bout);
     if (got_tmp) PyBuffer_Release(&btmp);
+    release_if_closed(e);
     return result;
 }
 
