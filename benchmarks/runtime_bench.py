@@ -26,6 +26,14 @@ local ranks through shared memory, not the kernel's TCP stack.
   over links paced to ``--pace`` bytes/s (default 200 MB/s): fine-grained pipelining costs
   about one *chunk* time per extra level, store-and-forward one *buffer* time per level.
 
+The memory bound: the run first measures the host's copy and add rates with numpy
+(:func:`memory_bandwidth`, all cores at once); each row gives the least time the collective
+can take at those rates (:func:`memory_traffic` states how many bytes it must copy and add)
+and the share of it hcc's median reached (``of_mem_bound``). The hcc-sockets plans are
+compiled for the port their local ranks will use (:func:`sockets_port`: shared memory when
+the native core is built). gloo runs as torchrun starts it (``LOCAL_WORLD_SIZE`` and the rest
+set), and the header says whether the installed gloo has a shared-memory path at all.
+
 busbw follows nccl-tests (2(n−1)/n allreduce, (n−1)/n allgather, 1 broadcast) on the median
 of the timed iterations, which follow ``--warmup`` untimed ones on every side (:data:`WARMUP`);
 every hcc time is the slowest rank's. The table goes to stdout and
@@ -98,6 +106,95 @@ def loopback_source(n: int, port: str = "2 GB/s, 100 us") -> str:
 # down a chain: 0.64-0.80 ms under MPI against 0.50-0.54 ms for the direct plan the 8 GB/s
 # port makes it pick (allreduce: ring 1.33-1.44 ms, direct 1.18-1.32 ms; 2 runs each).
 MPI_PORT = "8 GB/s, 100 us"
+
+# The sockets backend's local ranks exchange through shared memory (backends/shm.py) when the
+# native core is built: no kernel copy, and the native runner's turn per message instead of
+# the Python executor's. A star of 8 GB/s ports, as MPICH's shared memory above; the latency
+# is the runner's per-message cost on this machine (`netem_bench.py messages`, hcc.runner's
+# SHM_PER_MESSAGE_S), rounded up.
+SHM_PORT = "8 GB/s, 20 us"
+
+
+def sockets_port() -> str:
+    """The star's port for hcc-sockets: :data:`SHM_PORT` when its local ranks will share
+    memory (the native core is built and ``HCC_SHM`` is not ``off``), else loopback TCP's."""
+    from hcc.backends import native
+
+    if native.available() and os.environ.get("HCC_SHM", "auto").lower() != "off":
+        return SHM_PORT
+    return "2 GB/s, 100 us"
+
+
+# --------------------------------------------------------------------------- the memory bound
+def _bandwidth_worker(kind: str, nbytes: int, reps: int, barrier, q) -> None:
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    np.copyto(a, b)  # pages in
+    barrier.wait()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        if kind == "copy":
+            np.copyto(a, b)
+        else:
+            np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    q.put(nbytes / best)
+
+
+def memory_bandwidth(nbytes: int = 64 << 20, procs: int | None = None, reps: int = 5) -> dict:
+    """This host's memory rates, measured now with numpy: ``copy_Bps`` (bytes written per
+    second by ``np.copyto``) and ``add_Bps`` (bytes of output per second of ``np.add(a, b,
+    out=a)``), each the sum over ``procs`` processes (default: one per core) running at once
+    on arrays of ``nbytes`` — the whole machine's rate, as the ranks of a collective share it."""
+    import multiprocessing as mp
+
+    procs = procs or os.cpu_count() or 1
+    out = {}
+    for kind in ("copy", "add"):
+        barrier, q = mp.Barrier(procs), mp.Queue()
+        ps = [mp.Process(target=_bandwidth_worker, args=(kind, nbytes, reps, barrier, q)) for _ in range(procs)]
+        for p in ps:
+            p.start()
+        rates = [q.get(timeout=120) for _ in ps]
+        for p in ps:
+            p.join(30)
+        out[f"{kind}_Bps"] = sum(rates)
+    return out
+
+
+def memory_traffic(kind: str, n: int, nbytes: int) -> tuple[int, int]:
+    """(bytes copied, bytes of reduction output) the host's memory must move for one ``kind``
+    on ``n`` ranks of one host whose buffers are private (nccl-tests' size: ``nbytes`` is each
+    rank's buffer; an allgather's output), with the fewest passes any algorithm can make when
+    ranks reach each other only through shared memory:
+
+    - allreduce: each rank copies the n−1 blocks of M/n that others reduce into shared memory
+      ((n−1)·M copied), each block's owner reduces the n inputs of its block ((n−1)·M of adds,
+      the last into its own buffer), copies its result block out for the others (M) and every
+      rank copies the n−1 other result blocks in ((n−1)·M): (2n−1)·M copied, (n−1)·M added.
+    - broadcast: the root's buffer into shared memory (M), out into n−1 buffers: n·M copied.
+    - allgather: each rank's block into shared memory and into its own output (2·M over all
+      ranks), the n−1 other blocks into each output ((n−1)·M): (n+1)·M copied.
+
+    >>> memory_traffic("allreduce", 4, 1 << 20)
+    (7340032, 3145728)
+    """
+    m = nbytes
+    if kind == "allreduce":
+        return (2 * n - 1) * m, (n - 1) * m
+    if kind == "broadcast":
+        return n * m, 0
+    if kind == "allgather":
+        return (n + 1) * m, 0
+    raise ValueError(f"no memory-traffic count for {kind!r}")
+
+
+def memory_bound_s(kind: str, n: int, nbytes: int, rates: dict) -> float:
+    """The least time ``kind`` takes on this host: its :func:`memory_traffic` at the measured
+    :func:`memory_bandwidth` (copies and adds one after the other, all cores at once)."""
+    copied, added = memory_traffic(kind, n, nbytes)
+    return copied / rates["copy_Bps"] + added / rates["add_Bps"]
 
 
 # Per (kind, MiB): the settings the benchmark adds to a collective, as a user could write them
@@ -240,6 +337,11 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, warm
     from hcc.backends.launch import host_idle_seconds
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # as torchrun starts a worker: a gloo with a shared-memory path engages it when the local
+    # world is the whole group (see gloo_shm_path)
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
+                      GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     times, cpu, idle = [], [], []
     for kind, mib in cases:
@@ -269,6 +371,24 @@ def _gloo_worker(rank: int, world: int, port: int, cases: list, iters: int, warm
         idle.append(ids)
     dist.destroy_process_group()
     Path(out).write_text(json.dumps({"times": times, "cpu": cpu, "idle": idle}))
+
+
+def gloo_shm_path() -> bool | None:
+    """Whether the installed torch's gloo has a shared-memory path for local ranks: any of its
+    libraries names ``LOCAL_WORLD_SIZE``, the variable such a path keys on (torchrun sets it).
+    None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    lib = Path(torch.__file__).parent / "lib"
+    for f in lib.glob("*.so*"):
+        try:
+            if b"LOCAL_WORLD_SIZE" in f.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def bench_gloo(n: int, keys: list, iters: int, warmup: int = WARMUP) -> dict | None:
@@ -508,9 +628,15 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     peers = set(a.peers.split(","))
     n = a.ranks
-    plans = compile_plans(n, sizes, settings=None if a.auto else SOCKETS_SETTINGS)
+    plans = compile_plans(n, sizes, sockets_port(), settings=None if a.auto else SOCKETS_SETTINGS)
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
+    rates = memory_bandwidth()
+    print(f"memory: copy {rates['copy_Bps'] / 1e9:.1f} GB/s, add {rates['add_Bps'] / 1e9:.1f} GB/s "
+          f"({os.cpu_count()} processes at once, numpy, 64 MiB arrays); hcc-sockets port {sockets_port()}; "
+          f"gloo's shared-memory path: " + {True: "present (LOCAL_WORLD_SIZE set as torchrun does)",
+                                            False: "absent from the installed torch",
+                                            None: "torch missing"}[gloo_shm_path()], flush=True)
 
     def emit(kind, mib, backend, hcc_t, peer, peer_t, ratios=None, plan=None, cpu=None, settings=None,
              idle=None):
@@ -522,6 +648,8 @@ def main(argv=None) -> int:
                "in_place": ("" if backend != "hcc-sockets" or a.out_of_place or kind not in INPLACE_KINDS
                             else "restored" if a.restore_each else "chained"),
                "hcc_median_s": hm, "hcc_busbw_GBps": hb, "peer": peer}
+        bound = memory_bound_s(kind, n, mib << 20, rates)
+        row.update(mem_bound_s=bound, of_mem_bound=bound / hm)
         if cpu and cpu[0]:  # CPU seconds per iteration, all ranks together (median)
             row["hcc_cpu_s"] = statistics.median(cpu[0])
             if cpu[1]:
@@ -542,7 +670,8 @@ def main(argv=None) -> int:
         pbs = f"{row.get('peer_busbw_GBps', 0):8.3f}" if peer_t else "       -"
         print(f"{kind:10s} {mib:4d} MiB  {backend:12s} {hb:8.3f} GB/s   {peer:16s} {pbs} GB/s  {ratio}"
               f"   {plan.algorithm}/{plan.chunk_bytes >> 10} KiB ({row['settings']}"
-              + (f", in place, {row['in_place']})" if row["in_place"] else ")") + _work_note(row), flush=True)
+              + (f", in place, {row['in_place']})" if row["in_place"] else ")") + _work_note(row)
+              + f"  mem bound {row['mem_bound_s'] * 1e3:.1f} ms ({row['of_mem_bound']:.0%})", flush=True)
 
     print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations after {a.warmup} warm-up x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
@@ -567,7 +696,7 @@ def main(argv=None) -> int:
     if rows:  # a pipelining-only run (--peers none) keeps the last comparison table
         fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "in_place", "hcc_median_s", "hcc_busbw_GBps", "peer",
                   "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps", "hcc_cpu_s",
-                  "peer_cpu_s", "hcc_host_idle", "peer_host_idle"]
+                  "peer_cpu_s", "hcc_host_idle", "peer_host_idle", "mem_bound_s", "of_mem_bound"]
         with open(RESULTS / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
