@@ -95,6 +95,22 @@ class Request:
     done: bool = False
 
 
+class MessageRequest(Request):
+    """A request for one message to or from ``peer`` with ``tag`` (``what``: "send" or
+    "recv"), holding the memory ``buf`` it reads or writes alive until it completes; the
+    base of the MPI and Ray backends' requests."""
+
+    __slots__ = ("peer", "tag", "what", "buf", "nbytes", "done")
+
+    def __init__(self, peer: int, tag: int, what: str, buf: memoryview):
+        self.peer, self.tag, self.what, self.buf = peer, tag, what, buf
+        self.nbytes = buf.nbytes
+        self.done = False
+
+    def describe(self) -> str:
+        return f"{self.what} tag {self.tag}, {self.nbytes} B"
+
+
 class Transport(ABC):
     name: ClassVar[str] = ""
     # a class default; a transport whose offer depends on how it was made (a Ray transport

@@ -49,7 +49,8 @@ from typing import Sequence
 import numpy as np
 
 from ..ir.errors import PlanError
-from .base import BackendUnavailable, Capabilities, CollectiveTimeout, Request, RuntimeFault, Transport, register
+from .base import (BackendUnavailable, Capabilities, CollectiveTimeout, MessageRequest, RuntimeFault, Transport,
+                   register)
 
 __all__ = [
     "MPIBackend", "MPIRequest", "available", "find_mpiexec", "loopback_env", "mpiexec_job", "reaping_shm",
@@ -100,18 +101,14 @@ def available() -> bool:
         return False
 
 
-class MPIRequest(Request):
-    """One outstanding ``Isend``/``Irecv``; keeps the memory it reads or writes alive."""
+class MPIRequest(MessageRequest):
+    """One outstanding ``Isend``/``Irecv`` (or persistent request): ``req`` is mpi4py's."""
 
-    __slots__ = ("req", "peer", "tag", "what", "nbytes", "buf", "done")
+    __slots__ = ("req",)
 
     def __init__(self, req, peer: int, tag: int, what: str, buf: memoryview):
-        self.req, self.peer, self.tag, self.what, self.buf = req, peer, tag, what, buf
-        self.nbytes = buf.nbytes
-        self.done = False
-
-    def describe(self) -> str:
-        return f"{self.what} tag {self.tag}, {self.nbytes} B"
+        super().__init__(peer, tag, what, buf)
+        self.req = req
 
 
 def _as_bytes(view) -> memoryview:
@@ -162,45 +159,36 @@ class MPIBackend(Transport):
         if not 0 <= tag <= self.tag_ub:
             raise PlanError(f"rank {self.rank}: tag {tag} is outside 0..MPI_TAG_UB={self.tag_ub}")
 
-    def isend(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
+    def _request(self, make, peer: int, tag: int, what: str, view) -> MPIRequest:
+        """``make([bytes, MPI.BYTE], peer, tag)`` (``comm.Isend``, ``Irecv``, ``Send_init``,
+        ``Recv_init``: each takes the peer and the tag in that order) on ``view``, checked."""
         self._check(peer, tag)
-        mv = _as_bytes(data)
-        req = self.comm.Isend([mv, self._MPI.BYTE], dest=peer, tag=tag)
-        r = MPIRequest(req, peer, tag, "send", mv)
+        mv = _as_bytes(view)
+        if what == "recv" and mv.readonly:
+            raise ValueError("hcc mpi: receive buffer is read-only")
+        return MPIRequest(make([mv, self._MPI.BYTE], peer, tag), peer, tag, what, mv)
+
+    def _track(self, r: MPIRequest) -> MPIRequest:
         if self._live is not None:
             self._live.append(r)
-            self._live_reqs.append(req)
+            self._live_reqs.append(r.req)
         return r
+
+    def isend(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
+        return self._track(self._request(self.comm.Isend, peer, tag, "send", data))
 
     def irecv(self, peer: int, tag: int, buf: memoryview) -> MPIRequest:
-        self._check(peer, tag)
-        mv = _as_bytes(buf)
-        if mv.readonly:
-            raise ValueError("hcc mpi: receive buffer is read-only")
-        req = self.comm.Irecv([mv, self._MPI.BYTE], source=peer, tag=tag)
-        r = MPIRequest(req, peer, tag, "recv", mv)
-        if self._live is not None:
-            self._live.append(r)
-            self._live_reqs.append(req)
-        return r
+        return self._track(self._request(self.comm.Irecv, peer, tag, "recv", buf))
 
-    # -- persistent transfers: the executor's bound runs (backends/executor.py, BoundRun) ------
+    # -- persistent transfers: the executor's bound runs (backends/bound.py) -----------------
     def send_init(self, peer: int, tag: int, data: memoryview) -> MPIRequest:
         """A persistent send of ``data`` (``MPI_Send_init``): posted by :meth:`start_all`, any
         number of times, until :meth:`free_all` or :meth:`close`."""
-        self._check(peer, tag)
-        mv = _as_bytes(data)
-        return self._keep(MPIRequest(self.comm.Send_init([mv, self._MPI.BYTE], dest=peer, tag=tag),
-                                     peer, tag, "send", mv))
+        return self._keep(self._request(self.comm.Send_init, peer, tag, "send", data))
 
     def recv_init(self, peer: int, tag: int, buf: memoryview) -> MPIRequest:
         """A persistent receive into ``buf`` (``MPI_Recv_init``); see :meth:`send_init`."""
-        self._check(peer, tag)
-        mv = _as_bytes(buf)
-        if mv.readonly:
-            raise ValueError("hcc mpi: receive buffer is read-only")
-        return self._keep(MPIRequest(self.comm.Recv_init([mv, self._MPI.BYTE], source=peer, tag=tag),
-                                     peer, tag, "recv", mv))
+        return self._keep(self._request(self.comm.Recv_init, peer, tag, "recv", buf))
 
     def _keep(self, r: MPIRequest) -> MPIRequest:
         if not self._atexit:  # before mpi4py's own exit hook (registered at import) finalizes

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-import hcc
 from hcc.backends.base import RuntimeFault
 from hcc.backends.kernels import np_dtype
 from hcc.backends.launch import prepare_job
 from hcc.backends.mpi import MPIBackend, _wall, mpiexec_job
 from hcc.backends.reference import check, expected
+from hcc.backends.runtime import run
 from hcc.ir.files import atomic_write_text
 from hcc.ir.plan import DTYPE_SIZES, Plan, buffer_layout
 
@@ -156,7 +156,7 @@ def _pair_times(job: Path, kind: str, comm) -> None:
     times: dict[str, list[float]] = {"hcc": [], "native": []}
 
     def hcc() -> None:
-        hcc.run(plan, comm, x, out=out, timeout=timeout)
+        run(plan, comm, x, out=out, timeout=timeout)
 
     def native() -> None:
         native_collective(kind, world, x, native_out, root=root, op=op)

@@ -31,7 +31,7 @@ Terms
 - default and fast path: ``adaptive`` unsaid (``Plan.adaptive`` None) is on over transports
   that declare ``arrival_order`` (sockets, ray; backends/runtime.py decides). With
   ``on_failure = abort`` and no quorum, a run first decides on one store counter whether
-  every rank arrived before any rank declared the run late (:meth:`engine.Run.decide`,
+  every rank arrived before any rank declared the run late (:meth:`fast.FastPath.decide`,
   30 ms): if so it runs the plan's flattened program (backends/executor.py) — nobody late
   pays 3 store round trips, the log is not touched.
 - log, generation: the agreed event log of backends/agreement.py (arrivals, deaths, done,
@@ -77,7 +77,8 @@ Modules (imports go one way, down this list):
 - ``session.py``: the per-communicator agreement log, its tail and run counter;
 - ``result.py``: :class:`AdaptiveResult` and the debug dump;
 - ``star.py``: the star allreduce — claims, share-out, heirs, relays, owners' reductions;
-- ``engine.py``: one run — the loop, generations, shapes, down and up halves, the fast path.
+- ``fast.py``: the fast path — agree whether everyone arrived in time, then run static;
+- ``engine.py``: one run — the loop, generations, shapes, down and up halves, completions.
 """
 from __future__ import annotations
 

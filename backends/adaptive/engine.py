@@ -6,9 +6,9 @@ Terms (the package docstring gives the protocol; flows.py the flows and tags)
   (:class:`View`). Every decision of a run is a function of it.
 - generation: the number of deaths in the log; a new one re-shapes every tree around the
   dead (backends/repair.py) and resumes from the chunks already valid.
-- fast path (:meth:`Run.decide`): with ``on_failure = abort`` and no quorum, the ranks first
-  agree on one store counter whether everyone arrived in time; then the plan's flattened
-  program runs (backends/executor.py) and the log is not touched.
+- fast path (fast.py, :meth:`~.fast.FastPath.decide`): with ``on_failure = abort`` and no
+  quorum, the ranks first agree on one store counter whether everyone arrived in time; then
+  the plan's flattened program runs (backends/executor.py) and the log is not touched.
 """
 from __future__ import annotations
 
@@ -27,19 +27,10 @@ from .flows import (CTRL_HAVE, CTRL_NEED, FANOUT, KINDS, MIN_CHUNK, PH_CTRL, PH_
                     tag)
 from .result import AdaptiveResult, dump_state, package
 from .session import Session, session_of, transport_dead, wait_for_change
+from .fast import FastPath
 from .star import StarOwnership
 
 __all__ = ["Run", "View", "run"]
-
-# How long a rank waits, after its own arrival, for everyone else's before it declares the run
-# late (the fast path then gives way to the adaptive schedule). 8 processes released by one
-# barrier on this 2-core machine reach the log within ~5-15 ms of each other; 30 ms keeps
-# on-time runs static while costing a late run at most that before it adapts.
-LATE_WAIT_S = 0.03
-# the fast path's per-run counter (Run.decide): arrivals count in units, late markers in
-# MARK, the decision in DECIDE (fields that cannot carry into each other for n < 2**16)
-FAST_SLOTS, MARK, DECIDE = 64, 1 << 16, 1 << 32
-
 
 @dataclass
 class View:
@@ -63,7 +54,7 @@ class View:
     claims_folded: int = 0  # this rank's own claim events folded so far
 
 
-class Run(StarOwnership):
+class Run(StarOwnership, FastPath):
     """One adaptive run of one rank (see the module docstring)."""
 
     def __init__(self, plan: Plan, comm: Transport, session: Session, inp: np.ndarray, out: np.ndarray,
@@ -614,67 +605,6 @@ class Run(StarOwnership):
             self.s.reported.add(d)
             self.s.log.report_dead(d)
         self.known_dead |= seen
-
-    def decide(self) -> bool:
-        """The fast path's check: True when every rank entered this run before any rank
-        declared it late — then the run is the plan's static program (with nobody late,
-        arrival order cannot help, and the flattened program is the faster executor).
-
-        One store counter per run (``fast/<run mod 64>``; rank 0 zeroes the slot 32 runs
-        ahead, which every rank left long ago: a run's decision needs every rank's arrival,
-        so no rank is more than two runs ahead of another) holds three fields: arrivals
-        (+1 each), late markers (+:data:`MARK`, posted by a rank that waited
-        :data:`LATE_WAIT_S` after its own arrival), and the decision (+:data:`DECIDE` static,
-        +2 :data:`DECIDE` adaptive). ``add`` is linearizable and returns the new value, so
-        exactly one rank learns the outcome first: the n-th arrival when no marker preceded it
-        (static), or the first marker when some arrival was still missing (adaptive); it adds
-        the decision, every rank waits for it server-side. Nobody late: 3 store round trips,
-        and the log is not touched (the default path adds no key to the store)."""
-        from ..rendezvous import RendezvousError
-
-        self.fold()
-        if self.view.dead:
-            return False  # a rank is known dead: the adaptive path decides what that means
-        client = self.s.log.client
-        slot = self.run_id % FAST_SLOTS
-        key = f"{self.s.log.prefix}/fast/{slot}"
-        if self.rank == 0:
-            client.set(f"{self.s.log.prefix}/fast/{(slot + FAST_SLOTS // 2) % FAST_SLOTS}", 0)
-        t_arr = time.monotonic()
-        v = int(client.add(key, 1))
-        if v % MARK == self.n and v < MARK:
-            client.add(key, DECIDE)  # the last arrival, and nobody declared the run late
-        posted = False
-        while True:
-            waited = time.monotonic() - t_arr
-            try:
-                value = int(client.wait(key, DECIDE, max(1e-3, LATE_WAIT_S - waited) if not posted
-                                        else WAIT_SLICE))
-                return value // DECIDE == 1
-            except RendezvousError as e:
-                if "timeout" not in str(e):
-                    raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({e})") from None
-            if not posted:
-                posted = True
-                v = int(client.add(key, MARK))
-                if v % MARK < self.n and v // MARK % (DECIDE // MARK) == 1:
-                    client.add(key, 2 * DECIDE)  # the first marker, and someone is missing
-            self.report_deaths()
-            if waited > self.timeout:
-                raise CollectiveTimeout(self.rank, -1, f"adaptive run {self.run_id}: waiting for the "
-                                        "static/adaptive decision", self.timeout)
-
-    def run_static(self) -> None:
-        """Everyone is present: run this rank's flattened program (backends/executor.py)."""
-        from ..executor import RankExecution
-
-        plan, rank = self.plan, self.rank
-        bufs = {"in": self.inp, "out": self.out, "tmp": np.empty(plan.tmp_elems[rank], dtype=self.inp.dtype)}
-        RankExecution(plan, self.comm, plan.programs[rank], bufs, self.timeout).execute()
-        self.ran_static = True
-        self.stats["path"] = "static"
-        self.gen = len(self.view.dead)
-        self.contrib = list(range(self.n))
 
     def execute(self) -> None:
         t0 = time.monotonic()

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..base import (BackendUnavailable, Capabilities, CollectiveTimeout, PeerFailed, Request, RuntimeFault,
+from ..base import (BackendUnavailable, Capabilities, CollectiveTimeout, MessageRequest, PeerFailed, RuntimeFault,
                     Transport, register)
 
 __all__ = ["RayTransport", "RayRequest", "MailboxCore", "available", "import_ray", "local_cluster", "DATA_PATHS",
@@ -163,16 +163,15 @@ def reap_watch(transport, ref) -> None:
         raise
 
 
-class RayRequest(Request):
-    __slots__ = ("ref", "peer", "tag", "what", "buf", "keep", "done", "nbytes")
+class RayRequest(MessageRequest):
+    """One message: ``ref`` is the mailbox call's (the receiver's ack for a send, the boxed
+    object ref for a receive); ``keep`` holds a sent object until it is acknowledged."""
+
+    __slots__ = ("ref", "keep")
 
     def __init__(self, ref, peer: int, tag: int, what: str, buf: memoryview, keep=None):
-        self.ref, self.peer, self.tag, self.what, self.buf, self.keep = ref, peer, tag, what, buf, keep
-        self.nbytes = buf.nbytes
-        self.done = False
-
-    def describe(self) -> str:
-        return f"{self.what} tag {self.tag}, {self.nbytes} B"
+        super().__init__(peer, tag, what, buf)
+        self.ref, self.keep = ref, keep
 
 
 def _bytes_view(view) -> memoryview:

@@ -225,10 +225,10 @@ def test_a_timed_out_adaptive_run_names_what_it_lacks_and_dumps_each_ranks_view(
     # the flows a timeout with nothing posted names, as ranges
     import doctest
 
-    import hcc.backends.adaptive as adaptive
+    import hcc.backends.adaptive.flows as flows
     from hcc.backends.adaptive import ranges as _ranges
     assert _ranges([8, 0, 2, 1, 3, 10, 11]) == "0-3, 8, 10-11" and _ranges([]) == ""
-    result = doctest.testmod(adaptive)
+    result = doctest.testmod(flows)
     assert result.attempted > 0 and result.failed == 0
 
 
