@@ -6,10 +6,12 @@
  *   bell (64 bytes) and one ring per local peer it sends to. A peer maps the segment from an
  *   fd passed over an authenticated unix socket; nothing has a name in any filesystem, so a
  *   segment dies with the last process that maps it, SIGKILL included.
- * - ring: a single-producer single-consumer queue of `nslots` slots of `slot_bytes` bytes.
- *   `head` (pieces published) is written only by the sender, `tail` (pieces consumed) only by
- *   the receiver; a slot is a 64-byte header (tag, plan id, message length, offset, length)
- *   and the piece's bytes. A message is sent as consecutive pieces; messages from one
+ * - ring: a single-producer single-consumer byte queue of nslots * (64 + slot_bytes) bytes.
+ *   `head` (bytes published) is written only by the sender, `tail` (bytes consumed) only by
+ *   the receiver; a piece is a 64-byte header (tag, plan id, message length, offset, length)
+ *   and at most slot_bytes of the message, padded to 64 bytes; a piece never wraps (a
+ *   padding header fills the ring's end), and small messages share the ring's bytes, so a
+ *   sender of 4 KiB messages keeps hundreds in flight, not nslots. A message is sent as consecutive pieces; messages from one
  *   sender arrive in the order it sent them and are matched to receives by tag.
  * - bell: a sequence number every producer or consumer bumps after it published or freed
  *   slots of this rank's rings, a `sleeping` flag, and `closed` (set by a clean close). A
@@ -231,10 +233,16 @@ typedef struct {
 } slot_hdr_t; /* 64 bytes: the piece's bytes start cache-line aligned */
 
 #define SLOT_HDR 64
+#define PIECE_SKIP 0x534B4950u /* a header whose `pad` says: padding to the ring's end */
 static inline size_t ring_stride(uint32_t nslots, uint32_t slot_bytes) {
     size_t s = sizeof(ring_t) + (size_t)nslots * (SLOT_HDR + (size_t)slot_bytes);
     return (s + 4095) & ~(size_t)4095;
 }
+
+/* a ring holds pieces of any length back to back (64-byte aligned), so small messages do not
+ * each take a whole slot: nslots * (64 + slot_bytes) bytes of pieces of at most slot_bytes */
+#define ring_cap(e) ((uint64_t)(e)->nslots * (SLOT_HDR + (uint64_t)(e)->slot_bytes))
+static inline uint64_t piece_span(uint64_t len) { return SLOT_HDR + ((len + 63) & ~(uint64_t)63); }
 
 /* ------------------------------------------------------------------ requests */
 enum { R_SEND, R_RECV, R_RECV_REDUCE };
@@ -395,20 +403,32 @@ static req_t *take_posted(peer_t *p, uint32_t tag) {
 /* consume the pieces waiting in p's inbound ring; returns how many */
 static int drain_in(Engine *e, peer_t *p) {
     int moved = 0;
-    size_t sstride = SLOT_HDR + (size_t)e->slot_bytes;
+    const uint64_t cap = ring_cap(e);
     while (!p->broken) {
         uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
         if (head == p->in_tail) break;
-        if (head - p->in_tail > e->nslots) {
+        if (head - p->in_tail > cap) {
             protocol_error(e, p, "ring head ahead of its capacity");
             break;
         }
-        char *slot = p->in_slots + (p->in_tail % e->nslots) * sstride;
+        uint64_t pos = p->in_tail % cap;
+        char *slot = p->in_slots + pos;
         slot_hdr_t h;
         memcpy(&h, slot, sizeof h); /* checked after the copy: the peer cannot change it under us */
+        if (h.pad == PIECE_SKIP) { /* the writer wrapped: the rest of the ring is padding */
+            if (pos == 0 || head - p->in_tail < cap - pos) {
+                protocol_error(e, p, "bad ring padding");
+                break;
+            }
+            p->in_tail += cap - pos;
+            atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
+            continue;
+        }
         const char *data = slot + SLOT_HDR;
-        if (h.len > e->slot_bytes || h.offset > h.msg_len || h.len > h.msg_len - h.offset) {
-            protocol_error(e, p, "piece outside its message");
+        uint64_t span = piece_span(h.len);
+        if (h.len > e->slot_bytes || h.offset > h.msg_len || h.len > h.msg_len - h.offset || pos + span > cap ||
+            head - p->in_tail < span) {
+            protocol_error(e, p, "piece outside its message or its ring");
             break;
         }
         if (!p->cur_active) {
@@ -474,7 +494,7 @@ static int drain_in(Engine *e, peer_t *p) {
         else if (h.len)
             memcpy(p->cur_held->data + h.offset, data, h.len);
         p->cur_off += h.len;
-        p->in_tail++;
+        p->in_tail += span;
         atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
         moved++;
         if (p->cur_off == p->cur_len) {
@@ -508,18 +528,30 @@ static int drain_in(Engine *e, peer_t *p) {
 /* publish the next pieces of p's queued sends while slots are free; returns how many */
 static int fill_out(Engine *e, peer_t *p) {
     int moved = 0;
-    size_t sstride = SLOT_HDR + (size_t)e->slot_bytes;
+    const uint64_t cap = ring_cap(e);
+    uint64_t tail = atomic_load_explicit(&p->out->tail, memory_order_acquire);
     while (p->sq_head) {
-        uint64_t tail = atomic_load_explicit(&p->out->tail, memory_order_acquire);
-        if (p->out_head - tail >= e->nslots) break;
         req_t *r = p->sq_head;
         size_t len = r->nbytes - r->moved;
         if (len > e->slot_bytes) len = e->slot_bytes;
-        char *slot = p->out_slots + (p->out_head % e->nslots) * sstride;
+        uint64_t span = piece_span(len);
+        uint64_t pos = p->out_head % cap;
+        uint64_t pad = pos + span > cap ? cap - pos : 0; /* a piece never wraps: pad to the end */
+        if (p->out_head + pad + span - tail > cap) {
+            tail = atomic_load_explicit(&p->out->tail, memory_order_acquire);
+            if (p->out_head + pad + span - tail > cap) break;
+        }
+        if (pad) {
+            slot_hdr_t skip = {0, 0, 0, 0, 0, PIECE_SKIP, {0, 0, 0, 0}};
+            memcpy(p->out_slots + pos, &skip, sizeof skip);
+            p->out_head += pad;
+            pos = 0;
+        }
+        char *slot = p->out_slots + pos;
         slot_hdr_t h = {r->tag, r->plan, r->nbytes, r->moved, (uint32_t)len, 0, {0, 0, 0, 0}};
         memcpy(slot, &h, sizeof h);
         if (len) memcpy(slot + SLOT_HDR, (r->owned ? r->owned : r->buf) + r->moved, len);
-        p->out_head++;
+        p->out_head += span;
         atomic_store_explicit(&p->out->head, p->out_head, memory_order_release);
         r->moved += len;
         moved++;
