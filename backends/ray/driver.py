@@ -269,13 +269,17 @@ class Coordinator:
 
     def report_dead(self, rank: int) -> None:
         """Append ``dead(rank)`` unless a rank's transport already did (agreement.py dedups)
-        and, if the rank died before it published its address, publish a refusing one so
-        that the others' ``connect`` does not wait for it until its deadline."""
+        and, if the rank died before it published its addresses, publish a refusing one and
+        "no shared memory" (backends/shm.py's ``- -``) so that the others' ``connect`` does not
+        wait for it until its deadline."""
         if self._server is None:
             return
         key = f"{SOCKETS_GROUP}/addr/{rank}"
         if self._server.value(key) is None:
             self._server.put(key, f"127.0.0.1:{free_port()}")
+        key = f"{SOCKETS_GROUP}/shm/{rank}"
+        if self._server.value(key) is None:
+            self._server.put(key, "- -")
         if self._log.report_dead(rank):
             self.first.append(rank)
 
