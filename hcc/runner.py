@@ -45,7 +45,7 @@ from dataclasses import replace
 from .backends.base import RuntimeFault
 from .compiler.cost import CostModel
 
-__all__ = ["cmd_run", "busbw_factor", "load_plans", "netem_for", "run_and_check", "RUN_MODELS",
+__all__ = ["cmd_run", "run_model_key", "busbw_factor", "load_plans", "netem_for", "run_and_check", "RUN_MODELS",
            "compile_on"]
 
 # The cost model ``hcc run`` compiles with, per backend: what one message costs the runtime
@@ -68,12 +68,33 @@ __all__ = ["cmd_run", "busbw_factor", "load_plans", "netem_for", "run_and_check"
 #   message count, so the default is the cost near the chunks it then picks.
 # Both from `python benchmarks/netem_bench.py messages` (no root; results/netem_messages.csv).
 SOCKETS_PER_MESSAGE_S = 100e-6
+# - shm: 20 us. The sockets backend between ranks of one host when the native core is built
+#   (backends/shm.py: shared-memory channels, the program run by the native runner), measured
+#   the same way on this 2-core machine under a load of 20-30: a 2-rank broadcast 10-21 us per
+#   message in 4-16 KiB chunks, of which the runner's own CPU is 1-5 us per message handled
+#   (`netem_messages.csv`, ``cpu_per_message_s``); the rest is waiting for a core.
+SHM_PER_MESSAGE_S = 20e-6
 MPI_PER_MESSAGE_S = 300e-6
 RUN_MODELS: dict[str, CostModel] = {
     "sockets": CostModel(per_message_s=SOCKETS_PER_MESSAGE_S),
     "ray": CostModel(per_message_s=SOCKETS_PER_MESSAGE_S),
     "mpi": CostModel(per_message_s=MPI_PER_MESSAGE_S),
+    "shm": CostModel(per_message_s=SHM_PER_MESSAGE_S),
 }
+
+
+def run_model_key(backend: str, netem: bool = False) -> str:
+    """The :data:`RUN_MODELS` entry ``hcc run`` compiles with: ``shm`` for sockets ranks
+    launched on this host without ``--netem`` when their channels will engage (the native
+    core is built, ``HCC_SHM`` is not ``off``), else the backend's own."""
+    if backend == "sockets" and not netem:
+        import os
+
+        from .backends import native
+
+        if native.available() and os.environ.get("HCC_SHM", "auto").lower() != "off":
+            return "shm"
+    return backend
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -291,7 +312,7 @@ def cmd_run(args) -> int:
     from .commands import cost_model
     from .compiler.cost import describe_model
 
-    model = cost_model(args, base=RUN_MODELS[args.backend])
+    model = cost_model(args, base=RUN_MODELS[run_model_key(args.backend, args.netem)])
     plans = load_plans(args.file, args.collective, netem=args.netem, model=model)
     if args.backend == "sockets" and not args.netem:
         rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed)
