@@ -522,7 +522,10 @@ def bench_messages(backends: list[str], reps: int, iters: int) -> list[dict]:
     """The per-message cost of hcc's runtime on loopback, in the cost model's own terms: run
     the same bytes in small and in 1 MiB chunks; the time added, divided by the messages the
     simulator counts on the critical path (d simulated time / d ``per_message_s``), is the
-    ``per_message_s`` that makes the model predict the difference. Cases: a 2-rank broadcast
+    ``per_message_s`` that makes the model predict the difference. Beside it, the executor's
+    own cost: the CPU seconds the busiest rank spends more, over the transfers it handles
+    more (``cpu_per_message_s``; wall time on a shared machine also counts the waits for a
+    core, CPU time does not). Cases: a 2-rank broadcast
     (one sender, each rank on its own core) and a 4-rank allreduce (two ranks per core here)."""
     import importlib
 
@@ -540,20 +543,33 @@ def bench_messages(backends: list[str], reps: int, iters: int) -> list[dict]:
             weight = {c: (simulate(p, model=CostModel(per_message_s=1e-3)).time
                           - simulate(p, model=CostModel(per_message_s=0.0)).time) / 1e-3
                       for c, p in plans.items()}
+            # transfers each rank handles (its Sends, Recvs and RecvReduces): the CPU figure's unit
+            handled = {c: [sum(1 for op in prog if hasattr(op, "peer")) for prog in p.programs]
+                       for c, p in plans.items()}
             for rep in range(reps):
-                t = {}
+                t, cpu = {}, {}
                 for c, p in plans.items():  # interleaved: the same load for every chunk size
-                    t[c] = statistics.median(mod.run_local(p, make_inputs(p, 0), iters=iters, warmup=1,
-                                                           timeout=120).times)
+                    res = mod.run_local(p, make_inputs(p, 0), iters=iters, warmup=1, timeout=120)
+                    t[c] = statistics.median(res.times)
+                    # CPU seconds per iteration of each rank (all its threads): unlike wall time
+                    # it does not grow with what else the machine runs
+                    cpu[c] = [statistics.median(cs) for cs in res.detail.get("rank_cpu", [])]
                 for c in smalls:
                     per = (t[c] - t[big]) / (weight[c] - weight[big])
+                    # the executor's own cost per message: the CPU a rank spends more in small
+                    # chunks, over the transfers it handles more (the busiest rank)
+                    cpu_per = max(((cpu[c][r] - cpu[big][r]) / (handled[c][r] - handled[big][r])
+                                   for r in range(n) if cpu[c] and handled[c][r] > handled[big][r]), default=None)
                     rows.append({"backend": backend, "ranks": n, "kind": kind, "size_bytes": size,
                                  "chunk_bytes": c, "rep": rep, "time_s": t[c], "time_1MiB_s": t[big],
                                  "critical_messages": round(weight[c], 1),
-                                 "critical_messages_1MiB": round(weight[big], 1), "per_message_s": per})
+                                 "critical_messages_1MiB": round(weight[big], 1), "per_message_s": per,
+                                 "cpu_per_message_s": cpu_per})
                     print(f"{backend:8} {n} ranks {kind:9} {c // 1024:3} KiB chunks: {t[c] * 1e3:8.1f} ms vs "
                           f"{t[big] * 1e3:6.1f} ms in 1 MiB, {weight[c] - weight[big]:6.0f} more messages on the "
-                          f"critical path: {per * 1e6:7.1f} us per message", flush=True)
+                          f"critical path: {per * 1e6:7.1f} us per message"
+                          + (f"; CPU {cpu_per * 1e6:5.1f} us per message handled" if cpu_per is not None else ""),
+                          flush=True)
     return rows
 
 
