@@ -191,8 +191,8 @@ def cmd_compile(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"cost model: {describe_model(model)}")
-    print("NCCL-like: the fastest of the single ring, NCCL's multi-channel rings (channels found), the "
-          "double binary tree and recursive doubling, priced by the same model")
+    print("NCCL-like: the fastest of the single ring, NCCL's multi-channel rings (x the channels its search "
+          "found), the double binary tree and recursive doubling, priced by the same model")
     print()
     print("why: the bound is the time the named cut's links need; predicted = bandwidth bound + load above it "
           "on the bottleneck link + pipeline fill + per-message cost + contention (docs/plan-format.md)")
@@ -207,7 +207,7 @@ def cmd_compile(args) -> int:
 # each human_* formatter writes, e.g. "476.8 MiB", "12.30 ms", "150.0 GB/s"); a longer cell
 # only shifts the rest of its own row
 _WIDTHS = {"ranks": 5, "size": 9, "algorithm": 13, "trees": 5, "chunk": 9, "predicted": 9, "bound": 9,
-           "eff": 5, "algbw": 10, "busbw": 10, "NCCL-like": 16, "vs NCCL-like": 12, "compile": 9,
+           "eff": 5, "algbw": 10, "busbw": 10, "NCCL-like": 19, "vs NCCL-like": 12, "compile": 9,
            "compress": 8, "wire": 9, "vs exact": 8}
 
 
@@ -235,7 +235,8 @@ def _row(p: Plan, lossy: bool) -> list[str]:
         p.name, p.kind, str(p.n), human_bytes(p.size_bytes), p.algorithm, str(len(p.trees)),
         human_bytes(p.chunk_bytes), human_time(f.predicted_s), human_time(f.bound_s),
         f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
-        f"{f.baseline} {human_time(f.baseline_predicted_s)}" if f.baseline_predicted_s else "-",
+        (f.baseline + (f"x{f.ring_channels}" if f.baseline == "rings" else "")
+         + f" {human_time(f.baseline_predicted_s)}") if f.baseline_predicted_s else "-",
         f"{f.baseline_predicted_s / f.predicted_s:.2f}x" if f.baseline_predicted_s and f.predicted_s else "-",
         human_time(f.compile_s),
     ]
