@@ -5,7 +5,10 @@ A *job* is a temporary directory holding ``job.json`` (the cases, in order), eac
 seed from which each rank draws its own input with :func:`reference.make_input`). One process
 per rank runs every case in sequence over one communicator — a test grid of hundreds of plans
 costs one process launch, not hundreds — and writes ``result<r>.json`` (per-iteration times or
-the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteration).
+the error it raised) and ``case<i>.out<r>.npy`` (the output of the last iteration). After
+each case a rank also writes ``case<i>.res<r>.json`` (that case's record), so the launcher can
+hand each case to ``on_case`` as soon as every rank has finished it — ``hcc run`` prints and
+checks a collective while the next one runs, and deletes its outputs once checked.
 
 Timing: before each iteration the ranks meet at a barrier; each rank times its own
 ``hcc.run``; an iteration's time is the maximum over ranks (the collective is done when the
@@ -48,7 +51,7 @@ from ..ir.files import atomic_write_text
 from .base import RuntimeFault
 
 __all__ = ["RunResult", "RunFailed", "run_cases_local", "worker_run", "prepare_job", "host_idle_seconds",
-           "local_ranks"]
+           "local_ranks", "npy_reader"]
 
 
 def host_idle_seconds() -> float | None:
@@ -170,7 +173,10 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
                     idle.append(None if i0 is None or i1 is None else i1 - i0)
             if case["save_outputs"] and out is not None:
                 np.save(job / f"case{i}.out{rank}.npy", out)
-            result["cases"].append({"times": times, "cpu": cpu, "idle": idle, "spans": spans})
+            out = x = x0 = None  # this case's buffers go before the next case allocates its own
+            record = {"times": times, "cpu": cpu, "idle": idle, "spans": spans}
+            result["cases"].append(record)
+            atomic_write_text(job / f"case{i}.res{rank}.json", json.dumps(record))
         comm.barrier("end", timeout)
         result["ok"] = True
     except Exception as e:  # reported to the launcher, which raises a typed error
@@ -188,9 +194,11 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
 
 
 def _wait_children(procs: list[subprocess.Popen], timeout: float, overall: float,
-                   report_dead: Callable[[list[int]], None] | None = None) -> dict[int, int]:
+                   report_dead: Callable[[list[int]], None] | None = None,
+                   poll: Callable[[], None] | None = None) -> dict[int, int]:
     """Wait for every child; returns {rank: returncode}. Kills stragglers after the deadline.
-    ``report_dead(ranks)`` is told every rank whose process died abnormally."""
+    ``report_dead(ranks)`` is told every rank whose process died abnormally; ``poll()`` is
+    called every 10 ms while waiting (and once after)."""
     start = time.monotonic()
     grace_until = None
     codes: dict[int, int] = {}
@@ -205,10 +213,14 @@ def _wait_children(procs: list[subprocess.Popen], timeout: float, overall: float
                 if p.returncode != 0 and grace_until is None:
                     # the others must notice within one per-wait deadline; 5 s covers start-up
                     grace_until = time.monotonic() + timeout + 5.0
+        if poll is not None:
+            poll()
         now = time.monotonic()
         if (grace_until is not None and now > grace_until) or now - start > overall:
             break
         time.sleep(0.01)
+    if poll is not None:
+        poll()
     for r, p in enumerate(procs):
         if r not in codes:
             p.kill()
@@ -251,7 +263,9 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
                     wrap: Callable[[int, list[str]], list[str]] | None = None,
                     hosts: Sequence[str] | None = None, store_host: str = "127.0.0.1",
                     kill_rank: tuple[int, float] | None = None,
-                    max_message: int | None = None, pace_Bps: float = 0.0) -> list[RunResult]:
+                    max_message: int | None = None, pace_Bps: float = 0.0,
+                    on_case: Callable[[int, "RunResult"], None] | None = None,
+                    on_progress: Callable[[int, int, int], None] | None = None) -> list[RunResult]:
     """Run each ``(plan, inputs_or_seed)`` case, in order, on ``world`` local processes.
 
     A case may carry a third element, its options: ``{"inplace": True}`` calls
@@ -267,7 +281,13 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
     ``wrap(rank, argv)`` may rewrite a rank's command line (e.g. ``hcc netem``'s namespace
     wrapper) and ``hosts[rank]`` set the address it listens on. ``kill_rank=(r, seconds)``
     SIGKILLs rank ``r`` that long after every rank finished iteration 0 (fault-injection tests).
-    ``pace_Bps`` paces every connection to that many bytes/s (emulated links, no root needed)."""
+    ``pace_Bps`` paces every connection to that many bytes/s (emulated links, no root needed).
+
+    ``on_case(i, result)`` is called in the launcher as soon as every rank has finished case
+    ``i`` (in order), with ``result.detail["out_paths"]`` the rank outputs' ``.npy`` files; once
+    it returns, those files are deleted and the returned list holds None for that case's
+    outputs (the caller has what it needed). ``on_progress(i, iteration, total)`` says which
+    iteration of which case every rank has entered (from the barrier counters)."""
     if backend != "sockets":
         raise RuntimeFault(f"run_cases_local launches the sockets worker, not {backend!r}")
     token = secrets.token_hex(32)
@@ -303,13 +323,72 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
                 procs[kr].kill()
                 killed_at = time.monotonic()
             n_iters = sum(1 for _ in cases) * (iters + warmup)
+            watch = _CaseWatch(job, backend, world, len(cases), iters + warmup, store, on_case, on_progress)
             codes = _wait_children(procs, timeout, overall=timeout * (3 + n_iters) + 30.0,
-                                   report_dead=lambda ranks: store.put("hcc/dead", list(ranks)))
+                                   report_dead=lambda ranks: store.put("hcc/dead", list(ranks)),
+                                   poll=watch.poll if on_case or on_progress else None)
             wall = time.monotonic() - t0
             detail = {"wall_s": wall}
             if killed_at is not None:
                 detail["kill_to_end_s"] = time.monotonic() - killed_at
         return _collect(job, backend, world, len(cases), codes, detail)
+
+
+class _CaseWatch:
+    """Hands each finished case to ``on_case`` and iteration starts to ``on_progress``."""
+
+    def __init__(self, job: Path, backend: str, world: int, n_cases: int, total: int, store, on_case, on_progress):
+        self.job, self.backend, self.world, self.n_cases, self.total = job, backend, world, n_cases, total
+        self.store, self.on_case, self.on_progress = store, on_case, on_progress
+        self.case = 0  # the next case to hand over
+        self.iteration = -1  # the last iteration of ``case`` every rank entered
+
+    def poll(self) -> None:
+        while self.case < self.n_cases:
+            i = self.case
+            if self.on_progress is not None:
+                it = self.iteration
+                while it + 1 < self.total and self.store.value(f"barrier/hcc/c{i}/i{it + 1}", 0) >= self.world:
+                    it += 1
+                if it != self.iteration:
+                    self.iteration = it
+                    self.on_progress(i, it, self.total)
+            paths = [self.job / f"case{i}.res{r}.json" for r in range(self.world)]
+            if not all(p.exists() for p in paths):
+                return
+            if self.on_case is not None:
+                records = [json.loads(p.read_text()) for p in paths]
+                outs = [self.job / f"case{i}.out{r}.npy" for r in range(self.world)]
+                rank_times = [rec["times"] for rec in records]
+                res = RunResult([None] * self.world, [max(ts) for ts in zip(*rank_times)], self.backend,
+                                {"rank_times": rank_times, "out_paths": [p if p.exists() else None for p in outs]})
+                try:
+                    self.on_case(i, res)
+                finally:
+                    for p in outs:
+                        p.unlink(missing_ok=True)
+            self.case += 1
+            self.iteration = -1
+
+
+def npy_reader(path: Path):
+    """``read(lo, hi)``: elements ``[lo, hi)`` of a 1-D ``.npy`` file, read with file reads, not
+    a memory map (a mapped page counts in the reader's resident set: checking a 500 MB output
+    through ``np.load(mmap_mode="r")`` grows the parent by 500 MB)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = header(f)
+        offset = f.tell()
+    if fortran or dtype.hasobject:
+        raise RuntimeFault(f"{path}: not a plain C-order array")
+
+    def read(lo: int, hi: int) -> np.ndarray:
+        with open(path, "rb") as f:
+            f.seek(offset + lo * dtype.itemsize)
+            return np.fromfile(f, dtype=dtype, count=max(0, hi - lo))
+    read.size = int(np.prod(shape))  # type: ignore[attr-defined]
+    return read
 
 
 def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, detail: dict) -> list[RunResult]:
@@ -347,6 +426,7 @@ def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, det
         for r in range(world):
             p = job / f"case{i}.out{r}.npy"
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
+            # (None when on_case has checked and removed it)
         results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu,
                                                                  rank_idle=rank_idle, rank_spans=rank_spans)))
     return results

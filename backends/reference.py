@@ -19,16 +19,26 @@ sequential operations of the plan's dtype: ``|got − want| ≤ 2·n·eps·max(1
 ``eps`` the dtype's machine epsilon (bfloat16: 2**−7) — the classic bound n·eps·Σ|x| on
 recursive summation (Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2), with
 Σ|x| ≤ n·max|x| and |x| ≤ 2 here. Integers and min/max must match exactly.
+Compressed plans (``compress = fp16 | int8``) are held to their codec's stated error bound
+(:func:`hcc.ir.wire.error_bound`, from each rank's input range) plus that rounding; a
+checker reports which test it applied (:func:`check` returns it: ``exact``, ``rounding`` or
+``int8 ≤ 0.0157``).
+
+:func:`check_seeded` checks a run whose ranks drew their inputs from a seed a block at a
+time (:func:`input_range`, :func:`expected_range`), reading each rank's output a block at a
+time too, so ``hcc run``'s parent holds a few blocks, not every rank's buffers.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir.plan import FLOAT_DTYPES, Plan, block_range, neighbor_peers
+from ..ir.wire import error_bound
 from .base import RuntimeFault
 from .kernels import from_float32, np_dtype, scale_into, to_float32
 
-__all__ = ["make_inputs", "make_input", "expected", "expected_after_failures", "check", "ResultMismatch"]
+__all__ = ["make_inputs", "make_input", "input_range", "expected", "expected_range", "expected_after_failures",
+           "check", "check_seeded", "ResultMismatch"]
 
 
 class ResultMismatch(RuntimeFault):
@@ -48,12 +58,25 @@ _BLOCK = 1 << 20
 
 def make_input(plan: Plan, seed: int, rank: int) -> np.ndarray:
     """Rank ``rank``'s input of ``plan`` (independent of the other ranks' draws)."""
+    return input_range(plan, seed, rank, 0, plan.buffer_elems(rank)["in"])
+
+
+def input_range(plan: Plan, seed: int, rank: int, lo: int, hi: int) -> np.ndarray:
+    """Elements ``[lo, hi)`` of :func:`make_input`'s array, drawn without the rest of it:
+    each block of ``_BLOCK`` elements has its own generator, so a checker can walk a 500 MB
+    input a block at a time (:func:`check_seeded`)."""
+    out = np.empty(max(0, hi - lo), dtype=np_dtype(plan.dtype))
     count = plan.buffer_elems(rank)["in"]
-    rng = np.random.default_rng([seed, rank, plan.elems])
-    out = np.empty(count, dtype=np_dtype(plan.dtype))
-    for lo in range(0, count, _BLOCK):
-        hi = min(count, lo + _BLOCK)
-        out[lo:hi] = _draw(rng, plan.dtype, plan.op, hi - lo)
+    b = lo // _BLOCK
+    while b * _BLOCK < hi:
+        b0 = b * _BLOCK
+        rng = np.random.default_rng([seed, rank, plan.elems, b])
+        # a whole block always: the draws of a shorter one would differ (_draw takes the
+        # magnitudes, then the signs)
+        block = _draw(rng, plan.dtype, plan.op, min(count, b0 + _BLOCK) - b0)
+        a, z = max(lo, b0), min(hi, b0 + _BLOCK)
+        out[a - lo:z - lo] = block[a - b0:z - b0]
+        b += 1
     return out
 
 
@@ -174,12 +197,69 @@ def _eps(dtype: str) -> float:
     return float(np.finfo(np_dtype(dtype)).eps)
 
 
-def check(plan: Plan, outputs: list, want: list) -> None:
-    """Raise :class:`ResultMismatch` naming the first rank and element that is wrong."""
-    if len(outputs) != plan.n:
-        raise ResultMismatch(-1, -1, len(outputs), plan.n, "number of rank outputs")
+def _kind_of_check(plan: Plan) -> str:
+    if plan.compress != "none":
+        return plan.compress
     exact = plan.dtype not in FLOAT_DTYPES or plan.op in ("min", "max") or plan.kind in (
         "broadcast", "allgather", "gather", "scatter", "alltoall")
+    return "exact" if exact else "rounding"
+
+
+def _bound(plan: Plan, ranges) -> float:
+    peers = max((len(neighbor_peers(plan.peers, plan.n, r, 0)) for r in range(plan.n)), default=1) \
+        if plan.kind == "neighbor_average" else 1
+    return error_bound(plan.compress, plan.kind, plan.op, ranges, peers=peers)
+
+
+def _describe(how: str, bound: float) -> str:
+    return how if how in ("exact", "rounding") else f"{how} ≤ {bound:.3g}"
+
+
+class _Mismatches:
+    """The first wrong element of one rank and how many there are, block by block."""
+
+    def __init__(self, plan: Plan, how: str, bound: float):
+        self.plan, self.how, self.bound = plan, how, bound
+        self.first = None
+        self.count = 0
+
+    def compare(self, got: np.ndarray, exp: np.ndarray, offset: int) -> None:
+        plan = self.plan
+        if self.how == "exact":
+            bad = np.flatnonzero(got != exp)
+            if plan.dtype in FLOAT_DTYPES and plan.dtype != "bfloat16":
+                bad = bad[~(np.isnan(got[bad]) & np.isnan(exp[bad]))]
+        else:
+            g = to_float32(got, plan.dtype).astype(np.float64) if plan.dtype == "bfloat16" else got.astype(np.float64)
+            e = to_float32(exp, plan.dtype).astype(np.float64) if plan.dtype == "bfloat16" else exp.astype(np.float64)
+            tol = 2.0 * plan.n * _eps(plan.dtype) * np.maximum(1.0, np.abs(e)) + self.bound
+            bad = np.flatnonzero(~(np.abs(g - e) <= tol))
+        if bad.size:
+            if self.first is None:
+                i = int(bad[0])
+                self.first = (offset + i, got[i].item(), exp[i].item())
+            self.count += int(bad.size)
+
+    def raise_if_any(self, rank: int, size: int) -> None:
+        if self.first is not None:
+            i, g, e = self.first
+            extra = "" if self.how in ("exact", "rounding") else f", {_describe(self.how, self.bound)} allowed"
+            raise ResultMismatch(rank, i, g, e, f"{self.count} of {size} elements differ{extra}")
+
+
+def check(plan: Plan, outputs: list, want: list, inputs: list | None = None) -> str:
+    """Raise :class:`ResultMismatch` naming the first rank and element that is wrong; return
+    which test was applied (``exact``, ``rounding``, or the codec and its bound). A compressed
+    plan's bound depends on the inputs' ranges, so it needs ``inputs``."""
+    if len(outputs) != plan.n:
+        raise ResultMismatch(-1, -1, len(outputs), plan.n, "number of rank outputs")
+    how = _kind_of_check(plan)
+    bound = 0.0
+    if how not in ("exact", "rounding"):
+        if inputs is None:
+            raise ValueError(f"checking compressed plan {plan.name!r} (compress = {plan.compress}) needs the "
+                             "inputs: its error bound depends on their ranges")
+        bound = _bound(plan, [_range(np.asarray(a).reshape(-1), plan.dtype) for a in inputs])
     for r, (got, exp) in enumerate(zip(outputs, want)):
         if exp is None:
             continue
@@ -188,15 +268,102 @@ def check(plan: Plan, outputs: list, want: list) -> None:
         got = np.asarray(got).reshape(-1)
         if got.shape != exp.shape or got.dtype != exp.dtype:
             raise ResultMismatch(r, -1, f"{got.dtype}[{got.size}]", f"{exp.dtype}[{exp.size}]", "shape/dtype")
-        if exact:
-            bad = np.flatnonzero(got != exp)
-            if plan.dtype in FLOAT_DTYPES and plan.dtype != "bfloat16":
-                bad = bad[~(np.isnan(got[bad]) & np.isnan(exp[bad]))]
+        m = _Mismatches(plan, how, bound)
+        m.compare(got, exp, 0)
+        m.raise_if_any(r, got.size)
+    return _describe(how, bound)
+
+
+def _range(a: np.ndarray, dtype: str) -> tuple[float, float]:
+    if a.size == 0:
+        return (0.0, 0.0)
+    f = to_float32(a, dtype) if dtype == "bfloat16" else a
+    return (float(np.min(f)), float(np.max(f)))
+
+
+def _specified(plan: Plan, rank: int) -> bool:
+    """Whether the collective defines rank ``rank``'s ``out`` (reduce, gather: the root's only)."""
+    return not (plan.kind in ("reduce", "gather") and rank != plan.root)
+
+
+def expected_range(plan: Plan, src, rank: int, lo: int, hi: int, step: int = 0) -> np.ndarray:
+    """Elements ``[lo, hi)`` of rank ``rank``'s required ``out`` (as :func:`expected`), from
+    ``src(j, a, b)``: elements ``[a, b)`` of rank j's input."""
+    n, E, kind, root = plan.n, plan.elems, plan.kind, plan.root
+    if kind == "broadcast":
+        return src(root, lo, hi)
+    if kind in ("reduce", "allreduce"):
+        return _reduce(plan, [src(j, lo, hi) for j in range(n)])
+    if kind == "reduce_scatter":
+        b0 = block_range(E, n, rank)[0]
+        return _reduce(plan, [src(j, b0 + lo, b0 + hi) for j in range(n)])
+    if kind == "scatter":
+        b0 = block_range(E, n, rank)[0]
+        return src(root, b0 + lo, b0 + hi)
+    if kind == "neighbor_average":
+        group = [rank] + list(neighbor_peers(plan.peers, n, rank, step))
+        avg_plan = plan if plan.op == "avg" else _with_op(plan, "avg")
+        return _reduce(avg_plan, [src(j, lo, hi) for j in group])
+    if kind in ("allgather", "gather", "alltoall"):
+        # out is a concatenation of input pieces: (rank, start in its input, length)
+        if kind == "alltoall":
+            b = E // n
+            pieces = [(j, rank * b, b) for j in range(n)]
         else:
-            g = to_float32(got, plan.dtype).astype(np.float64) if plan.dtype == "bfloat16" else got.astype(np.float64)
-            e = to_float32(exp, plan.dtype).astype(np.float64) if plan.dtype == "bfloat16" else exp.astype(np.float64)
-            tol = 2.0 * plan.n * _eps(plan.dtype) * np.maximum(1.0, np.abs(e))
-            bad = np.flatnonzero(~(np.abs(g - e) <= tol))
-        if bad.size:
-            i = int(bad[0])
-            raise ResultMismatch(r, i, got[i].item(), exp[i].item(), f"{bad.size} of {got.size} elements differ")
+            pieces = [(j, 0, plan.buffer_elems(j)["in"]) for j in range(n)]
+        parts, at = [], 0
+        for j, start, length in pieces:
+            a, z = max(lo, at), min(hi, at + length)
+            if a < z:
+                parts.append(src(j, start + a - at, start + z - at))
+            at += length
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np_dtype(plan.dtype))
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def check_seeded(plan: Plan, seed: int, outputs: list, step: int = 0, block: int = _BLOCK) -> str:
+    """:func:`check` for inputs drawn by :func:`make_input` from ``seed``, a block at a time:
+    ``outputs[r]`` is rank r's output as an array or as a reader ``read(lo, hi)`` of its
+    elements ``[lo, hi)`` (None where the rank returned nothing). Memory: a few blocks of
+    every rank, whatever the buffer size. Returns the test applied, as :func:`check`."""
+    if len(outputs) != plan.n:
+        raise ResultMismatch(-1, -1, len(outputs), plan.n, "number of rank outputs")
+    how = _kind_of_check(plan)
+    bound = 0.0
+
+    def src(j: int, a: int, b: int) -> np.ndarray:
+        return input_range(plan, seed, j, a, b)
+
+    if how not in ("exact", "rounding"):
+        ranges = []
+        for j in range(plan.n):
+            lo_j, hi_j = float("inf"), float("-inf")
+            count = plan.buffer_elems(j)["in"]
+            for a in range(0, count, block):
+                x0, x1 = _range(src(j, a, min(count, a + block)), plan.dtype)
+                lo_j, hi_j = min(lo_j, x0), max(hi_j, x1)
+            ranges.append((lo_j, hi_j) if count else (0.0, 0.0))
+        bound = _bound(plan, ranges)
+    want_dtype = np_dtype(plan.dtype)
+    for r, got in enumerate(outputs):
+        if not _specified(plan, r):
+            continue
+        if got is None:
+            raise ResultMismatch(r, -1, None, "an output", "the rank returned nothing")
+        size = plan.buffer_elems(r)["out"]
+        if isinstance(got, np.ndarray):
+            arr = got.reshape(-1)
+            if arr.size != size or arr.dtype != want_dtype:
+                raise ResultMismatch(r, -1, f"{arr.dtype}[{arr.size}]", f"{want_dtype}[{size}]", "shape/dtype")
+            read = lambda a, b, arr=arr: np.asarray(arr[a:b])
+        else:
+            read = got
+        m = _Mismatches(plan, how, bound)
+        for a in range(0, size, block):
+            b = min(size, a + block)
+            g = read(a, b)
+            if g.size != b - a or g.dtype != want_dtype:
+                raise ResultMismatch(r, a, f"{g.dtype}[{g.size}]", f"{want_dtype}[{b - a}]", "shape/dtype")
+            m.compare(g, expected_range(plan, src, r, a, b, step), a)
+        m.raise_if_any(r, size)
+    return _describe(how, bound)

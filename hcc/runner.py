@@ -10,6 +10,17 @@ every rank's output of the last iteration with the numpy reference, and print me
 (median and min over iterations), algbw and busbw beside the compiler's predicted time and
 bound.
 
+Checks (the table's ``check`` column; backends/reference.py): ``exact`` (integers, min/max,
+data movement), ``rounding`` (float reductions: the rounding of n operations), or a
+compressed collective's codec and its stated error bound (``int8 ≤ 0.0157``: the largest
+per-element error ``hcc.ir.wire.error_bound`` allows for these inputs, plus rounding).
+
+Progress and memory: each collective's row is printed as soon as it is checked (columns sized
+in advance), and a run past 2 s reports on stderr which collective and iteration the ranks are
+in (a status line on a terminal, plain lines otherwise). The launcher's parent never holds a
+rank's buffer: ranks draw their inputs from ``--seed``, and the parent checks each rank's
+output a block at a time from its file, then deletes it (:func:`reference.check_seeded`).
+
 Definitions (nccl-tests, PERFORMANCE.md): ``algbw = size / time`` with ``size`` the per-rank
 output buffer (the ``size`` of the collective); ``busbw = algbw × factor`` with factor
 2(n−1)/n for allreduce; (n−1)/n for allgather, reduce_scatter, alltoall, gather, scatter;
@@ -219,39 +230,55 @@ def run_and_check(plan, backend: str = "sockets", iters: int = 5, warmup: int = 
             res = mod.run_local(plan, inputs, iters=iters, warmup=warmup, timeout=timeout)
     except RuntimeFault as e:
         return dict(_row(plan, backend, iters), verified=False, error=str(e))
-    return _checked_row(plan, backend, iters, inputs, res)
+    del inputs  # the check draws them again a block at a time
+    return _checked_row(plan, backend, iters, seed, res, res.outputs)
 
 
-def _run_batch_sockets(plans, iters, warmup, timeout, seed) -> list[dict]:
-    """Plans with the same rank count share one set of rank processes (one launch)."""
-    from .backends.launch import run_cases_local
-    from .backends.reference import make_inputs
+def _run_batch_sockets(plans, iters, warmup, timeout, seed, emit=None, progress=None) -> list[dict]:
+    """Plans with the same rank count share one set of rank processes (one launch). Each
+    case is checked, and passed to ``emit(row)``, as soon as every rank has finished it;
+    ``progress(name, iteration, total)`` hears which iteration the ranks have entered."""
+    from .backends.launch import npy_reader, run_cases_local
 
     rows: dict[int, dict] = {}
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(plans):
         groups.setdefault(p.n, []).append(i)
     for idx in groups.values():
-        # each rank draws its own input from the seed (no input files); the same draws here
-        # give the reference
+        # each rank draws its own input from the seed (no input files); the checker draws the
+        # same values a block at a time
+
+        def on_case(k: int, res, idx=idx) -> None:
+            plan = plans[idx[k]]
+            readers = [npy_reader(p) if p is not None else None for p in res.detail["out_paths"]]
+            rows[idx[k]] = row = _checked_row(plan, "sockets", iters, seed, res, readers)
+            if emit is not None:
+                emit(row)
+
+        def on_progress(k: int, it: int, total: int, idx=idx) -> None:
+            if progress is not None:
+                progress(plans[idx[k]].name, it, total)
+
         try:
-            results = run_cases_local("sockets", [(plans[i], seed) for i in idx], iters=iters, warmup=warmup,
-                                      timeout=timeout)
+            run_cases_local("sockets", [(plans[i], seed) for i in idx], iters=iters, warmup=warmup,
+                            timeout=timeout, on_case=on_case, on_progress=on_progress)
         except RuntimeFault as e:
             for i in idx:
-                rows[i] = dict(_row(plans[i], "sockets", iters), verified=False, error=str(e))
-            continue
-        for i, res in zip(idx, results):
-            rows[i] = _checked_row(plans[i], "sockets", iters, make_inputs(plans[i], seed), res)
+                if i not in rows:
+                    rows[i] = dict(_row(plans[i], "sockets", iters), verified=False, error=str(e))
+                    if emit is not None:
+                        emit(rows[i])
     return [rows[i] for i in range(len(plans))]
 
 
-def _checked_row(plan, backend: str, iters: int, inputs, res) -> dict:
-    from .backends.reference import check, expected
+def _checked_row(plan, backend: str, iters: int, seed: int, res, outputs) -> dict:
+    """The result row of one run: ``outputs`` (arrays or block readers) checked against the
+    inputs drawn from ``seed``."""
+    from .backends.reference import check_seeded
 
     row = _row(plan, backend, iters)
     try:
-        check(plan, res.outputs, expected(plan, inputs))
+        row["check"] = check_seeded(plan, seed, outputs)
     except RuntimeFault as e:
         row.update(verified=False, error=str(e))
         return row
@@ -285,21 +312,51 @@ def _fmt_bw(b: float) -> str:
     return f"{b / 1e9:.3f} GB/s" if b else "-"
 
 
+_HEADER = ["collective", "backend", "ranks", "size", "chunk", "iters", "median", "min", "algbw", "busbw",
+           "predicted", "bound", "check", "verified"]
+# widths fixed before the first row is known (the longest each formatter writes: "476 MiB",
+# "123.456 ms", "12.345 GB/s", "int8 ≤ 0.0157"); a longer cell only shifts its own row
+_WIDTHS = {"backend": 7, "ranks": 5, "size": 9, "chunk": 9, "iters": 5, "median": 10, "min": 10, "algbw": 11,
+           "busbw": 11, "predicted": 10, "bound": 10, "check": 13, "verified": 16}
+
+
+def _cells(r: dict) -> list[str]:
+    return [
+        r["name"], r["backend"], str(r["ranks"]), _fmt_size(r["size_bytes"]), _fmt_size(r["chunk_bytes"]),
+        str(r["iters"]),
+        _fmt_s(r.get("time_median_s", 0)), _fmt_s(r.get("time_min_s", 0)), _fmt_bw(r.get("algbw_Bps", 0)),
+        _fmt_bw(r.get("busbw_Bps", 0)), _fmt_s(r["predicted_s"]), _fmt_s(r["bound_s"]), r.get("check", "-"),
+        "verified: ok" if r["verified"] else "verified: FAILED",
+    ]
+
+
+class _Table:
+    """The run table printed a row at a time, as each collective is checked."""
+
+    def __init__(self, names: list[str], out=None):
+        self.out = out if out is not None else sys.stdout
+        self.widths = [max(len(h), max(map(len, names), default=0) if i == 0 else _WIDTHS.get(h, 0))
+                       for i, h in enumerate(_HEADER)]
+        self._line(_HEADER)
+        self._line(["-" * w for w in self.widths])
+
+    def _line(self, cells: list[str]) -> None:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, self.widths))),
+              file=self.out, flush=True)
+
+    def row(self, r: dict) -> None:
+        self._line(_cells(r))
+
+
 def _table(rows: list[dict]) -> str:
-    header = ["collective", "backend", "ranks", "size", "chunk", "iters", "median", "min", "algbw", "busbw",
-              "predicted", "bound", "verified"]
-    body = []
+    """The whole table at once (rows, then each failure's error)."""
+    import io
+
+    buf = io.StringIO()
+    t = _Table([r["name"] for r in rows], buf)
     for r in rows:
-        body.append([
-            r["name"], r["backend"], str(r["ranks"]), _fmt_size(r["size_bytes"]), _fmt_size(r["chunk_bytes"]),
-            str(r["iters"]),
-            _fmt_s(r.get("time_median_s", 0)), _fmt_s(r.get("time_min_s", 0)), _fmt_bw(r.get("algbw_Bps", 0)),
-            _fmt_bw(r.get("busbw_Bps", 0)), _fmt_s(r["predicted_s"]), _fmt_s(r["bound_s"]),
-            "verified: ok" if r["verified"] else "verified: FAILED",
-        ])
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [line(header), line(["-" * w for w in widths])] + [line(b) for b in body]
+        t.row(r)
+    out = [buf.getvalue().rstrip("\n")]
     for r in rows:
         if not r["verified"]:
             out.append(f"{r['name']}: error: {r['error']}")
@@ -311,20 +368,47 @@ def cmd_run(args) -> int:
         raise RuntimeFault("--iters must be >= 1 and --warmup >= 0")
     from .commands import cost_model
     from .compiler.cost import describe_model
+    from .compiler.progress import StderrProgress, listening
 
     model = cost_model(args, base=RUN_MODELS[run_model_key(args.backend, args.netem)])
-    plans = load_plans(args.file, args.collective, netem=args.netem, model=model)
-    if args.backend == "sockets" and not args.netem:
-        rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed)
-    else:
-        rows = [run_and_check(p, args.backend, args.iters, args.warmup, args.timeout, args.seed, args.netem)
-                for p in plans]
+    status = StderrProgress()
+    try:
+        with listening(status):
+            plans = load_plans(args.file, args.collective, netem=args.netem, model=model)
+    finally:
+        status.close()
+    table = None if args.json else _Table([p.name for p in plans])
+    done = [0]
+
+    def emit(row: dict) -> None:
+        done[0] += 1
+        status.close()
+        if table is not None:
+            table.row(row)
+
+    def progress(name: str, it: int, total: int) -> None:
+        status(name, "run", f"collective {done[0] + 1} of {len(plans)}, iteration", it + 1, total)
+
+    try:
+        if args.backend == "sockets" and not args.netem:
+            rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed, emit, progress)
+        else:
+            rows = []
+            for p in plans:
+                status(p.name, "run", f"collective {done[0] + 1} of {len(plans)} on {args.backend}", None, None)
+                rows.append(run_and_check(p, args.backend, args.iters, args.warmup, args.timeout, args.seed,
+                                          args.netem))
+                emit(rows[-1])
+    finally:
+        status.close()
     for r in rows:
         r["per_message_us"] = model.per_message_s * 1e6
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(_table(rows))
+        for r in rows:
+            if not r["verified"]:
+                print(f"{r['name']}: error: {r['error']}")
         given = any(getattr(args, k, None) is not None for k in ("per_message_us", "reduce_GBps", "copy_GBps"))
         print(f"predicted with {describe_model(model)} ({'as given' if given else args.backend + ' default'})")
     failed = [r for r in rows if not r["verified"]]

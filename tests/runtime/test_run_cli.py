@@ -1,6 +1,7 @@
 """`hcc run` end to end: compile a sample, run it on local ranks over sockets, verified."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -54,3 +55,132 @@ def test_busbw_factors():
     assert busbw_factor("allreduce", 4) == 1.5
     assert busbw_factor("allgather", 4) == 0.75 and busbw_factor("alltoall", 8) == 7 / 8
     assert busbw_factor("broadcast", 4) == 1.0 and busbw_factor("reduce", 4) == 1.0
+
+
+LOSSY = """
+topology quad {
+    node r[0..3]
+    class fast = 1 GB/s, 10 us
+    r0 <-> r1 : fast
+    r1 <-> r2 : fast
+    r2 <-> r3 : fast
+    r3 <-> r0 : fast
+}
+collective int8sum = allreduce on quad {
+    size = 1 MB
+    op = sum
+    compress = int8
+}
+collective int8avg = allreduce on quad {
+    size = 1 MB
+    op = avg
+    compress = int8
+}
+collective gossip = neighbor_average on quad {
+    size = 1 MB
+    peers = ring
+    compress = int8
+}
+"""
+
+
+def test_run_checks_compressed_collectives_against_their_bound(tmp_path):
+    # issue 21: the checker compared lossy results exactly, so all of these were FAILED, exit 1
+    src = tmp_path / "lossy.hcl"
+    src.write_text(LOSSY)
+    r = hcc("run", str(src), "--iters", "1", "--warmup", "0", "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert all(row["verified"] for row in rows.values())
+    # the check applied is the codec's bound (int8 on these inputs: ranges ~2 per rank)
+    assert rows["gossip"]["check"].startswith("int8 ≤ ")
+    for name in ("int8sum", "int8avg"):
+        assert rows[name]["check"].startswith("int8 ≤ ") or rows[name]["algorithm"] != "relax"
+
+
+def test_table_streams_rows_with_the_check_column(tmp_path):
+    src = tmp_path / "lossy.hcl"
+    src.write_text(LOSSY)
+    r = hcc("run", str(src), "-c", "gossip", "--iters", "1", "--warmup", "0")
+    assert r.returncode == 0, r.stderr + r.stdout
+    header, rule, row = r.stdout.splitlines()[:3]
+    assert "check" in header.split() and "gossip" in row and "int8 ≤" in row and "verified: ok" in row
+
+
+@functools.lru_cache(maxsize=1)
+def _plans_of_every_kind():
+    from hcc import api
+
+    src = """
+topology t { node r[0..2]  r0 <-> r1 : 1 GB/s, 1 us  r1 <-> r2 : 1 GB/s, 1 us  r2 <-> r0 : 1 GB/s, 1 us }
+collective ar = allreduce on t { size = 12000 B }
+collective ari = allreduce on t { size = 12000 B  dtype = int32 }
+collective bc = broadcast on t { root = r1  size = 12000 B }
+collective rd = reduce on t { root = r2  size = 12000 B  op = max }
+collective ag = allgather on t { size = 12000 B }
+collective ga = gather on t { root = r0  size = 12000 B }
+collective rs = reduce_scatter on t { size = 12000 B }
+collective sc = scatter on t { root = r1  size = 12000 B }
+collective aa = alltoall on t { size = 12000 B }
+collective na = neighbor_average on t { size = 12000 B  peers = all }
+collective c8 = allreduce on t { size = 12000 B  compress = int8  op = avg }
+collective n8 = neighbor_average on t { size = 12000 B  peers = ring  compress = int8 }
+"""
+    prog = api.load(src)
+    from hcc.runner import compile_on
+
+    return [compile_on(prog, c.name) for c in prog.collectives]
+
+
+def test_block_checker_agrees_with_the_whole_array_checker():
+    """check_seeded (a block at a time, what `hcc run` uses) accepts the reference outputs of
+    every kind, rejects the same corruptions check() rejects, and names the same element."""
+    import numpy as np
+
+    from hcc.backends.reference import ResultMismatch, check, check_seeded, expected, make_inputs
+
+    for plan in _plans_of_every_kind():
+        ins = make_inputs(plan, 3)
+        want = expected(plan, ins)
+        outs = [None if w is None else w.copy() for w in want]
+        how = check(plan, outs, want, inputs=ins)
+        assert check_seeded(plan, 3, outs, block=7) == how
+        r = next(i for i, o in enumerate(outs) if o is not None and o.size > 10)
+        outs[r][9] = outs[r][9] + (1 if plan.dtype == "int32" else 0.5)
+        with pytest.raises(ResultMismatch) as whole:
+            check(plan, outs, want, inputs=ins)
+        with pytest.raises(ResultMismatch) as blocks:
+            check_seeded(plan, 3, outs, block=7)
+        assert (whole.value.rank, whole.value.index) == (blocks.value.rank, blocks.value.index) == (r, 9)
+
+
+def test_compressed_bound_is_the_stated_one_and_decisive():
+    """A real int8 result differs from the exact one (an exact check fails it) but stays within
+    hcc.ir.wire.error_bound; a result off by one input's worth (a lost contribution) fails."""
+    import dataclasses
+
+    import numpy as np
+
+    from hcc.backends.reference import ResultMismatch, check, expected, make_inputs
+    from hcc.ir.wire import error_bound
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_executor_plans import threaded
+
+    plan = next(p for p in _plans_of_every_kind() if p.name == "c8")
+    assert plan.compress == "int8" and plan.algorithm == "relax"
+    ins = make_inputs(plan, 5)
+    outs, errs = threaded(plan, ins, timeout=60.0)
+    assert not any(errs), errs
+    want = expected(plan, ins)
+    exact = dataclasses.replace(plan, compress="none")
+    with pytest.raises(ResultMismatch):
+        check(exact, outs, want)
+    how = check(plan, outs, want, inputs=ins)
+    bound = error_bound("int8", "allreduce", "avg", [(float(a.min()), float(a.max())) for a in ins])
+    assert how == f"int8 ≤ {bound:.3g}"
+    assert 0 < max(float(np.max(np.abs(o - w))) for o, w in zip(outs, want)) <= bound
+    bad = [o.copy() for o in outs]
+    bad[1][0] += 0.25 / plan.n  # a contribution of the smallest magnitude lost from the average
+    with pytest.raises(ResultMismatch):
+        check(plan, bad, want, inputs=ins)
