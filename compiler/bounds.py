@@ -695,25 +695,26 @@ def binding_cut(kind: str, topo: Topology, ranks, root, size_bytes: float, *, pe
 
 
 def latency_aware_bound(cut_s: float, depth: int, per_hop_s: float, capacity_ratio: float = 1.0) -> float:
-    """A lower bound on the α-β time of any schedule that pipelines fixed-size chunks over
-    trees at least ``depth`` rank hops deep, each relay forwarding a chunk once it holds all
-    of it (hcc's lowering; NCCL's and ForestColl's pipelines too), when the cut alone allows
-    ``cut_s``. Arithmetic, for chunks of ``s`` bytes:
+    """A lower bound on the α-β time of pipelining a tree's share in fixed-size chunks down
+    a tree ``depth`` rank hops deep whose links carry no other tree (an edge-disjoint
+    broadcast or reduce packing: DGX-1's four NVLink chains), each relay forwarding a chunk
+    once it holds all of it (hcc's lowering; NCCL's pipelines too), when the cut alone
+    allows ``cut_s``. Where trees share links, one tree's fill hides behind the others'
+    traffic and this is no bound (8 chains over one NVSwitch, one per root, reach 0.997 of
+    the allgather cut with 7 hops each). Arithmetic, for chunks of ``s`` bytes:
 
-    - per-message cost: a packing that reaches the cut loads its tight links to capacity
-      ``c_t``, and each message holds a link ``per_hop_s`` (``a``: latency + per-message
-      cost) beyond its bytes, so a tight link is busy ``cut_s x (1 + a c_t / s)``;
-    - pipeline fill: the last chunk of a tree ``d`` deep still crosses ``d - 1`` hops after
-      its first, each at least ``s / c_max + a`` (a proportionate flow shop: ``d - 1`` times
-      the largest chunk, whatever the order);
+    - per-message cost: the tree's tight link, capacity ``c_t``, is busy for its bytes and
+      ``per_hop_s`` (``a``: latency + per-message cost) per message: ``cut_s x (1 + a c_t / s)``;
+    - pipeline fill: the last chunk still crosses ``d - 1`` hops after its first, each at
+      least ``s / c_max + a`` (a proportionate flow shop: ``d - 1`` times the largest chunk,
+      whatever the order);
     - ``t(s) = cut_s + cut_s a c_t / s + (d - 1)(s / c_max + a)`` is least at
       ``s* = sqrt(cut_s a c_t c_max / (d - 1))``, where it is
       ``cut_s + 2 sqrt(cut_s a (d - 1) c_t / c_max) + (d - 1) a``.
 
-    ``capacity_ratio`` is ``c_t / c_max``; 1 when every link has one capacity, and the
-    narrowest over the widest link keeps the bound valid when the tight links are unknown.
-    Trees of depth 1 (a star, a direct exchange) pay no fill. Not a bound for schedules
-    that re-chunk at relays or that do not pipeline over trees.
+    ``capacity_ratio`` is ``c_t / c_max`` over the tree's links; 1 when they have one
+    capacity. Trees of depth 1 (a star, a direct exchange) pay no fill. Not a bound for
+    schedules that re-chunk at relays or that do not pipeline over trees.
 
     >>> round(latency_aware_bound(6.25e-3, 7, 2e-6) * 1e3, 4)   # 6.25 + 2 sqrt(6.25e-3 x 2e-6 x 6) + 6 x 2e-6
     6.8097
