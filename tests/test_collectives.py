@@ -85,3 +85,24 @@ def test_failure_report_names_each_ranks_call():
     assert "ranks 0, 2 called allreduce float32 count 100 shape (10, 10) op sum" in text
     assert "rank 1 called allreduce float32 count 101 op sum" in text
     assert json.loads(store["hcc/diag/5/0"])["count"] == 100  # this rank's call, for the others
+
+
+def test_shared_packing_gives_the_plans_the_whole_pipeline_gives(tmp_path):
+    """The cache packs each (kind, root) once and lowers every size from that packing: the
+    plans are exactly those of a full compile of each size."""
+    from dataclasses import replace
+
+    from hcc.compiler.pipeline import compile_unit
+    from hcc.compiler.program import CollectiveSpec
+    from hcc.runner import RUN_MODELS
+
+    program, name, ranks = resolve_topology(3, TOPO, ["a", "b", "c"])
+    cache = PlanCache(program, name, ranks, str(tmp_path))
+    for kind, count, root in (("allreduce", 1001, -1), ("allreduce", 70001, -1), ("broadcast", 999, 1),
+                              ("broadcast", 5003, 1)):
+        got = cache.get(kind, count, "float32", "sum" if kind == "allreduce" else None, root)
+        spec = CollectiveSpec(name="c", kind=kind, topology=name, ranks=ranks, root=root, size_bytes=count * 4,
+                              dtype="float32", op="sum" if kind == "allreduce" else None, adaptive=False)
+        want = compile_unit(replace(program, collectives=(spec,)), "c", model=RUN_MODELS["sockets"]).plan
+        assert got.digest() == want.digest(), (kind, count)
+    assert sorted(cache._packings) == [("allreduce", -1), ("broadcast", 1)]
