@@ -7,9 +7,11 @@ to the cut bound and to the latency-aware bound, priced by the project's cost mo
 Per topology, collective kind and size: the packing's trees, then the chunk-size search of
 the pipeline (cost.choose_chunk) over the treepack lowering, once with the plain chunk-major
 order (``fifo``) and once with the timed schedule (``timed``, what ``hcc compile`` uses).
-Columns: ``eff`` = cut bound / predicted (allreduce: the reduce-scatter + allgather bound); ``lat`` = the latency-aware bound
-(bounds.latency_aware_bound over the packing's shallowest tree, per-hop cost = per-message
-cost + least link latency, capacity ratio = narrowest / widest link) / predicted. Allreduce
+Columns: ``fifo``/``timed`` = cut bound / predicted (allreduce: the reduce-scatter +
+allgather bound); ``lat`` = the latency-aware bound / predicted for the timed plan
+(bounds.latency_aware_bound, largest over the trees; only where no link carries two trees,
+broadcast and reduce packings, where it is a bound; "-" elsewhere); ``depth`` = the deepest
+tree (twice for allreduce). Allreduce
 is the reduce-scatter + allgather form (``treepack-rsag``). Writes
 benchmarks/results/schedule.csv. Topologies: DGX-1 (samples/dgx1.hcl, 8 GPUs and fragments
 of 4-7), A100 servers (8 GPUs on an NVSwitch at 300 GB/s, one 25 GB/s NIC per GPU, NICs on
@@ -111,7 +113,7 @@ def topologies():
     dgx = (ROOT / "samples" / "dgx1.hcl").read_text().split("\ncollective")[0]
     yield "dgx1", dgx, "dgx1", None
     for sel in ("0,1,2,3", "0,3,4,5,7", "0,1,2,4,5,6", "1,2,3,4,5,6,7"):
-        yield f"dgx1[{sel}]", dgx, "dgx1", f"gpu[{sel}]"
+        yield f"dgx1:{sel.replace(',', '')}", dgx, "dgx1", f"gpu[{sel}]"
     yield "a100x2", a100(2), "a100x2", None
     yield "a100x4", a100(4), "a100x4", None
     yield "mi250x1", mi250(1), "mi250x1", None
@@ -134,6 +136,32 @@ def packed_unit(src: str, topo_name: str, ranks: str | None, kind: str) -> Unit:
     return run_passes(u, (Pack(),))
 
 
+def latency_bound(u: Unit, trees, cut_s: float) -> float | None:
+    """bounds.latency_aware_bound, the largest over the trees, when no link carries two trees
+    (where it is a bound); None otherwise. Per tree: its depth, per-hop cost = per-message
+    cost + the least latency on its paths, capacity ratio = its rate / its widest link."""
+    sub = u.topology.restricted(u.spec.ranks)
+    cap = {}
+    lat = {}
+    for l in sub.links:
+        cap[(l.src, l.dst)] = cap.get((l.src, l.dst), 0.0) + l.capacity
+        lat[(l.src, l.dst)] = max(lat.get((l.src, l.dst), 0.0), l.latency)
+    used: set = set()
+    best = 0.0
+    for t in trees:
+        hops = [(a, b) for _, _, path in t.edges for a, b in zip(path, path[1:])]
+        if used & set(hops) or len(set(hops)) < len(hops):
+            return None
+        used |= set(hops)
+        depth = {t.root: 0}
+        for p, c, _ in t.edges:  # parents first (treepack.PackedTree)
+            depth[c] = depth[p] + 1
+        per_hop = u.model.per_message_s + min(lat[h] for h in hops)
+        best = max(best, latency_aware_bound(cut_s, max(depth.values()), per_hop,
+                                             t.rate / max(cap[h] for h in hops)))
+    return best
+
+
 def measure(u: Unit, kind: str, size: int) -> dict:
     spec = replace(u.spec, size_bytes=size)
     b = Bounds().apply(replace(u, spec=spec))
@@ -153,17 +181,14 @@ def measure(u: Unit, kind: str, size: int) -> dict:
                                           model=u.model), cands, model=u.model)
         row[sched] = ch
     plan = row["timed"].plan
-    sub = u.topology.restricted(spec.ranks)
-    caps = [l.capacity for l in sub.links]
-    per_hop = u.model.per_message_s + min(l.latency for l in sub.links)
-    depth = min(t.depth() for t in plan.trees) * (2 if kind == "allreduce" else 1)
-    lat = latency_aware_bound(b.bound_s, depth, per_hop, min(caps) / max(caps))
+    depth = max(t.depth() for t in plan.trees) * (2 if kind == "allreduce" else 1)
+    lat = latency_bound(u, p.trees, b.bound_s) if kind in ("broadcast", "reduce") else None
     t_fifo, t_timed = row["fifo"].simulation.time, row["timed"].simulation.time
     return {
         "trees": len(p.trees), "rate_over_bound": round(p.rate / p.bound, 4) if p.bound else "",
         "bound_s": b.bound_s, "latency_bound_s": lat, "depth": depth,
         "fifo_eff": round(b.bound_s / t_fifo, 3), "timed_eff": round(b.bound_s / t_timed, 3),
-        "timed_lat": round(lat / t_timed, 3), "chunk_bytes": row["timed"].chunk_bytes,
+        "timed_lat": round(lat / t_timed, 3) if lat else "", "chunk_bytes": row["timed"].chunk_bytes,
         "predicted_s": t_timed,
     }
 
@@ -179,7 +204,7 @@ def main(argv=None) -> int:
     sizes = [(s, parse_size(s)) for s in args.sizes.split(",")]
     rows = []
     head = f"{'topology':16s} {'kind':15s} {'trees':>5s} {'depth':>5s}" + "".join(
-        f" | {s:>6s} fifo  timed  /lat" for s, _ in sizes)
+        f" | {s:>6s} fifo  timed   lat" for s, _ in sizes)
     print(head, flush=True)
     for label, src, name, ranks in topologies():
         if only and label not in only:
@@ -192,7 +217,8 @@ def main(argv=None) -> int:
                 r = measure(u, kind, size)
                 rows.append({"topology": label, "kind": kind, "size": text, **r})
                 depth, trees = r["depth"], r["trees"]
-                cells.append(f" | {'':6s} {r['fifo_eff']:5.3f}  {r['timed_eff']:5.3f} {r['timed_lat']:5.3f}")
+                lat = f"{r['timed_lat']:5.3f}" if r["timed_lat"] != "" else "    -"
+                cells.append(f" | {'':6s} {r['fifo_eff']:5.3f}  {r['timed_eff']:5.3f} {lat}")
             print(f"{label:16s} {kind:15s} {trees:5d} {depth:5d}" + "".join(cells)
                   + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     if rows:
