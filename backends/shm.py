@@ -54,10 +54,11 @@ __all__ = ["ShmSocketTransport", "enable", "host_id", "ShmUnavailable", "DEFAULT
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_KIB = 256
-# bounded spin before a rank sleeps on its eventfd: ~2000 pauses are a few microseconds, less
-# than one wake-up through the kernel; longer spins take the core from the peer being waited
-# on when ranks outnumber cores (4 ranks on 2 cores here)
-DEFAULT_SPIN = 2000
+# bounded spin before a rank sleeps on its eventfd: 100 pauses. A pause measured 30-230 ns on
+# this machine's EPYC cores, so 2000 of them burnt up to ~0.4 ms a wait: the runner's CPU per
+# message of a 4-rank allreduce in 16 KiB chunks was 12-14 us, most of it spinning while the
+# peer waited for the core (4 ranks on 2 cores). A wake-up through the eventfd costs a few us.
+DEFAULT_SPIN = 100
 _INFO = struct.Struct("!4sIIIQI")  # magic, rank, nslots, slot_bytes, segment bytes, ring index
 _INFO_MAGIC = b"HCCM"
 _SLICE = 0.002  # s: a wait over both channels and TCP alternates in slices this long
