@@ -447,7 +447,13 @@ def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> dict[str, bool]:
                               f"without a dependency between them", r, i)
 
     for i, op in enumerate(prog):
-        reads, writes = _accesses(op)
+        t = type(op)
+        if t is Send:
+            reads, writes = (op.src,), ()
+        elif t is Recv or t is RecvReduce or t is Scale:
+            reads, writes = (), (op.dst,)  # RecvReduce, Scale: read-modify-write, a write
+        else:
+            reads, writes = (op.src,), (op.dst,)
         for ref in reads:
             if ref.buf == "in":
                 continue  # never written (checked above), so reads never race
@@ -464,7 +470,7 @@ def _check_races(plan: Plan, r: int, sizes: dict[str, int]) -> dict[str, bool]:
                 check(i, ((w,) if w >= 0 else ()) + red, ref, "reads")
                 new.append((s, e, (w, red, rd + (i,))))
             segs.assign(ref.offset, ref.end, new)
-        commuting = type(op) is RecvReduce or type(op) is Reduce
+        commuting = t is RecvReduce or t is Reduce
         for ref in writes:
             if lam[ref.buf]:
                 key = (ref.buf, ref.offset)
@@ -608,6 +614,12 @@ def _execute(plan: Plan, order: list[int], sizes: list[dict[str, int]], ix: _Ind
             segs.assign(dst.offset, end, incoming)
             return
         have = segs.pieces(dst.offset, end)
+        if len(have) == 1 and len(incoming) == 1:  # the common case: one run each, one range
+            v, why = _union(have[0][2], incoming[0][2])
+            if why:
+                raise _fail(plan, f"{_where(r, i, op)}: {dst.buf}[{dst.offset}:{end}] of rank {r} {why}", r, i)
+            segs.assign(dst.offset, end, [(dst.offset, end, v)])
+            return
         out, a, b = [], 0, 0
         pos = dst.offset
         while pos < end:
@@ -627,10 +639,11 @@ def _execute(plan: Plan, order: list[int], sizes: list[dict[str, int]], ix: _Ind
 
     programs, base, N = plan.programs, ix.base, n
     rank_of = [r for r, prog in enumerate(programs) for _ in prog]
+    flat = [op for prog in programs for op in prog]
     for x in order:
         r = rank_of[x]
         i = x - base[r]
-        op = programs[r][i]
+        op = flat[x]
         t = type(op)
         if t is Send:
             inflight[(r * N + op.peer) * MAX_TAG + op.tag] = (op.src.offset, read(r, i, op, op.src))
