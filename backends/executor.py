@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -91,7 +91,7 @@ from .base import CollectiveTimeout, PeerFailed, RankFailed, RootFailed, Runtime
 from .kernels import STAGING, combine_into, np_dtype, reduce_into, scale_into
 from .state import state_of
 
-__all__ = ["run_static", "RankExecution", "Schedule", "schedule", "caller_buffers", "InputMismatch",
+__all__ = ["static_call", "RankExecution", "Schedule", "schedule", "caller_buffers", "InputMismatch",
            "UnknownOption", "CodecUnavailable"]
 
 # Options the executor understands; unknown ones are rejected (a later issue adds quorum etc.).
@@ -517,12 +517,14 @@ def caller_buffers(plan: Plan, comm: Transport, array: Any, out: Any, timeout: f
     return rank, inp, out_flat, result
 
 
-def run_static(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
-               **options) -> np.ndarray:
-    """Run ``plan``'s program for rank ``comm.rank`` at training step ``step``; returns ``out``
-    (allocated when not given). Called by the runtime (backends/runtime.py), which has bound
-    the transport to the plan and chosen this executor; ``options`` are refused (this
-    executor has none). See ``hcc.run`` for the arguments."""
+def static_call(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
+                **options) -> tuple[Any, Callable[[], RankExecution], bool]:
+    """Check a call of ``plan``'s program for rank ``comm.rank`` at training step ``step``
+    before any byte moves, and prepare it: returns ``(result, execution, bindable)`` — what
+    the call returns (``out``, or a new array), a maker of its checked
+    :class:`RankExecution`, and whether the call may be bound (backends/bound.py: a transport
+    with persistent transfers, the plan's own program, plain numpy arrays, an output given).
+    ``options`` are refused (this executor has none). See ``hcc.run`` for the arguments."""
     unknown = sorted(set(options) - KNOWN_OPTIONS) if options else ()
     if unknown:
         raise UnknownOption(
@@ -539,13 +541,6 @@ def run_static(plan: Plan, comm: Transport, array=None, *, out=None, timeout: fl
         bufs = {"in": inp, "out": out_flat, "tmp": np.empty(sizes["tmp"], dtype=dtype)}
         return RankExecution(plan, comm, program, bufs, float(timeout), codec)
 
-    # a transport with persistent transfers, the plan's own program, plain numpy arrays, and
-    # an output given: bind this call once and reuse it (backends/bound.py)
-    if (codec is None and type(out) is np.ndarray and (array is None or type(array) is np.ndarray)
-            and program is plan.programs[rank] and getattr(comm, "send_init", None) is not None):
-        from .bound import run_bound
-
-        if run_bound(plan, comm, array, out, execution, float(timeout)):
-            return result
-    execution().execute()
-    return result
+    bindable = (codec is None and type(out) is np.ndarray and (array is None or type(array) is np.ndarray)
+                and program is plan.programs[rank] and getattr(comm, "send_init", None) is not None)
+    return result, execution, bindable

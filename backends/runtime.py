@@ -5,7 +5,9 @@ It decides, from the plan and from what the transport *declares* it can do
 executors runs the call, and runs it:
 
 - the **static executor** (backends/executor.py) interprets the plan's flattened per-rank
-  programs; any transport runs it;
+  programs; any transport runs it. Over a transport with persistent transfers (MPI), a call
+  that passes plain numpy arrays and an ``out`` is bound to them once and then only restarted
+  (backends/bound.py);
 - the **adaptive runtime** (backends/adaptive/) runs from the plan's trees and decides at run
   time who sends what, so late ranks and dead ranks do not stall the others. It needs a
   transport that declares ``agreement`` (a rendezvous store for its agreement log).
@@ -33,7 +35,8 @@ import numpy as np
 from ..ir.plan import Plan
 from . import adaptive
 from .base import Capabilities, Transport
-from .executor import run_static
+from .bound import run_bound
+from .executor import static_call
 
 __all__ = ["run", "engine", "adaptive_on", "capabilities", "ADAPTIVE_OPTIONS"]
 
@@ -102,4 +105,9 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     if capabilities(comm).agreement and ("adaptive" in options or plan.adaptive):
         # adaptive said and off (rule 3): the adaptive runtime's options mean nothing here
         options = {k: v for k, v in options.items() if k not in ADAPTIVE_OPTIONS}
-    return run_static(plan, comm, array, out=out, timeout=timeout, step=step, **options)
+    result, execution, bindable = static_call(plan, comm, array, out=out, timeout=timeout, step=step, **options)
+    # bound once to these arrays over a transport with persistent transfers (MPI), then reused
+    if bindable and run_bound(plan, comm, array, out, execution, float(timeout)):
+        return result
+    execution().execute()
+    return result
