@@ -38,7 +38,6 @@ The best NCCL-like baseline of a plan is the fastest predicted of these (pipelin
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import pytest
 
-from hcc.compiler import baselines
 from hcc.compiler.baselines import rd_plan, rd_steps, ring_channels, rings_plan
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.plan import Send
