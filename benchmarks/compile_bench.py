@@ -187,6 +187,28 @@ def clear_memos() -> None:
     bounds._narrowest.cache_clear()
 
 
+def write_rows(path: str, rows: list[dict], keep_others: bool) -> list[dict]:
+    """Write ``rows`` to the CSV at ``path`` (atomically), keeping the file's rows of other
+    (topology, collective) pairs when ``keep_others``; returns what was written, in table order."""
+    if keep_others and Path(path).exists():
+        with open(path, newline="") as fh:
+            old = list(csv.DictReader(fh))
+        fresh = {(r["topology"], r["collective"]) for r in rows}
+        rows = [r for r in old if (r["topology"], r["collective"]) not in fresh] + rows
+    order = [label for label, _, _ in _cases(False, True)]
+    rows = sorted(rows, key=lambda r: order.index(r["topology"]) if r["topology"] in order else len(order))
+    fields: list[str] = []
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, restval="")
+    w.writeheader()
+    w.writerows(rows)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, buf.getvalue())
+    return rows
+
+
 def run(args) -> list[dict]:
     warm_imports()
     rows = []
@@ -210,7 +232,7 @@ def run(args) -> list[dict]:
                 tag = f"{size // MiB}MiB"
                 row[f"eff_{tag}"] = round(f.efficiency, 4)
                 row[f"predicted_s_{tag}"] = f.predicted_s
-                if size >= 256 * MiB:
+                if str(size // MiB) in args.treepack_sizes.split(","):
                     # hcc's own schedules, searched fully (auto stops a candidate's chunk
                     # search once it cannot beat the best so far, a baseline included)
                     forced = replace(spec, algorithm="treepack")
@@ -256,14 +278,16 @@ def run(args) -> list[dict]:
                     print(f"  {label:12s} ForestColl {fc_cpu:7.2f} CPU s, algbw {fc_algbw / 1e9:.3f} GB/s",
                           file=sys.stderr, flush=True)
             rows.append(row)
+            # every finished row is on disk at once: an interrupted run keeps its rows
+            write_rows(args.output, rows, args.append)
     return rows
 
 
 TABLE = [("topology", "topology"), ("collective", "collective"), ("ranks", "ranks"),
          ("algorithm", "algorithm @256M"), ("pack_over_bound", "pack/bound"), ("eff_64MiB", "eff@64M"),
          ("eff_256MiB", "eff@256M"), ("eff_1024MiB", "eff@1G"), ("baseline", "NCCL-like"),
-         ("speedup_over_baseline", "vs NCCL-like"), ("treepack_eff_256MiB", "treepack eff@256M"),
-         ("treepack_eff_1024MiB", "treepack eff@1G"), ("treepack_vs_baseline_256MiB", "treepack vs NCCL-like"),
+         ("speedup_over_baseline", "vs NCCL-like"), ("treepack_eff_1024MiB", "treepack eff@1G"),
+         ("treepack_vs_baseline_1024MiB", "treepack vs NCCL-like @1G"),
          ("cpu_s", "compile CPU s"),
          ("forestcoll_cpu_s", "ForestColl CPU s"), ("hcc_over_forestcoll", "hcc/FC"), ("same_algbw", "same algbw")]
 
@@ -276,7 +300,7 @@ def markdown(rows: list[dict]) -> str:
             v = r.get(k, "")
             if k == "baseline" and v:
                 v = f"{v} ({r['ring_channels']} ch)" if v == "rings" else v
-            if k in ("speedup_over_baseline", "treepack_vs_baseline_256MiB") and v not in ("", None):
+            if k in ("speedup_over_baseline", "treepack_vs_baseline_1024MiB") and v not in ("", None):
                 v = f"{float(v):.2f}x"
             cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
@@ -296,6 +320,9 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true",
                     help="keep the CSV's rows of other topologies (replace the ones measured again)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")
+    ap.add_argument("--merge", help="comma-separated CSVs of earlier runs to merge into --output (no compiles)")
+    ap.add_argument("--treepack-sizes", default="1024",
+                    help="sizes in MiB at which hcc's own treepack schedules are also compiled (default 1024)")
     args = ap.parse_args(argv)
     if args.forestcoll_child:
         forestcoll_child(args.forestcoll_child)
@@ -306,24 +333,15 @@ def main(argv=None) -> int:
         return 0
     if args.forestcoll and not FORESTCOLL.is_dir():
         print(f"ForestColl not found at {FORESTCOLL}: its columns say 'absent'", file=sys.stderr)
-    rows = run(args)
-    if args.append and Path(args.output).exists():
-        with open(args.output, newline="") as fh:
-            old = list(csv.DictReader(fh))
-        fresh = {(r["topology"], r["collective"]) for r in rows}
-        keep = [r for r in old if (r["topology"], r["collective"]) not in fresh]
-        order = [label for label, _, _ in _cases(False, True)]
-        rows = sorted(keep + rows, key=lambda r: order.index(r["topology"]) if r["topology"] in order else len(order))
+    if args.merge:
+        rows = []
+        for path in args.merge.split(","):
+            with open(path, newline="") as fh:
+                rows += list(csv.DictReader(fh))
+        rows = write_rows(args.output, rows, args.append)
+    else:
+        rows = write_rows(args.output, run(args), args.append)
     print(markdown(rows))
-    fields: list[str] = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, restval="")
-    w.writeheader()
-    w.writerows(rows)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.output, buf.getvalue())
     print(f"wrote {args.output}")
     return 0
 
