@@ -398,12 +398,14 @@ class Lower:
         order = [a for a in lowered if a in BASELINES] + [a for a in lowered if a not in BASELINES]
         out = []
         best = float("inf")
+        builders: dict[str, Callable[[int], Plan]] = {}
+        dropped: dict[str, int] = {}  # algorithm -> ops of the programs it no longer holds
         for i, alg in enumerate(order):
             build = self._builder(alg, u)
             if build is None:
                 continue
             progress.report("lower", alg, i + 1, len(order))
-            build = _reporting(build, alg)
+            build = builders[alg] = _reporting(build, alg)
             prune = spec.algorithm == "auto" and alg not in BASELINES
             mine = cands
             if alg in NEW_FORMS and not spec.chunk_bytes:
@@ -411,9 +413,19 @@ class Lower:
             choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"))
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
-            _drop_losing_programs(out, eligible)
+            _drop_large_programs(out, dropped)
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
+        pool = [k for k, c in enumerate(out) if c.algorithm in eligible]
+        if pool:  # the plan Select will take gets its programs back: lowered again, same chunk
+            k = min(pool, key=lambda k: _select_key(out[k]))
+            c = out[k]
+            if c.algorithm in dropped:
+                progress.report("lower", f"{c.algorithm} again, the plan selected")
+                plan = builders[c.algorithm](c.choice.chunk_bytes)
+                if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
+                    raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
+                out[k] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
         return replace(u, candidates=tuple(out))
 
 
@@ -445,21 +457,22 @@ def _select_key(c: Candidate) -> tuple:
     return (c.predicted_s, c.algorithm in BASELINES, c.algorithm)
 
 
-# a lowered candidate of more than this many ops that can no longer be selected keeps its
-# figures and trees but not its programs: on the 1024-rank fat tree every allgather candidate
-# holds 2-3 million ops (about 1 GB each), and keeping them all took a compile to 8.8 GB
+# a lowered candidate of more than this many ops keeps its figures and trees but not its
+# programs, and the one selected is lowered again at its chunk size: on the 1024-rank fat tree
+# an allreduce candidate holds 5-6 million ops (1.2-1.4 GB), and keeping them all took a
+# compile to 8.8 GB; lowering the winner twice costs less than holding two such plans
 KEEP_PROGRAMS_OPS = 500_000
 
 
-def _drop_losing_programs(out: list[Candidate], eligible: tuple[str, ...]) -> None:
-    """Empty the programs of every large candidate in ``out`` except the one Select would
-    take now (``out`` only grows, so a candidate beaten now stays beaten)."""
-    pool = [c for c in out if c.algorithm in eligible]
-    keep = min(pool, key=_select_key) if pool else None
+def _drop_large_programs(out: list[Candidate], dropped: dict[str, int]) -> None:
+    """Empty the programs of every candidate in ``out`` above :data:`KEEP_PROGRAMS_OPS`
+    ops, noting each one's op count in ``dropped``."""
     for k, c in enumerate(out):
         plan = c.choice.plan
-        if c is keep or sum(len(p) for p in plan.programs) <= KEEP_PROGRAMS_OPS:
+        ops = sum(len(p) for p in plan.programs)
+        if c.algorithm in dropped or ops <= KEEP_PROGRAMS_OPS:
             continue
+        dropped[c.algorithm] = ops
         hollow = replace(plan, programs=tuple(() for _ in plan.programs))
         out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
 

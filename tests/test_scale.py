@@ -282,3 +282,22 @@ def test_compile_table_streams_rows_before_the_explanations():
     assert rows == names and lines[2 + len(names)].startswith("cost model:")
     # every row has as many cells as the header (fixed column widths, one line each)
     assert all(len(ln.split()) >= len(lines[0].split()) for ln in lines[2:2 + len(names)])
+
+
+def test_large_candidates_drop_their_programs_and_the_winner_is_lowered_again(monkeypatch):
+    # with every plan "large", each candidate keeps only its figures and the selected one is
+    # lowered a second time: the compile must give the very same plan as with all kept
+    import hcc
+    from hcc.compiler import pipeline
+
+    prog = hcc.load(SAMPLES / "demo.hcl")
+    for c in prog.collectives[:2]:
+        whole = pipeline.compile_unit(prog, c.name)
+        monkeypatch.setattr(pipeline, "KEEP_PROGRAMS_OPS", 0)
+        lean = pipeline.compile_unit(prog, c.name)
+        monkeypatch.undo()
+        assert lean.plan.digest() == whole.plan.digest()
+        assert lean.plan.programs == whole.plan.programs
+        losers = [k for k in lean.candidates if k.algorithm != lean.chosen.algorithm]
+        assert losers and all(not any(k.choice.plan.programs) for k in losers)
+        assert [k.predicted_s for k in lean.candidates] == [k.predicted_s for k in whole.candidates]
