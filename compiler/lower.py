@@ -35,6 +35,12 @@ Lowering per kind (ir/plan.py ``buffer_layout`` gives the required result):
   ``tmp`` at its natural offset (scatter).
 - alltoall, neighbor_average: direct messages between the pairs that exchange data.
 
+Order (``lower(schedule=...)``): ``fifo`` emits the chunks tree by tree in chunk-major order
+with data dependencies only; ``timed`` (what the pipeline uses for the treepack candidates)
+runs a weighted-fair list schedule of every message under the cost model and writes each
+port's order into the plan as send-to-send dependencies, so every tree advances at its packed
+share of the links it crosses (section "timed lowering" below).
+
 Tags are allocated per ordered pair ``(src, dst)`` from 0 upward, so they are unique per pair
 and small (``< 2**24``, ir/plan.py).
 """
