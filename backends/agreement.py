@@ -125,10 +125,15 @@ class EventLog:
         return f"{self.prefix}/s/{i % self.capacity}"
 
     def append(self, event: dict) -> int:
-        i = self.client.add(f"{self.prefix}/seq", 1)
-        if i > self._limit:
+        # reserve and fill in one store step while the slot is known free (every append but
+        # those that pass the room limit): a writer SIGKILLed between a separate reserve and
+        # fill left a hole that every reader waited on until its deadline, then gave up the
+        # store as lost ("get '.../ev/s/2': timeout") although it was answering
+        i, written = self.client.add_then_set(f"{self.prefix}/seq", f"{self.prefix}/s", self.capacity,
+                                              self._limit, event)
+        if not written:
             self._make_room(i)
-        self.client.set(self.slot(i), {"i": i, "e": event})
+            self.client.set(self.slot(i), {"i": i, "e": event})
         return i
 
     def _make_room(self, i: int) -> None:

@@ -18,7 +18,11 @@ Wire format
   ``{"op": "wait", "key", "value", "timeout"}`` (waits until the counter is ≥ value),
   ``{"op": "add", "key", "amount", "wait", "timeout"}`` (adds, then waits until the counter is
   ≥ ``wait``: a barrier's arrival in one round trip), ``{"op": "peek", "key"}`` (the value or
-  null, at once).
+  null, at once). ``{"op": "add", "key", "amount", "then": {"prefix", "cap", "limit",
+  "value"}}`` adds, and when the new count ``i`` is ≤ ``limit`` also sets ``<prefix>/<i mod cap>``
+  to ``{"i": i, "e": value}`` in the same step (reply ``"set": true``): the agreement log's
+  append in one request, so a writer killed between reserving a position and filling it can
+  no longer leave a hole every reader waits on (backends/agreement.py).
   Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
 - A request that waits is parked; the thread whose ``set``/``add`` makes it ready sends the
   reply of every parked request at once, before its own (measured: :class:`StoreServer`).
@@ -159,6 +163,19 @@ def check_request(req: dict) -> str:
             return f"field 'amount' must be an integer of at most 2^53, got {json.dumps(req.get('amount'))[:40]}"
         if req.get("wait") is not None and not _is_int(req["wait"]):
             return f"field 'wait' must be an integer of at most 2^53, got {json.dumps(req['wait'])[:40]}"
+        then = req.get("then")
+        if then is not None:
+            if req.get("wait") is not None:
+                return "fields 'then' and 'wait' exclude each other"
+            if not isinstance(then, dict):
+                return "field 'then' must be an object {prefix, cap, limit, value}"
+            pre = then.get("prefix")
+            if not isinstance(pre, str) or not 0 < len(pre) <= MAX_KEY - 17:
+                return f"field 'then.prefix' must be a string of 1 to {MAX_KEY - 17} characters"
+            if not (_is_int(then.get("cap")) and 0 < then["cap"] <= 1 << 20):
+                return "field 'then.cap' must be an integer from 1 to 2^20"
+            if not _is_int(then.get("limit")):
+                return "field 'then.limit' must be an integer of at most 2^53"
     if op == "wait" and not _is_int(req.get("value", 0)):
         return f"field 'value' must be an integer of at most 2^53, got {json.dumps(req.get('value'))[:40]}"
     return ""
@@ -334,6 +351,22 @@ class StoreServer:
                 new = cur + req.get("amount", 1)
                 if not _is_int(new):
                     return {"ok": False, "error": f"counter {key} would pass 2^53"}
+                then = req.get("then")
+                if then is not None and new <= then["limit"]:
+                    slot = f"{then['prefix']}/{new % then['cap']}"
+                    rec = {"i": new, "e": then.get("value")}
+                    size = len(json.dumps(rec, separators=(",", ":")))
+                    if slot not in self._data and len(self._data) >= MAX_KEYS - 1:
+                        return {"ok": False, "error": f"store full ({MAX_KEYS} keys)"}
+                    if self._bytes - self._sizes.get(slot, 0) + size > MAX_STORE_BYTES:
+                        return {"ok": False, "error": f"store full ({MAX_STORE_BYTES} bytes of values)"}
+                    self._data[key] = new
+                    self._release(key)
+                    self._bytes += size - self._sizes.get(slot, 0)
+                    self._sizes[slot] = size
+                    self._data[slot] = rec
+                    self._release(slot)
+                    return {"ok": True, "value": new, "set": True}
                 self._data[key] = new
                 self._release(key)
                 if req.get("wait") is None:
@@ -432,6 +465,9 @@ class StoreClient:
         self._lock = threading.Lock()
 
     def _call(self, req: dict, wait: float = 0.0):
+        return self._call_full(req, wait).get("value")
+
+    def _call_full(self, req: dict, wait: float = 0.0) -> dict:
         with self._lock:
             try:
                 self._sock.settimeout(wait + self.timeout)
@@ -442,7 +478,7 @@ class StoreClient:
         if not rep.get("ok"):
             raise RendezvousError(f"rendezvous store {self.address}: {req.get('op')} {req.get('key')!r}: "
                                   f"{rep.get('error')}")
-        return rep.get("value")
+        return rep
 
     def set(self, key: str, value) -> None:
         self._call({"op": "set", "key": key, "value": value})
@@ -457,6 +493,14 @@ class StoreClient:
 
     def add(self, key: str, amount: int = 1) -> int:
         return self._call({"op": "add", "key": key, "amount": amount})
+
+    def add_then_set(self, key: str, prefix: str, cap: int, limit: int, value) -> tuple[int, bool]:
+        """Add 1 to counter ``key``; when the new count ``i`` ≤ ``limit``, set
+        ``<prefix>/<i mod cap>`` to ``{"i": i, "e": value}`` in the same step. Returns ``(i, set)``."""
+        req = {"op": "add", "key": key, "amount": 1,
+               "then": {"prefix": prefix, "cap": int(cap), "limit": int(limit), "value": value}}
+        rep = self._call_full(req)
+        return int(rep["value"]), bool(rep.get("set"))
 
     def wait(self, key: str, value: int, timeout: float | None = None) -> int:
         t = self.timeout if timeout is None else timeout

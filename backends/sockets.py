@@ -779,13 +779,10 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
         listener = socket.create_server((host, 0), backlog=max(16, world))
         lh, lp = listener.getsockname()[:2]
         store.set(f"{group}/addr/{rank}", f"{lh}:{lp}")
-        addresses = {}
-        for p in range(world):
-            if p != rank:
-                addresses[p] = parse_address(store.get(f"{group}/addr/{p}", timeout))
+        addresses, gone = _join(store, group, rank, world, timeout)
         store.add(f"{group}/joined", 1)
         if serve_store:  # keep the store up until every rank has read every address
-            store.wait(f"{group}/joined", world, timeout)
+            store.wait(f"{group}/joined", world - len(gone), timeout)
     except BaseException:
         for x in (listener, store, server):
             if x is not None:
@@ -793,6 +790,9 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
         raise
     comm = SocketTransport(rank, world, tok, addresses, listener, timeout, max_message, store, server, group,
                            pace_Bps)
+    for p in sorted(gone):  # the group forms without them; the runtime decides what that means
+        comm._launched = True
+        comm._mark_dead(p, "its process died before it joined (reported by the launcher)")
     if pace_Bps:  # emulated links are a property of the TCP path
         return comm
     from .shm import enable
@@ -802,6 +802,43 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
     except BaseException:
         comm.close()
         raise
+
+
+# A joining rank reads the addresses in slices this long, and between them the launcher's list
+# of dead ranks: a rank SIGKILLed before it published its address is then known dead within
+# one slice instead of holding every other rank for the whole join timeout.
+JOIN_SLICE_S = 0.2
+# The address a rank that died before it joined gets: a dial to it is refused at once (port 0
+# is never listening), which the writer reports as the death it is.
+_NOWHERE = ("127.0.0.1", 0)
+
+
+def _join(store, group: str, rank: int, world: int, timeout: float) -> tuple[dict, set]:
+    """Every other rank's address, and the ranks the launcher reported dead before they
+    published one (``<group>/dead``, which ``launch`` writes as it reaps a killed child).
+    Raises :class:`RendezvousError` when a rank neither joins nor is reported dead by the
+    deadline."""
+    from .rendezvous import RendezvousError
+
+    addresses: dict = {}
+    gone: set = set()
+    end = time.monotonic() + timeout
+    for p in range(world):
+        while p != rank and p not in addresses and p not in gone:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise RendezvousError(f"rank {rank}: rank {p} did not join within {timeout:g} s")
+            try:
+                addresses[p] = parse_address(store.get(f"{group}/addr/{p}", min(JOIN_SLICE_S, left)))
+            except RendezvousError as e:
+                if "timeout" not in str(e):
+                    raise
+                dead = store.peek(f"{group}/dead") or []
+                gone.update(d for d in dead if isinstance(d, int) and 0 <= d < world and d != rank
+                            and d not in addresses)
+    for p in gone:
+        addresses[p] = _NOWHERE
+    return addresses, gone
 
 
 def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float = 60.0, **kw):
