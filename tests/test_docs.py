@@ -141,6 +141,10 @@ EXAMPLES = [
  # connectivity
  ("reach", "A rank unreachable from the root (names the vertex and the cut)", "topology d {\n    node g[0..3]\n    g0 <-> g1 : 25 GB/s\n    g1 <-> g2 : 25 GB/s\n    g2 <-> g3 : 25 GB/s\n}\ncollective b = broadcast on d {\n    ranks = g0, g1, g3\n    size = 1 MB\n}\n"),
  ("reach", "Ranks that are not strongly connected (unrooted kinds)", "topology d {\n    node g[0..3]\n    g0 <-> g1 : 25 GB/s\n    g1 -> g2 : 25 GB/s\n    g2 <-> g3 : 25 GB/s\n}\ncollective a = allreduce on d {\n    size = 1 MB\n}\n"),
+ # limits
+ ("limits", "A range too large", T.replace("node gpu[0..3]", "node gpu[0..99999]")),
+ ("limits", "A bandwidth beyond the limit", T.replace(": 10 GB/s", ": 1e30 GB/s")),
+ ("limits", "A size beyond the limit", C("    size = 4096 TiB")),
 ]
 
 
