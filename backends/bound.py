@@ -9,8 +9,8 @@ Terms
   :class:`BoundRun` is kept beside the plan (backends/state.py), at most :data:`_BOUND_KEEP`
   per plan and communicator, least recently used first out.
 
-The executor (backends/executor.py) calls :func:`run_bound` for a call that can be bound and
-falls back to its general loop when it cannot.
+The runtime (backends/runtime.py) calls :func:`run_bound` for a call the executor says can be
+bound (``executor.static_call``) and falls back to the executor's general loop when it cannot.
 """
 from __future__ import annotations
 
