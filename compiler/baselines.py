@@ -12,8 +12,9 @@ models. The baselines, by candidate name:
   per-channel rates ``c / k`` for each link capacity ``c`` of a rank and ``k = 1..8``, highest
   first; at each, Hamiltonian cycles found one at a time by a bounded depth-first search
   (direct links widest first, then switch routes to ranks nearby in rank order, as NCCL
-  orders GPUs), subtracting each ring's rate from the links it uses; the best total wins
-  (fewer channels on a tie). The search stops early once the total reaches
+  orders GPUs; on hosts of equal size a ring visits all of a host's ranks before it leaves,
+  crossing each server once as NCCL's rings do), subtracting each ring's rate from the links
+  it uses; the best total wins (fewer channels on a tie). The search stops early once the total reaches
   ``min(least capacity into or out of a rank, narrowest cut between ranks)``, which no set of
   rings can exceed (every ring leaves every rank and crosses every cut). On DGX-1's NVLinks
   it finds NCCL's six rings of 25 GB/s; on two 8-GPU NVSwitch servers with 8 x 25 GB/s NICs,
@@ -162,7 +163,30 @@ class _Search:
             frontier = nxt
         return preds
 
+    def set_hosts(self, topo: Topology) -> bool:
+        """Keep each ring inside a host until it has visited all of the host's ranks, as
+        NCCL's rings cross each server once (it chains the GPUs of a node between one NIC in
+        and one out): only where every rank is on a host and the hosts are the same size."""
+        host = dict(topo.hosts)
+        hs = [host.get(v) for v in self.ranks]
+        if any(h is None for h in hs):
+            return False
+        sizes: dict[str, int] = {}
+        for h in hs:
+            sizes[h] = sizes.get(h, 0) + 1
+        if len(sizes) < 2 or len(set(sizes.values())) != 1:
+            return False
+        self.host_of = hs
+        self.host_size = next(iter(sizes.values()))
+        return True
+
+    host_of: list | None = None
+    host_size = 0
+
     def candidates(self, u: int, used: list[bool]):
+        if self.host_of is not None:
+            yield from self._host_candidates(u, used)
+            return
         seen = set()
         for v in self.direct[u]:
             if not used[v]:
@@ -178,6 +202,28 @@ class _Search:
             tried += 1
             if tried >= limit:
                 return
+
+    def _host_candidates(self, u: int, used: list[bool]):
+        """Unvisited ranks of u's host while there are any (direct links first, then rank
+        order), else the ranks of other hosts not yet entered, nearest in rank order."""
+        h = self.host_of[u]
+        same = [v for v in self.direct[u] if not used[v] and self.host_of[v] == h]
+        seen = set(same)
+        same += [v for v in ((u + d) % self.n for d in range(1, self.n))
+                 if not used[v] and v not in seen and self.host_of[v] == h]
+        if same:
+            yield from same
+            return
+        entered = {self.host_of[v] for v in range(self.n) if used[v]}
+        tried = 0
+        limit = self.n if self.n <= _SMALL else _FAR_CANDIDATES
+        for d in range(1, self.n):
+            v = (u + d) % self.n
+            if not used[v] and self.host_of[v] not in entered:
+                yield v
+                tried += 1
+                if tried >= limit:
+                    return
 
     def usable(self, u: int, v: int, rate: float, res: dict) -> tuple[str, ...] | None:
         for path in self.routes(u, v):
@@ -389,6 +435,16 @@ def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_
     upper = _upper(s, topo)
     if not upper > 0:
         return ()
+    if s.set_hosts(topo):
+        found = _channels(s, n, upper, max_channels)
+        if found:
+            return found
+        s.host_of = None  # no ring crosses each host once: search without hosts
+    return _channels(s, n, upper, max_channels)
+
+
+def _channels(s: _Search, n: int, upper: float, max_channels: int) -> tuple[RingChannel, ...]:
+    """The best-total channels over the per-channel rates (module docstring)."""
     caps = sorted({c for (a, b), c in s.cap.items() if a in s.pos or b in s.pos}, reverse=True)
     speeds: list[float] = []
     for c in caps:
