@@ -39,8 +39,9 @@ def complete(n: int, cap: float = 1 * GB) -> Topology:
 def a100(nodes: int) -> Topology:
     """ForestColl's A100 servers: 8 GPUs on an NVSwitch (300 GB/s), GPU i's 25 GB/s NIC on
     IB switch i mod 2 (built here from its description, for the channel count)."""
-    verts, sw, links = [], [], []
+    verts, sw, links, hosts = [], [], [], []
     for a in range(nodes):
+        hosts += [(f"nvs{a}", f"node{a}")] + [(f"{x}{a}_{b}", f"node{a}") for x in ("g", "nic") for b in range(8)]
         sw.append(f"nvs{a}")
         for b in range(8):
             g, nic = f"g{a}_{b}", f"nic{a}_{b}"
@@ -50,7 +51,7 @@ def a100(nodes: int) -> Topology:
                       Link(g, nic, 25 * GB), Link(nic, g, 25 * GB),
                       Link(nic, f"ib{b % 2}", 25 * GB), Link(f"ib{b % 2}", nic, 25 * GB)]
     sw += ["ib0", "ib1"]
-    return Topology(f"a100x{nodes}", tuple(verts), switches=tuple(sw), links=tuple(links))
+    return Topology(f"a100x{nodes}", tuple(verts), switches=tuple(sw), links=tuple(links), hosts=tuple(hosts))
 
 
 def spec(kind: str, topo: Topology, elems: int = 4096, root: int = 0, **kw) -> CollectiveSpec:
