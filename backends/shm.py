@@ -31,9 +31,11 @@ The data path, the wake-ups and the program runner are the native core's
 runtime run over them unchanged. ``RankExecution.execute`` hands a program whose every peer
 is local to :meth:`ShmSocketTransport.native_run` (the core runs it without the GIL).
 
-Ring geometry: ``HCC_SHM_SLOTS`` slots (default 8) of ``HCC_SHM_SLOT_KIB`` KiB (default 256)
-per ordered pair: a piece is reduced from the slot while it is in the receiver's L2, and
-eight of them keep the sender a few pieces ahead (see :data:`DEFAULT_SLOT_KIB`).
+Ring geometry: one ring per ordered pair of ``HCC_SHM_SLOTS`` (default 8) times
+``HCC_SHM_SLOT_KIB`` KiB (default 256) of pieces packed back to back; a message moves in
+pieces of at most ``HCC_SHM_SLOT_KIB``: a piece is reduced from the ring while it is in the
+receiver's L2 (1 MiB per core here), and the ring keeps the sender several pieces — or
+hundreds of small messages — ahead. Every rank of a job must use the same geometry.
 """
 from __future__ import annotations
 
