@@ -36,7 +36,7 @@ from ..ir.plan import Plan
 from . import adaptive
 from .base import Capabilities, Transport
 from .bound import run_bound
-from .executor import static_call
+from .executor import InputMismatch, static_call
 
 __all__ = ["run", "engine", "adaptive_on", "capabilities", "ADAPTIVE_OPTIONS"]
 
@@ -80,6 +80,18 @@ def engine(plan: Plan, comm: Any, options: dict) -> str:
     return "static"
 
 
+def _refused(comm: Transport, error: Exception) -> None:
+    """This rank's array was refused before any byte moved, so the others would wait for it
+    until their deadline (then blame "rank -1"): a transport that can tell them at once
+    (``announce_failure``: sockets sends a FAIL frame naming this rank) does so."""
+    tell = getattr(comm, "announce_failure", None)
+    if tell is not None:
+        try:
+            tell(str(error))
+        except Exception:  # the caller's error is the one to raise; telling is best effort
+            pass
+
+
 def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 60.0, step: int = 0,
         **options) -> np.ndarray:
     """Run ``plan`` on rank ``comm.rank``; returns ``out`` (allocated when not given) — from the
@@ -100,12 +112,21 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     if engine(plan, comm, options) == "adaptive":
         said = options.pop("adaptive", None)
         on = adaptive_on(plan, comm, said)
-        return adaptive.run(plan, comm, array, out=out, timeout=timeout, step=step, arrival_order=on,
-                            fast=on and said is None, **options)
+        try:
+            return adaptive.run(plan, comm, array, out=out, timeout=timeout, step=step, arrival_order=on,
+                                fast=on and said is None, **options)
+        except InputMismatch as e:
+            _refused(comm, e)
+            raise
     if capabilities(comm).agreement and ("adaptive" in options or plan.adaptive):
         # adaptive said and off (rule 3): the adaptive runtime's options mean nothing here
         options = {k: v for k, v in options.items() if k not in ADAPTIVE_OPTIONS}
-    result, execution, bindable = static_call(plan, comm, array, out=out, timeout=timeout, step=step, **options)
+    try:
+        result, execution, bindable = static_call(plan, comm, array, out=out, timeout=timeout, step=step,
+                                                  **options)
+    except InputMismatch as e:
+        _refused(comm, e)
+        raise
     # bound once to these arrays over a transport with persistent transfers (MPI), then reused
     if bindable and run_bound(plan, comm, array, out, execution, float(timeout)):
         return result

@@ -187,6 +187,7 @@ class SocketTransport(Transport):
         self._forwarded: set[int] = set()
         self._closing = False
         self._launched = False  # set by the launcher's workers: the store lists dead ranks
+        self._gaveup_seen = 0  # entries of the store's list of ranks that gave up already read
         self._outstanding: dict[int, int] = {}  # peer -> requests not yet complete
         self._track = False
         self._completed: deque = deque()
@@ -381,7 +382,8 @@ class SocketTransport(Transport):
                                                           f"of {self.world}")
                     with self._cond:
                         if tag not in self._dead and tag != self.rank:
-                            self._dead[tag] = f"reported by rank {peer}"
+                            self._dead[tag] = (f"reported by rank {peer}" if tag != peer else
+                                               "it stopped: its own input was refused (announced)")
                         self._aborted[peer] = tag
                         self._cond.notify_all()
                     self._gossip(tag)
@@ -648,15 +650,43 @@ class SocketTransport(Transport):
 
     def _poll_launcher(self) -> None:
         """Ask the launcher's store which ranks it saw die (a rank that died before any
-        connection to us existed cannot be seen by a reader thread)."""
+        connection to us existed cannot be seen by a reader thread), and which ranks gave up
+        (:meth:`announce_failure`)."""
         try:
             dead = self.store.peek(f"{self.group}/dead") or []
+            n = self.store.peek(f"{self.group}/ngaveup") or 0
+            gave = [self.store.peek(f"{self.group}/gaveup/{k}") for k in range(self._gaveup_seen + 1, n + 1)]
         except RuntimeFault:
             self._launched = False  # the store is gone: rely on connections and deadlines
             return
+        self._gaveup_seen = max(self._gaveup_seen, n if isinstance(n, int) else 0)
         for r in dead:
             if isinstance(r, int) and r != self.rank:
                 self._mark_dead(r, "its process died (reported by the launcher)")
+        for r in gave:
+            if isinstance(r, int) and 0 <= r < self.world and r != self.rank:
+                self._mark_dead(r, "it stopped: its own input was refused (announced in the store)")
+
+    def announce_failure(self, reason: str = "") -> None:
+        """This rank will not take part in the run it was given (its array was refused before
+        any byte moved): tell every peer now instead of leaving them to their deadline — a
+        FAIL frame naming this rank on every connection (dialling the higher ranks it has
+        none to yet; the others pass it on), and, in the store, the list of ranks that gave up,
+        which launched ranks read with the launcher's list of the dead. Peers then treat this
+        rank as dead for the rest of the communicator's life."""
+        with self._lock:
+            if self._closing:
+                return
+            for p in range(self.rank + 1, self.world):
+                if p not in self._dead:
+                    self._get_conn(p)
+        self._gossip(self.rank)
+        if self.store is not None:
+            try:
+                k = self.store.add(f"{self.group}/ngaveup", 1)
+                self.store.set(f"{self.group}/gaveup/{k}", self.rank)
+            except RuntimeFault:
+                pass  # the frames still go
 
     def failed(self) -> frozenset[int]:
         with self._lock:

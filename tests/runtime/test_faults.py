@@ -287,3 +287,26 @@ def test_allreduce_star_pieces_move_once_when_a_rank_dies(plans):
     # the early claimant owned sub-blocks: they went to heirs, spread over the survivors
     second = {r: outs[1].info[r]["stats"] for r in (0, 2, 3, 4)}
     assert sum(s["inherited"] for s in second.values()) > 0, second
+
+
+@pytest.mark.parametrize("name", ["abort", "allreduce"])
+def test_a_rank_with_a_bad_array_tells_the_others_at_once(plans, name):
+    """Issue 21: rank 2's array has the wrong length, so it refuses to run; the others used to
+    wait their whole deadline and then blame "rank -1". Now rank 2 announces itself (a FAIL
+    frame naming it, and the store's list of ranks that gave up): the others raise naming
+    rank 2 (abort), or complete without it (continue), never by timing out."""
+    from hcc.backends.launch import RunFailed, run_cases_local
+
+    plan = plans[name]
+    ins = make_inputs(plan, 0)
+    ins[2] = ins[2][:-1]  # one element short
+    with pytest.raises(RunFailed) as failed:
+        run_cases_local("sockets", [(plan, ins)], timeout=60.0)
+    errors = failed.value.errors
+    assert "InputMismatch" in errors[2]
+    for r in (0, 1, 3, 4):
+        if name == "abort":
+            assert "rank 2" in errors[r] and "RankFailed" in errors[r], errors[r]
+        else:  # on_failure = continue: the others completed (the launcher's end barrier names rank 2)
+            assert "Timeout" not in errors.get(r, ""), errors.get(r)
+        assert "timed out" not in errors.get(r, "") and "rank -1" not in errors.get(r, ""), errors.get(r)
