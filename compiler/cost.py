@@ -712,7 +712,7 @@ def _op_count(plan: Plan) -> int:
 
 
 def choose_chunk(
-    build: Callable[[int], Plan],
+    build: Callable[[int], "Plan | tuple[Plan, Simulation]"],
     candidates: Sequence[int],
     *,
     model: CostModel = DEFAULT_MODEL,
@@ -720,6 +720,7 @@ def choose_chunk(
     incumbent: float = float("inf"),
 ) -> ChunkChoice:
     """Lower at each candidate chunk size, largest first, and keep the fastest predicted.
+    ``build(c)`` returns the plan, or ``(plan, simulation)`` when it simulated it already.
 
     Smaller chunks fill the pipeline faster but pay α and the per-message cost more often,
     so the predicted time is close to unimodal in the chunk size once every tree share holds
@@ -754,8 +755,9 @@ def choose_chunk(
             guess = _extrapolate(tried, c, ceiling)
             if guess is not None and guess > best.simulation.time * (1 + PREDICT_MARGIN):
                 break  # the smooth curve already turned up: skip the costliest plan of all
-        plan = build(c)
-        sim = simulate(plan, model=model)
+        built = build(c)
+        # a builder that priced its own alternatives returns (plan, its simulation)
+        plan, sim = built if isinstance(built, tuple) else (built, simulate(built, model=model))
         tried.append((c, sim.time))
         if best is None:
             first_ops = max(1, _op_count(plan))
