@@ -576,8 +576,6 @@ HOP_SLACK = 0.25
 # rounds of share rebalancing after the first schedule (see _lower_timed), stopped early
 # once every tree finishes within REBALANCE_TOLERANCE of its group's mean
 REBALANCE_ROUNDS = 2
-# most chunks one message of an out-tree edge carries (_Timed.tree_grouped)
-GROUP_MAX = 16
 REBALANCE_TOLERANCE = 0.01
 # the schedule costs about 3x the plain lowering per message in Python (50-100 us per
 # message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
@@ -664,40 +662,6 @@ class _Timed:
                 for c in sh.children[r]:
                     m = self.add(r, c, t, k, a, b, True, got[r], paths[c][0], key - dl * (1 + height[c]))
                     got[c] = (m,)
-
-    def tree_grouped(self, t: int, atoms: list[tuple[int, int]], keys: list[float]) -> None:
-        """The messages of tree ``t`` (an out-tree: broadcast, allgather) over its chunks
-        ``atoms``, each tree edge sending ``g`` consecutive chunks per message, ``g`` its
-        path's capacity over the tree's narrowest edge's (at most GROUP_MAX) when the path
-        crosses a switch, 1 on a direct link: a message then takes about one slow-edge chunk
-        time on every hop, so the per-message cost is the same fraction of a switch port's
-        time as of a slow link's, and no fast hop adds more fill than a slow one (2 x A100:
-        300 GB/s NVSwitch hops carry 12 chunks per message where the 25 GB/s NIC hops carry
-        one; allgather 0.63 -> 0.66 of the bound at 1 GB). Direct links keep one chunk per
-        message: grouping there coarsens the interleaving of the trees sharing them (1 x
-        MI250 allgather 0.88 -> 0.80)."""
-        sh = self.shapes[t]
-        paths, height = self.pcache[t], self.height[t]
-        cap = self.links.cap
-        bott = {c: min(cap[e] for e in paths[c][0]) for c in range(len(paths)) if c != sh.root}
-        if not bott or not atoms:
-            return
-        cmin = min(bott.values())
-        rate = sh.rate if sh.rate > 0 else 1.0
-        have: dict[int, list[int]] = {}
-        for r in sh.order:
-            for c in sh.children[r]:
-                g = 1 if len(paths[c][0]) < 2 else max(1, min(GROUP_MAX, int(bott[c] / cmin + 1e-9)))
-                cover = [0] * len(atoms)
-                for i0 in range(0, len(atoms), g):
-                    i1 = min(len(atoms), i0 + g)
-                    a, b = atoms[i0][0], atoms[i1 - 1][1]
-                    deps = () if r == sh.root else tuple(sorted({have[r][i] for i in range(i0, i1)}))
-                    dl = self.hop_s * (b - a) * self.itemsize / rate
-                    m = self.add(r, c, t, i0, a, b, True, deps, paths[c][0], keys[i1 - 1] - dl * (1 + height[c]))
-                    for i in range(i0, i1):
-                        cover[i] = m
-                have[c] = cover
 
     def prepare_paths(self) -> None:
         ranks = self.L.spec.ranks
@@ -945,9 +909,6 @@ def _lower_timed(L: "_Lowering", shapes: list[TreeShape], spans: list[tuple[int,
         for t, (lo, hi) in enumerate(spans):
             atoms = _even_chunks(lo, hi, L.ce)
             T.pieces.extend((t, a, b) for a, b in atoms)
-            if GROUP_MAX > 1 and not up:
-                T.tree_grouped(t, atoms, [(b - lo) * itemsize / weight[t] for _, b in atoms])
-                continue
             for k, (a, b) in enumerate(atoms):
                 T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
         order = T.schedule(window)
