@@ -122,6 +122,7 @@ def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, time
 def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
     """Body of one rank process: run every case of the job; 0 on success, 1 on failure."""
     from ..ir.plan import Plan
+    from .executor import _reads_input
     from .reference import make_input
     from .runtime import run
 
@@ -134,14 +135,19 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
         comm = make_comm()
         for i, case in enumerate(spec["cases"]):
             plan = Plan.load(job / case["plan"])
-            if "seed" in case:
+            inplace = case.get("inplace", False)
+            if not inplace and not _reads_input(plan.programs_at(case["step"])[rank]):
+                # a broadcast's or scatter's non-root: the run ignores its input, so none is
+                # drawn (run() then uses a zero view that takes no memory): a 477 MiB DGX-1
+                # broadcast rank held 477 MiB less
+                x = None
+            elif "seed" in case:
                 x = make_input(plan, case["seed"], rank)
             else:
                 x = np.load(job / case["inputs"].format(rank=rank))
             out = None
             times, cpu, idle, spans = [], [], [], []
             total = case["warmup"] + case["iters"]
-            inplace = case.get("inplace", False)
             # chained: each iteration takes the last one's output as its input, as a loop of
             # torch.distributed calls does; only the last starts again from the original input
             chained = inplace == "chained"

@@ -184,3 +184,32 @@ def test_compressed_bound_is_the_stated_one_and_decisive():
     bad[1][0] += 0.25 / plan.n  # a contribution of the smallest magnitude lost from the average
     with pytest.raises(ResultMismatch):
         check(plan, bad, want, inputs=ins)
+
+
+MEM = """
+topology quad { node r[0..3]  r[0..3] <-> r[0..3] : 1 GB/s, 10 us }
+collective big = broadcast on quad { size = 128 MiB  chunk = 8 MiB }
+collective small = broadcast on quad { size = 1 MiB }
+"""
+_PEAK = ("import resource, sys; from hcc.cli import main; rc = main(sys.argv[1:]); "
+         "print('peak_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+
+
+def _parent_peak_kib(src: Path, name: str) -> int:
+    """Peak resident set of the `hcc run` process itself (RUSAGE_SELF: not its rank children)."""
+    r = subprocess.run([sys.executable, "-c", _PEAK, "run", str(src), "-c", name, "--iters", "1", "--warmup", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout
+    return int(r.stderr.split("peak_kib")[-1].split()[0])
+
+
+def test_the_parent_holds_results_not_rank_buffers(tmp_path):
+    """Issue 21: `hcc run`'s parent drew every rank's input and paged in every rank's output
+    (4 GB for samples/dgx1.hcl). Against the same program at 1 MiB, a 128 MiB broadcast on 4
+    ranks may grow the parent by less than one rank's buffer (it used to by 4 inputs + 4
+    outputs, 1 GiB)."""
+    src = tmp_path / "mem.hcl"
+    src.write_text(MEM)
+    small = _parent_peak_kib(src, "small")
+    big = _parent_peak_kib(src, "big")
+    assert big - small < 128 * 1024, (small, big)
