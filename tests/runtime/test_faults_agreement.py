@@ -122,3 +122,42 @@ def test_the_ring_reuses_its_slots_every_tail_sees_every_event_and_a_dead_reader
                 t.close()
             for log in logs:
                 log.close()
+
+
+def test_a_writer_that_dies_right_after_its_first_store_request_leaves_no_hole():
+    """Issue 21: an append was two requests (reserve a position, then fill its slot); a writer
+    SIGKILLed between them left a hole that every reader waited on until its deadline, then
+    reported the live store as lost ("get '.../ev/s/2': timeout"). The append is now one
+    request while the slot is known free: cut the writer's connection after its first
+    request of an append and the event is still there for every reader."""
+    from hcc.backends.base import RuntimeFault
+    from hcc.backends.rendezvous import RendezvousError
+
+    with StoreServer("tok") as srv:
+        first = EventLog(srv.address, "tok", "job", timeout=2.0, world=2)
+        first.append({"t": "arr", "run": 0, "rank": 0})  # the room limit is known from here on
+        victim = EventLog(srv.address, "tok", "job", timeout=2.0, world=2)
+        victim.append({"t": "arr", "run": 0, "rank": 1})
+        calls = [0]
+        real_full = getattr(victim.client, "_call_full", None)
+        real_call = victim.client._call
+
+        def dies_after_one_request(req, wait=0.0):
+            calls[0] += 1
+            if calls[0] > 1:
+                raise RendezvousError("the writer's process is gone")
+            return real_full(req, wait) if real_full is not None else {"value": real_call(req, wait)}
+
+        # every request of the client goes through here, whichever method makes it
+        victim.client._call_full = dies_after_one_request
+        victim.client._call = lambda req, wait=0.0: dies_after_one_request(req, wait).get("value")
+        try:
+            victim.append({"t": "done", "run": 0, "rank": 1, "gen": 0})
+        except (RuntimeFault, RendezvousError):
+            pass
+        reader = EventLog(srv.address, "tok", "job", timeout=2.0)
+        n = reader.length()
+        assert n == 3
+        assert reader.read(3) == {"t": "done", "run": 0, "rank": 1, "gen": 0}
+        for log in (first, victim, reader):
+            log.close()
