@@ -171,7 +171,7 @@ def cmd_compile(args) -> int:
         header[5:5] = ["compress", "wire", "vs exact"]
     # each collective's row is printed as soon as it is compiled (a 1024-rank program takes
     # minutes), in columns sized in advance; compiles past 2 s report progress on stderr
-    table = None if args.json else _RowStream(header, names, [c.kind for c in program.collectives])
+    table = None if args.json else _RowStream(header, names, [c.kind for c in program.collectives if c.name in names])
     from .compiler.progress import StderrProgress, listening
 
     plans = []
