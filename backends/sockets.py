@@ -49,7 +49,7 @@ Terms
 
 Socket buffers are left to the kernel's autotuning (see ``handshake._tune`` for the measurement).
 
-One module of ~830 lines on purpose: the reader and writer threads, the waits and the failure
+One module of ~900 lines on purpose: the reader and writer threads, the waits and the failure
 handling of :class:`SocketTransport` share one lock, one condition and the per-peer queues;
 what stands apart is apart (the handshake: handshake.py; the rendezvous store: rendezvous.py).
 """
