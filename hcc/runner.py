@@ -16,10 +16,11 @@ compressed collective's codec and its stated error bound (``int8 ≤ 0.0157``: t
 per-element error ``hcc.ir.wire.error_bound`` allows for these inputs, plus rounding).
 
 Progress and memory: each collective's row is printed as soon as it is checked (columns sized
-in advance), and a run past 2 s reports on stderr which collective and iteration the ranks are
 in (a status line on a terminal, plain lines otherwise). The launcher's parent never holds a
-rank's buffer: ranks draw their inputs from ``--seed``, and the parent checks each rank's
-output a block at a time from its file, then deletes it (:func:`reference.check_seeded`).
+rank's buffer: ranks draw their inputs from ``--seed`` (``--backend ray``: the parent draws
+them, its driver needs arrays), and the parent checks each rank's output a block at a time
+from its file (mpi: its memory map, each block's pages dropped once compared), then deletes it
+(:func:`reference.check_seeded`).
 
 Definitions (nccl-tests, PERFORMANCE.md): ``algbw = size / time`` with ``size`` the per-rank
 output buffer (the ``size`` of the collective); ``busbw = algbw × factor`` with factor
@@ -220,7 +221,9 @@ def run_and_check(plan, backend: str = "sockets", iters: int = 5, warmup: int = 
     from .backends.reference import make_inputs
 
     mod = importlib.import_module(f"hcc.backends.{backend}")
-    inputs = make_inputs(plan, seed)
+    # the sockets and mpi launchers take a seed, from which each rank draws its own input
+    # (launch.prepare_job); ray's driver needs the arrays
+    inputs = make_inputs(plan, seed) if backend == "ray" else seed
     try:
         if netem:
             ctx, kw = _netem_kwargs(plan)
