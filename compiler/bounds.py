@@ -698,8 +698,9 @@ def latency_aware_bound(cut_s: float, depth: int, per_hop_s: float, capacity_rat
     """A lower bound on the α-β time of pipelining a tree's share in fixed-size chunks down
     a tree ``depth`` rank hops deep whose links carry no other tree (an edge-disjoint
     broadcast or reduce packing: DGX-1's four NVLink chains), each relay forwarding a chunk
-    once it holds all of it (hcc's lowering; NCCL's pipelines too), when the cut alone
-    allows ``cut_s``. Where trees share links, one tree's fill hides behind the others'
+    once it holds all of it (hcc's lowering; NCCL's pipelines too), when its share over its
+    rate is ``cut_s`` (the cut time, while the shares follow the packing's rates; a schedule
+    that moves data between trees changes each tree's term). Where trees share links, one tree's fill hides behind the others'
     traffic and this is no bound (8 chains over one NVSwitch, one per root, reach 0.997 of
     the allgather cut with 7 hops each). Arithmetic, for chunks of ``s`` bytes:
 
