@@ -82,9 +82,10 @@ __all__ = ["cmd_run", "run_model_key", "busbw_factor", "load_plans", "netem_for"
 SOCKETS_PER_MESSAGE_S = 100e-6
 # - shm: 20 us. The sockets backend between ranks of one host when the native core is built
 #   (backends/shm.py: shared-memory channels, the program run by the native runner), measured
-#   the same way on this 2-core machine under a load of 20-30: a 2-rank broadcast 10-21 us per
-#   message in 4-16 KiB chunks, of which the runner's own CPU is 1-5 us per message handled
-#   (`netem_messages.csv`, ``cpu_per_message_s``); the rest is waiting for a core.
+#   the same way on this 2-core machine at a load of 24: a 2-rank broadcast 1.4-16 us per
+#   message in 4-16 KiB chunks, of which the runner's own CPU is 1.3-4.2 us per message
+#   handled (``cpu_per_message_s``; a 4-rank allreduce 3.6-11 us), `netem_messages_shm.csv`;
+#   the rest is waiting for a core.
 SHM_PER_MESSAGE_S = 20e-6
 MPI_PER_MESSAGE_S = 300e-6
 RUN_MODELS: dict[str, CostModel] = {
