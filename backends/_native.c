@@ -215,7 +215,8 @@ typedef struct {
     _Atomic uint32_t seq;      /* bumped by every waker */
     _Atomic uint32_t sleeping; /* the owner is (about to be) blocked in poll */
     _Atomic uint32_t closed;   /* the owner closed cleanly */
-    uint32_t pad[11];
+    _Atomic uint32_t failed_rank; /* 1 + the first rank the owner knows died (0: none) */
+    uint32_t pad[10];
 } bell_t;
 
 typedef struct {
@@ -935,9 +936,21 @@ static int failure_of(Engine *e, const char *busy, int *peer_out) {
             *peer_out = p->rank;
             return 3;
         }
+        if (p->dead == 1) {
+            *peer_out = p->rank;
+            return 2;
+        }
+        /* the peer stopped (or will) because a rank it depends on died: name that rank, as
+         * the sockets transport's FAIL frames do */
+        uint32_t v = atomic_load(&p->bell->failed_rank);
+        if (v && (int)(v - 1) != e->rank && v <= (1u << 24)) {
+            *peer_out = (int)(v - 1);
+            snprintf(e->err, sizeof e->err, "reported by rank %d", p->rank);
+            return 6;
+        }
         if (p->dead) {
             *peer_out = p->rank;
-            return p->dead == 1 ? 2 : 4;
+            return 4;
         }
     }
     return 0;
@@ -1017,7 +1030,7 @@ static PyObject *Engine_wait(Engine *e, PyObject *args) {
     free(busy);
     release_if_closed(e);
     if (!done) return NULL;
-    PyObject *res = Py_BuildValue("(Niis)", done, status, fpeer, status == 3 ? e->err : "");
+    PyObject *res = Py_BuildValue("(Niis)", done, status, fpeer, (status == 3 || status == 6) ? e->err : "");
     return res;
 }
 
@@ -1069,6 +1082,35 @@ static PyObject *Engine_interrupt(Engine *e, PyObject *noargs) {
     ssize_t w = write(e->evfd, &one, sizeof one);
     (void)w;
     Py_RETURN_NONE;
+}
+
+/* set_failed(rank): publish in our bell that `rank` died (the first one only), and wake the
+ * peers so that a rank blocked on us learns it */
+static PyObject *Engine_set_failed(Engine *e, PyObject *args) {
+    int r;
+    if (!PyArg_ParseTuple(args, "i", &r)) return NULL;
+    if (e->released || r < 0) Py_RETURN_NONE;
+    uint32_t expect = 0;
+    atomic_compare_exchange_strong(&e->bell->failed_rank, &expect, (uint32_t)r + 1);
+    for (int k = 0; k < e->npeers; k++)
+        if (e->peers[k].bell) ring_bell(&e->peers[k]);
+    Py_RETURN_NONE;
+}
+
+/* reported() -> {peer rank: the rank it says died} */
+static PyObject *Engine_reported(Engine *e, PyObject *noargs) {
+    PyObject *d = PyDict_New();
+    if (!d || e->released) return d;
+    for (int k = 0; k < e->npeers; k++) {
+        uint32_t v = atomic_load(&e->peers[k].bell->failed_rank);
+        if (v && v <= (1u << 24)) {
+            PyObject *key = PyLong_FromLong(e->peers[k].rank), *val = PyLong_FromLong((long)v - 1);
+            PyDict_SetItem(d, key, val);
+            Py_DECREF(key);
+            Py_DECREF(val);
+        }
+    }
+    return d;
 }
 
 /* dead() -> {rank: 1 died | 2 closed cleanly | 3 protocol error} */
@@ -1257,7 +1299,8 @@ static void abandon(runner_t *R, int64_t n_ops) {
 
 /* run(ops, dep_ptr, dep_idx, missing, first, in, out, tmp, op, dtype, plan, timeout)
  *   -> (status, op index, peer rank, message): status 0 done, 1 timeout (op: the oldest
- *   outstanding receive, else send), 2 peer died, 3 protocol error, 4 peer closed.
+ *   outstanding receive, else send), 2 peer died, 3 protocol error, 4 peer closed, 6 a peer
+ *   reported that the rank named died.
  * Releases the GIL for the whole run. */
 static PyObject *Engine_run(Engine *e, PyObject *args) {
     Py_buffer ops, dptr, didx, miss, first, bin = {0}, bout = {0}, btmp = {0};
@@ -1442,7 +1485,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         free(R.reqs);
         free(R.stack);
         if (!status) e->runs++;
-        result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer, status == 3 ? e->err : "");
+        result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer, (status == 3 || status == 6) ? e->err : "");
     }
     goto out;
 bad:
@@ -1469,6 +1512,8 @@ static PyMethodDef Engine_methods[] = {
     {"poll", (PyCFunction)Engine_poll, METH_NOARGS, "one progress pass, no sleeping"},
     {"interrupt", (PyCFunction)Engine_interrupt, METH_NOARGS, "make a blocked wait return (status 5)"},
     {"dead", (PyCFunction)Engine_dead, METH_NOARGS, "{rank: 1 died, 2 closed, 3 protocol error}"},
+    {"set_failed", (PyCFunction)Engine_set_failed, METH_VARARGS, "set_failed(rank): tell the peers rank died"},
+    {"reported", (PyCFunction)Engine_reported, METH_NOARGS, "{peer rank: the rank it says died}"},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "mark this rank closed and tell the peers"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "counters"},
     {"run", (PyCFunction)Engine_run, METH_VARARGS, "run one rank's encoded program (GIL released)"},

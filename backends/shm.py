@@ -334,6 +334,9 @@ class ShmSocketTransport(SocketTransport):
         if status == 2:
             self._report_dead(peer)
             return PeerFailed(self.rank, peer, "its process died (shared-memory channel closed)")
+        if status == 6:
+            self._mark_dead(peer, message)
+            return PeerFailed(self.rank, peer, message)
         return PeerFailed(self.rank, peer, "it closed the connection")
 
     def _report_dead(self, peer: int) -> None:
@@ -347,7 +350,15 @@ class ShmSocketTransport(SocketTransport):
         for r, s in self._engine.dead().items():
             if s == 1:
                 self._report_dead(r)
+        for p, dead in self._engine.reported().items():
+            if 0 <= dead < self.world and dead != self.rank:
+                self._mark_dead(dead, f"reported by rank {p}")
         return super().failed()
+
+    def _gossip(self, dead: int) -> None:
+        # the TCP peers get a FAIL frame (SocketTransport); the local ones read our bell
+        super()._gossip(dead)
+        self._engine.set_failed(dead)
 
     # -- waiting --------------------------------------------------------------------------
     def wait_any(self, requests: list[Request], timeout: float) -> list[int]:
@@ -390,7 +401,12 @@ class ShmSocketTransport(SocketTransport):
             shm = [r.handle for r in requests if isinstance(r, _ShmReq) and not r._done and r.peer not in ignore]
             tcp = [r for r in requests if not isinstance(r, _ShmReq)]
             if shm:
-                self._engine.wait(shm, min(left, _SLICE) if tcp else min(left, 0.25))
+                _, status, _, _ = self._engine.wait(shm, min(left, _SLICE) if tcp else min(left, 0.25))
+                if status not in (0, 1, 5) and not tcp:
+                    # a peer of these requests failed or reported a death: the adaptive runtime
+                    # decides what to do about it (failed()); the core's wait would return at
+                    # once again, so this wait sleeps in slices instead
+                    time.sleep(min(max(left, 0.0), _SLICE))
             if tcp or not shm:
                 super().wait_change(tcp, min(left, _SLICE) if shm else min(left, 0.25), ignore=ignore,
                                     woken=woken)
@@ -424,7 +440,9 @@ class ShmSocketTransport(SocketTransport):
             raise ProtocolError(f"rank {self.rank}: {msg}")
         if status == 2:
             self._report_dead(peer)
-        how = "its process died (shared-memory channel closed)" if status == 2 else "it closed the connection"
+        elif status == 6:
+            self._mark_dead(peer, msg)
+        how = {2: "its process died (shared-memory channel closed)", 6: msg}.get(status, "it closed the connection")
         plan = ex.plan
         cls = RootFailed if (peer == plan.root and plan.root >= 0) else RankFailed
         raise cls(peer, by=self.rank, detail=f"while waiting on {where}; {how}")
