@@ -24,6 +24,8 @@ Terms
   by a rank blocked on the channels without any timed polling); a clean close first sets
   the ``closed`` flag in its bell and sends one byte. A dead peer a wait depends on is a
   :class:`~hcc.backends.base.PeerFailed` (the executor's ``RankFailed``), as an EOF on TCP.
+  A rank that learns of a death writes the dead rank into its bell (the channels' FAIL
+  frame): a rank waiting on a peer that stopped because of it names the rank that died.
 
 The data path, the wake-ups and the program runner are the native core's
 (``backends/_native.c``); this module sets the channels up and adapts them to the
