@@ -46,7 +46,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 # ------------------------------------------------------------------------------ one rank
 
 def worker(args) -> int:
-    import numpy as np
     import torch
     import torch.distributed as dist
 

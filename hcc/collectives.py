@@ -51,8 +51,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-import numpy as np
-
 from .backends.base import RuntimeFault, Transport
 from .grammar.diagnostics import HccError
 

@@ -28,7 +28,6 @@ lists of tensors must have equal sizes. CUDA tensors are refused (CPU only).
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any, Callable
 
 import numpy as np
@@ -36,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from .collectives import CallInfo, CollectiveError, Communicator
+from .collectives import CallInfo, Communicator
 
 __all__ = ["ProcessGroupHCC", "BACKEND_NAME", "register"]
 
