@@ -129,8 +129,11 @@ class EventLog:
         # those that pass the room limit): a writer SIGKILLed between a separate reserve and
         # fill left a hole that every reader waited on until its deadline, then gave up the
         # store as lost ("get '.../ev/s/2': timeout") although it was answering
-        i, written = self.client.add_then_set(f"{self.prefix}/seq", f"{self.prefix}/s", self.capacity,
-                                              self._limit, event)
+        # positions 1..C fill slots never written before, so they need no room: a session's
+        # first append (an arrival, right after the join) is one request too
+        cap = self.capacity
+        i, written = self.client.add_then_set(f"{self.prefix}/seq", f"{self.prefix}/s", cap,
+                                              max(self._limit, cap), event)
         if not written:
             self._make_room(i)
             self.client.set(self.slot(i), {"i": i, "e": event})

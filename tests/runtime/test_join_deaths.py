@@ -79,6 +79,11 @@ def _child(plan, rank: int, address: str, token: str, group: str, out_dir: Path,
         except RuntimeFault as e:
             rec["error"] = f"{type(e).__name__}: {e}"
             rec["failed_rank"] = getattr(e, "rank", None)
+        except Exception:  # not a typed error: the test fails on it, with the traceback
+            import traceback
+
+            rec["error"] = "untyped: " + traceback.format_exc()[-1500:]
+            rec["failed_rank"] = None
         rec["seconds"] = time.monotonic() - t0
         (out_dir / f"{group}.{rank}.json").write_text(json.dumps(rec))
     except BaseException:  # a crash of the harness itself: exit status 3, noticed by the test
