@@ -73,8 +73,8 @@ def test_default_is_static_when_nobody_is_late_adaptive_when_someone_is_and_the_
         if i == late_run:
             # rank 1 is 0.6 s late, far beyond the 30 ms the others wait before declaring it
             assert paths == {"adaptive"}
-    # nobody late: almost always static (a run whose ranks reach it more than 30 ms apart on
-    # this loaded machine adapts, and is still exact)
+    # nobody late: almost always static (a run whose ranks reach it more than 30 ms apart, as
+    # on a machine whose cores other jobs hold, adapts, and is still exact)
     assert adaptive_runs <= 10, f"{adaptive_runs} of 50 runs adapted"
     # the log: a static run appends nothing; an adaptive run with on_failure = abort appends
     # one arrival per rank (no done events: it ends on a store counter) and the claims of the
@@ -265,9 +265,8 @@ def test_no_rank_relays_while_it_still_has_pieces_to_push_and_the_result_stays_e
     # relay trees weigh; the bytes here cross loopback). Ranks arrive 0.15 s apart, so every
     # rank still has seconds of pieces to push (3 blocks of 1 MB at 1 MB/s) when the last
     # arrives. Every owner's results wait for those pieces, so nobody relays a copy
-    # (backends/repair.relay_parents). Up to commit c307e73 relay trees sent copies through
-    # ranks that were still pushing (this test then asserted that some rank relayed); in the
-    # emulated 8-rank star that delayed the last rank's pieces by ~0.5 s. Results are exact.
+    # (backends/repair.relay_parents): a relayed copy through a rank still pushing pieces
+    # delayed the last rank's pieces by ~0.5 s in the emulated 8-rank star. Results are exact.
     prog = hcc.load(f"""topology star {{ node g[0..{N - 1}]  switch s
   g[0..{N - 1}] <-> s : 1 MB/s }}
 collective ar = allreduce on star {{ size = 4 MB  on_failure = continue }}
