@@ -86,9 +86,13 @@ def _op(op: Any) -> str:
 class _NpWire:
     """A numpy array prepared for a run (see hcc.torch._Wire for tensors)."""
 
-    def __init__(self, a: np.ndarray, what: str, op: str | None = None, reducing: bool = False):
+    def __init__(self, a: np.ndarray, what: str, op: str | None = None, reducing: bool = False,
+                 writable: bool = False):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"hcc: {what} must be a numpy array or a torch tensor, not {type(a).__name__}")
+        if writable and not a.flags.writeable:
+            raise ValueError(f"hcc: {what} is read-only and the call writes it (numpy arrays passed "
+                             "to a Ray task or actor are read-only: pass x.copy())")
         self.tensor, self.op = a, op
         work = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         if a.dtype in _NP_NATIVE:
@@ -111,9 +115,9 @@ class _NpWire:
             self.tensor[...] = self.arr.view(self.tensor.dtype).reshape(self.tensor.shape)
 
 
-def _wire(x: Any, what: str, op: str | None = None, reducing: bool = False):
+def _wire(x: Any, what: str, op: str | None = None, reducing: bool = False, writable: bool = False):
     if isinstance(x, np.ndarray):
-        return _NpWire(x, what, op, reducing)
+        return _NpWire(x, what, op, reducing, writable)
     try:
         import torch
     except ImportError:
@@ -190,7 +194,7 @@ class HccGroup(_base_group()):  # type: ignore[misc]
     def allreduce(self, tensors, allreduce_options=None) -> None:
         op = _op(getattr(allreduce_options, "reduceOp", "sum"))
         for t in _one_or_list(tensors):
-            w = _wire(t, "allreduce tensor", op, reducing=True)
+            w = _wire(t, "allreduce tensor", op, reducing=True, writable=True)
 
             def body(comm, seqs, w=w):
                 if comm is not None:
@@ -213,7 +217,7 @@ class HccGroup(_base_group()):  # type: ignore[misc]
     def broadcast(self, tensors, broadcast_options=None) -> None:
         root = int(getattr(broadcast_options, "root_rank", 0))
         (t,) = _one_or_list(tensors)
-        w = _wire(t, "broadcast tensor")
+        w = _wire(t, "broadcast tensor", writable=True)
 
         def body(comm, seqs):
             if comm is not None:
@@ -227,8 +231,8 @@ class HccGroup(_base_group()):  # type: ignore[misc]
         op = _op(getattr(reduce_options, "reduceOp", "sum"))
         root = int(getattr(reduce_options, "root_rank", 0))
         (t,) = _one_or_list(tensors)
-        w = _wire(t, "reduce tensor", op, reducing=True)
         me = self._rank
+        w = _wire(t, "reduce tensor", op, reducing=True, writable=me == root)
 
         def body(comm, seqs):
             if comm is not None:
@@ -248,7 +252,7 @@ class HccGroup(_base_group()):  # type: ignore[misc]
             raise ValueError(f"hcc: allgather: {len(outs)} output tensors for {n} ranks")
         w = _wire(t, "allgather input")
         flat = np.empty(n * w.arr.size, dtype=w.arr.dtype)
-        outw = [_wire(o, "allgather output") for o in outs]
+        outw = [_wire(o, "allgather output", writable=True) for o in outs]
         for ow in outw:
             if ow.arr.size != w.arr.size or ow.dtype != w.dtype:
                 raise ValueError(f"hcc: allgather: an output of {ow.arr.size} {ow.dtype} elements for an "
@@ -274,7 +278,7 @@ class HccGroup(_base_group()):  # type: ignore[misc]
         n = self._world_size
         if len(ins) != n:
             raise ValueError(f"hcc: reducescatter: {len(ins)} input tensors for {n} ranks")
-        w = _wire(t, "reducescatter output", op, reducing=True)
+        w = _wire(t, "reducescatter output", op, reducing=True, writable=True)
         inw = [_wire(i, "reducescatter input", op, reducing=True) for i in ins]
         for iw in inw:
             if iw.arr.size != w.arr.size or iw.dtype != w.dtype:

@@ -72,6 +72,14 @@ class Member:
         api.barrier(group_name=group)
         return out
 
+    def readonly(self, x: np.ndarray, group: str) -> str:
+        """``x`` arrives read-only (Ray's argument): the call is refused before any byte moves."""
+        try:
+            col.allreduce(x, group_name=group)
+        except ValueError as e:
+            return str(e)
+        return "no error"
+
     def teardown(self, group: str, via_module: bool) -> None:
         import hcc.ray as hray
 
@@ -108,4 +116,7 @@ def test_collectives_in_user_actors(cluster, via_module):
         np.testing.assert_array_equal(res["reduce"], np.full(5, 6.0) if r == 2 else np.full(5, r + 1.0))
         np.testing.assert_array_equal(res["reducescatter"],
                                       np.full(6, float(sum(q * WORLD + r for q in range(WORLD)))))
+    if not via_module:
+        msg = ray.get(members[0].readonly.remote(np.ones(3, dtype=np.float32), group), timeout=60)
+        assert "is read-only and the call writes it" in msg, msg
     ray.get([m.teardown.remote(group, via_module) for m in members], timeout=60)
