@@ -426,6 +426,8 @@ class Lower:
             if c.algorithm in dropped:
                 progress.report("lower", f"{c.algorithm} again, the plan selected")
                 plan = builders[c.algorithm](c.choice.chunk_bytes)
+                if isinstance(plan, tuple):  # a builder that prices its own plan: (plan, simulation)
+                    plan = plan[0]
                 if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
                     raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
                 out[k] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
