@@ -297,7 +297,10 @@ def cmd_viz(args) -> int:
     if args.format == "dot":
         atomic_write_text(out, viz.to_dot(plan))
     elif args.format == "trace":
-        atomic_write_text(out, json.dumps(viz.to_trace(plan)))
+        # viz draws timings it is given (ir imports nothing from the compiler); the CLI runs them
+        from .compiler.cost import simulate
+
+        atomic_write_text(out, json.dumps(viz.to_trace(plan, simulate(plan, detail=True))))
     else:
         viz.draw(plan, out, fmt=args.format)
     print(f"wrote {out} ({args.format})")
