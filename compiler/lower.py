@@ -33,7 +33,8 @@ Lowering per kind (ir/plan.py ``buffer_layout`` gives the required result):
   same rate proportions and every block part travels along the tree path between its owner
   and the root; relays hold it in ``out`` (gather: a non-root's ``out`` is scratch) or in
   ``tmp`` at its natural offset (scatter).
-- alltoall, neighbor_average: direct messages between the pairs that exchange data.
+- alltoall: direct messages between the pairs that exchange data; neighbor_average is the
+  relaxation's lowering (lower_relax.relax_plan), which carries every step.
 
 Order (``lower(schedule=...)``): ``fifo`` emits the chunks tree by tree in chunk-major order
 with data dependencies only; ``timed`` (what the pipeline uses for the treepack candidates)
@@ -393,22 +394,6 @@ def _direct_alltoall(L: _Lowering) -> None:
                 j = (i + d) % n
                 B.message(i, j, ChunkRef("in", j * w + a, b - a), ChunkRef("out", i * w + a, b - a),
                           chunk=k)
-
-
-def _direct_neighbor_average(L: _Lowering) -> None:
-    n, B = L.n, L.B
-    peers = [neighbor_peers(L.spec.peers, n, r) for r in range(n)]
-    for k, (a, b) in enumerate(_chunks(0, L.E, L.ce)):
-        ref_in, ref_out = ChunkRef("in", a, b - a), ChunkRef("out", a, b - a)
-        copy = [B.add(r, Copy(ref_in, ref_out)) for r in range(n)]
-        done: list[list[int]] = [[] for _ in range(n)]
-        for r in range(n):
-            for p in peers[r]:
-                _, rr = B.message(p, r, ref_in, ref_out, recv_deps=(copy[r],), reduce=True, chunk=k)
-                done[r].append(rr)
-        for r in range(n):
-            if peers[r]:
-                B.add(r, Scale(ref_out, 1 + len(peers[r]), tuple(done[r])))
 
 
 def _root_spans(L: _Lowering, shapes: list[TreeShape]) -> list[tuple[int, int]]:
@@ -959,8 +944,8 @@ def lower(
     :class:`~hcc.compiler.program.CollectiveSpec` or anything with its fields) to a
     :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
 
-    alltoall and neighbor_average ignore ``trees`` and use direct messages (their plans say
-    ``algorithm = "direct"``). ``figures`` are left at their defaults for the cost model.
+    alltoall ignores ``trees`` and uses direct messages (its plan says ``algorithm =
+    "direct"``); neighbor_average is handed to :func:`lower_relax.relax_plan` (``"relax"``). ``figures`` are left at their defaults for the cost model.
     ``per_root`` (allreduce only): see :func:`_lower_trees`; False keeps reduce-then-broadcast
     per tree even when the trees' roots happen to cover every rank. ``proportional``: each
     tree's chunk is ``chunk_bytes`` scaled by its rate over the fastest tree's (broadcast,
@@ -992,8 +977,11 @@ def lower(
         _direct_alltoall(L)
         algorithm = "direct"
     elif kind == "neighbor_average":
-        _direct_neighbor_average(L)
-        algorithm = "direct"
+        # one lowering of neighbor_average, the relaxation's: it carries every step of a
+        # shift_one period (a step-0-only plan would not verify)
+        from .lower_relax import relax_plan
+
+        return relax_plan(spec, topo, chunk_bytes)
     else:
         shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
         timed = None

@@ -282,7 +282,7 @@ def test_neighbor_average_peers(peers):
     plan = lower(spec("neighbor_average", 4, 20, peers=peers), mesh(4), [], 8 * 8)
     plan.verify()
     check_numeric(plan)
-    assert plan.op == "avg" and plan.peers == peers and plan.algorithm == "direct"
+    assert plan.op == "avg" and plan.peers == peers and plan.algorithm == "relax"
 
 
 def test_broadcast_chain_depth_is_n_minus_1_and_chunks_pipeline():
