@@ -321,7 +321,7 @@ def _layout(scene: _Scene, used: set[str] | None = None) -> dict[str, tuple[floa
     named = [h for h in hosts if h]
     cols = max(1, math.ceil(math.sqrt(len(named)))) if named else 1
     for k, h in enumerate(named):
-        cx, cy = 3.2 * (k % cols), -3.2 * (k // cols)
+        cx, cy = 3.8 * (k % cols), -3.8 * (k // cols)
         vs = hosts[h]
         for i, v in enumerate(vs):
             a = math.pi / 2 - 2 * math.pi * i / max(1, len(vs))
@@ -329,7 +329,7 @@ def _layout(scene: _Scene, used: set[str] | None = None) -> dict[str, tuple[floa
             pos[v] = (cx + r * math.cos(a), cy + r * math.sin(a))
     free = hosts.get("", [])
     if named:
-        width = 3.2 * (cols - 1)
+        width = 3.8 * (cols - 1)
         for i, v in enumerate(free):
             pos[v] = (width * (i + 0.5) / max(1, len(free)) if len(free) > 1 else width / 2, 2.6)
     else:
@@ -356,19 +356,21 @@ def _draw_matplotlib(plan: Plan, fmt: str) -> bytes:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows + 0.6), squeeze=False)
     pos = _layout(scene)
 
-    def verts(ax, used):
+    def verts(ax, used, shade=False):
         for h in {scene.verts[s].host for s in used} - {""}:
             xs = [pos[s][0] for s in used if scene.verts[s].host == h]
             ys = [pos[s][1] for s in used if scene.verts[s].host == h]
             ax.add_patch(FancyBboxPatch((min(xs) - 0.5, min(ys) - 0.5), max(xs) - min(xs) + 1.0,
                                         max(ys) - min(ys) + 1.0, boxstyle="round,pad=0.1",
                                         fc="#f4f4f4", ec="#aaaaaa", zorder=0))
-            ax.text(min(xs) - 0.5, max(ys) + 0.65, h, fontsize=7, color="#555555", zorder=5)
+            ax.text(min(xs) - 0.5, max(ys) + 0.7, h, fontsize=8, color="#555555", zorder=5)
         for s in used:
             vx = scene.verts[s]
             x, y = pos[s]
             marker = "s" if vx.kind in ("switch", "group") else "o"
             fc = "#eeeeee" if vx.kind == "switch" else ("white" if vx.kind == "node" else "#dde8f7")
+            if shade and s in scene.cut_side:
+                fc = "#f9d0cc"
             ax.scatter([x], [y], s=260, marker=marker, color=fc, edgecolors="black",
                        linewidths=2.5 if vx.root else 0.8, zorder=3)
             label = vx.label + ("\n(root)" if vx.root and vx.kind != "group" else "")
@@ -380,7 +382,7 @@ def _draw_matplotlib(plan: Plan, fmt: str) -> bytes:
         (x0, y0), (x1, y1) = pos[a], pos[b]
         cut = (a, b) in scene.cut
         ax.plot([x0, x1], [y0, y1], color=CUT_COLOR if cut else "#c8c8c8", lw=2.5 if cut else 0.8, zorder=1)
-    verts(ax, list(scene.verts))
+    verts(ax, list(scene.verts), shade=True)
     ax.set_title("topology" + ("\n" + scene.cut_label.replace("; ", "\n") if scene.cut_label else ""), fontsize=8,
                  color=CUT_COLOR if scene.cut_label else "black")
     for k, p in enumerate(scene.panels, 1):
