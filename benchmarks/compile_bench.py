@@ -197,6 +197,9 @@ def write_rows(path: str, rows: list[dict], keep_others: bool) -> list[dict]:
         rows = [r for r in old if (r["topology"], r["collective"]) not in fresh] + rows
     order = [label for label, _, _ in _cases(False, True)]
     rows = sorted(rows, key=lambda r: order.index(r["topology"]) if r["topology"] in order else len(order))
+    for r in rows:  # rows read back from a CSV: both algbw columns rounded to 1 MB/s
+        if r.get("forestcoll_algbw_GBps") not in ("", None) and isinstance(r["forestcoll_algbw_GBps"], str):
+            r["same_algbw"] = math.isclose(float(r["forestcoll_algbw_GBps"]), float(r["bound_rate_GBps"]), rel_tol=1e-5)
     fields: list[str] = []
     for r in rows:
         fields += [k for k in r if k not in fields]
