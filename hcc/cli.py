@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", "--collective", metavar="NAME",
                    help="which collective of an .hcl program to draw (needed when it has several)")
     s.add_argument("--format", choices=["dot", "trace", "png", "svg"], default="dot",
-                   help="dot: Graphviz source of the topology and trees (default); trace: the predicted "
-                        "timeline as Chrome/Perfetto trace JSON; png, svg: a picture (needs matplotlib)")
+                   help="dot: Graphviz source of the topology panel and one panel per tree (default); "
+                        "trace: the predicted timeline as Chrome/Perfetto trace JSON; png, svg: a picture "
+                        "(rendered by Graphviz's dot when installed, else matplotlib, the viz extra)")
     s.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="the file to write (atomically: a failed run leaves no half-written file)")
 

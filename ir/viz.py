@@ -184,6 +184,10 @@ def _scene(plan: Plan) -> _Scene:
     if f.cut_links:
         cut_label = (f"bottleneck cut: {len(f.cut_links)} links {'into' if f.cut_direction == 'in' else 'out of'} "
                      f"S (shaded, {len(f.cut_vertices)} vertices), {_rate(f.cut_capacity_Bps)}; bound {_rate(f.bound_rate_Bps)}")
+    inside = sorted({where[u] for u, v in f.cut_links if u in where and where.get(v) == where[u]})
+    if big and inside:  # a cut within a host box has no edge of its own to colour
+        cut_label += ("\ncut links inside the box " if len(inside) == 1 else f"\ncut links inside {len(inside)} boxes: ") + ", ".join(inside[:4]) + \
+            (" ..." if len(inside) > 4 else "")
     title = f"{plan.name}: {plan.kind} on {topo.name}, {plan.algorithm}, {len(plan.trees)} trees"
     if f.predicted_s > 0:
         title += f"\nrate {_rate(f.rate_Bps)}, bound {_rate(f.bound_rate_Bps)}, efficiency {f.efficiency:.2f}"
@@ -282,9 +286,9 @@ def to_dot(plan: Plan) -> str:
         sorted({x for e in p.edges for x in e} | ({p.root} if p.root else set())) for p in scene.panels]
     for k in range(cols, len(drawn)):
         for sid in drawn[k]:
-            lines.append(f"  {_q(f'p{k}:_top')} -> {_q(f'p{k}:{sid}')} [style=invis];")
+            lines.append(f"  {_q(f'p{k}:_top')} -> {_q(f'p{k}:{sid}')} [style=invis, weight=0];")
         for sid in drawn[k - cols] or ["_top"]:
-            lines.append(f"  {_q(f'p{k - cols}:{sid}')} -> {_q(f'p{k}:_top')} [style=invis];")
+            lines.append(f"  {_q(f'p{k - cols}:{sid}')} -> {_q(f'p{k}:_top')} [style=invis, weight=0];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

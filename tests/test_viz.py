@@ -145,6 +145,10 @@ def test_a_large_plan_draws_racks_not_ranks(racks, tmp_path):
     assert not any("." in n for n in nodes if n != "spine0..spine1")
     root_line = next(l for l in dot.splitlines() if l.strip().startswith('"p0:rack3" ['))
     assert "peripheries=2" in root_line and "root rack3.n2" in root_line
+    # the binding cut (the root's own 12.5 GB/s link) lies inside rack3's box: the title says so
+    f = racks.figures
+    assert f.cut_links and all(u.startswith("rack3.") and v.startswith("rack3.") for u, v in f.cut_links)
+    assert "cut links inside the box rack3" in dot
     svg = tmp_path / "racks.svg"
     viz.draw(racks, svg)
     assert b"<svg" in svg.read_bytes()[:2000]
