@@ -10,7 +10,8 @@ Terms:
   cut — the links whose capacity sets the plan's bound rate (``Figures.cut_links``) — drawn
   thick red and labelled with that rate; then one panel per packed tree with only the tree's
   edges, its root marked. More than :data:`MAX_TREE_PANELS` trees: the first ones are drawn and
-  the title says how many are not.
+  the title says how many are not. A plan without trees (a direct alltoall) gets instead a
+  panel with its traffic matrix: the bytes each rank sends each other rank.
 - **lane**: one track of the trace that never holds two overlapping slices. Transfers that
   overlap on one link (cut-through hops, a queue of messages) go to the link's next lane.
 
@@ -289,8 +290,60 @@ def to_dot(plan: Plan) -> str:
             lines.append(f"  {_q(f'p{k}:_top')} -> {_q(f'p{k}:{sid}')} [style=invis, weight=0];")
         for sid in drawn[k - cols] or ["_top"]:
             lines.append(f"  {_q(f'p{k - cols}:{sid}')} -> {_q(f'p{k}:_top')} [style=invis, weight=0];")
+    if not scene.panels:
+        _dot_traffic(lines, plan)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+# 24 ranks: a 25 x 25 table of short numbers stays about as wide as a topology panel
+TRAFFIC_MAX_RANKS = 24
+
+
+def traffic(plan: Plan) -> dict[tuple[int, int], int]:
+    """Bytes each rank sends each other rank in the plan's programs (elements x itemsize,
+    before any compression): the phase a tree-less plan (alltoall, direct) is made of."""
+    out: dict[tuple[int, int], int] = {}
+    for r, prog in enumerate(plan.programs):
+        for op in prog:
+            if type(op).__name__ == "Send":
+                out[(r, op.peer)] = out.get((r, op.peer), 0) + op.src.count * plan.itemsize
+    return out
+
+
+def _dot_traffic(lines: list[str], plan: Plan) -> None:
+    """A panel with the rank-to-rank traffic matrix (an HTML-like table), darker = more bytes."""
+    n = plan.n
+    k = 1
+    lines.append(f"  subgraph {_q(f'cluster_panel{k}')} {{")
+    if n > TRAFFIC_MAX_RANKS:
+        lines.append(f'    label={_q(f"no trees; {n} ranks: traffic matrix not drawn (over {TRAFFIC_MAX_RANKS})")};')
+        lines.append(f"    {_q(f'p{k}:_top')} [style=invis, shape=point, width=0, label=\"\"];")
+        lines.append("  }")
+        return
+    m = traffic(plan)
+    top = max(m.values(), default=0)
+    unit, scale = next(((u, sc) for u, sc in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if top >= sc), ("B", 1))
+    lines.append(f'    label={_q(f"no trees: {plan.algorithm} transfers, {unit} sent (row) to (column)")}; '
+                 'style="rounded"; color="#999999"; fontsize=11;')
+    rows = ['<TR><TD></TD>' + "".join(f"<TD><B>{c}</B></TD>" for c in range(n)) + "</TR>"]
+    for r in range(n):
+        cells = []
+        for c in range(n):
+            b = m.get((r, c), 0)
+            shade = int(255 - 140 * b / top) if top and b else 255
+            fill = f"#{shade:02x}{shade:02x}ff" if b else "#ffffff"
+            cells.append(f'<TD BGCOLOR="{fill}">{b / scale:.3g}</TD>' if b else "<TD></TD>")
+        rows.append(f"<TR><TD><B>{r}</B></TD>{''.join(cells)}</TR>")
+    names = ", ".join(f"{i}={v}" for i, v in enumerate(plan.ranks))
+    table = ('<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">' + "".join(rows) +
+             f'<TR><TD COLSPAN="{n + 1}"><FONT POINT-SIZE="8">{_html(names)}</FONT></TD></TR></TABLE>')
+    lines.append(f"    {_q(f'p{k}:traffic')} [shape=plain, fontsize=9, label=<{table}>];")
+    lines.append("  }")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # ---------------------------------------------------------------- PNG / SVG

@@ -41,6 +41,9 @@ collective ar = allreduce on two {
     size = 4 MiB
     op = sum
 }
+collective a2a = alltoall on two {
+    size = 64 KiB
+}
 """
 
 # 16 racks of 4 nodes under 2 spines: 82 vertices, more than viz.AGGREGATE_OVER
@@ -65,7 +68,7 @@ collective bc = broadcast on racks {
 def two(tmp_path_factory):
     src = tmp_path_factory.mktemp("viz") / "two.hcl"
     src.write_text(TWO_HOSTS)
-    return {name: hcc.compile(src, name) for name in ("bc", "ar")}
+    return {name: hcc.compile(src, name) for name in ("bc", "ar", "a2a")}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +137,20 @@ def test_tree_panels_hold_only_their_tree(two):
         hops[t].add((u, v))
     for k, t in enumerate(plan.trees[:viz.MAX_TREE_PANELS], 1):
         assert edges[k] == len(hops[t.index])
+
+
+def test_a_plan_without_trees_draws_its_traffic_matrix(two):
+    plan = two["a2a"]
+    assert not plan.trees
+    dot = viz.to_dot(plan)
+    assert len(_panels(dot)) == 2 and "no trees:" in dot
+    m = viz.traffic(plan)
+    # an alltoall moves size / n bytes from every rank to every other, and nothing to itself
+    # (counted here from the Send ops; the expectation from the collective's definition)
+    n = plan.n
+    assert m == {(r, c): plan.size_bytes // n for r in range(n) for c in range(n) if r != c}
+    table = dot.split("<TABLE", 1)[1]
+    assert table.count("<TD BGCOLOR=") == n * (n - 1)
 
 
 def test_a_large_plan_draws_racks_not_ranks(racks, tmp_path):
