@@ -36,7 +36,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ArgumentValueError, HccError
 from .plan import Plan
+
+
+class VizError(HccError):
+    """Graphviz's ``dot`` refused the picture (its message follows)."""
 
 # 10 colours that stay distinct on white (matplotlib's tab10), cycled past 10 trees
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -359,7 +364,7 @@ def draw(plan: Plan, path: str | os.PathLike, fmt: str | None = None, *, engine:
         # 120 s: fattree1024's scene (33 boxes) renders in well under a second; a bound, not a target
         r = subprocess.run(["dot", f"-T{fmt}"], input=to_dot(plan).encode(), capture_output=True, timeout=120)
         if r.returncode != 0:
-            raise RuntimeError(f"dot -T{fmt} failed: {r.stderr.decode(errors='replace')[:500]}")
+            raise VizError(f"dot -T{fmt} failed: {r.stderr.decode(errors='replace')[:500]}")
         atomic_write_bytes(path, r.stdout)
         return
     atomic_write_bytes(path, _draw_matplotlib(plan, fmt))
@@ -510,7 +515,7 @@ def to_trace(plan: Plan, simulation) -> dict:
     end``), ``time`` and ``messages`` — the compiler's ``Simulation``."""
     evs = list(simulation.events)
     if not evs and simulation.messages:
-        raise ValueError("to_trace needs a simulation run with detail=True (it has no events)")
+        raise ArgumentValueError("to_trace needs a simulation run with detail=True (it has no events)")
     out: list[dict] = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0,
                         "args": {"name": f"links: {plan.name} ({plan.kind}, {plan.algorithm}), predicted"}},
                        {"name": "process_sort_index", "ph": "M", "pid": 1, "tid": 0, "args": {"sort_index": 0}}]

@@ -279,3 +279,9 @@ def test_cli_viz_trace_and_png(tmp_path):
         assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trace_refuses_a_simulation_without_detail(two):
+    plan = two["bc"]
+    with pytest.raises(hcc.ArgumentValueError, match="detail=True"):
+        viz.to_trace(plan, simulate(plan))
