@@ -394,10 +394,15 @@ def _layout(scene: _Scene, used: set[str] | None = None) -> dict[str, tuple[floa
         width = 3.8 * (cols - 1)
         for i, v in enumerate(free):
             pos[v] = (width * (i + 0.5) / max(1, len(free)) if len(free) > 1 else width / 2, 2.6)
-    else:
-        for i, v in enumerate(free):
-            a = math.pi / 2 - 2 * math.pi * i / max(1, len(free))
-            pos[v] = (2.0 * math.cos(a), 2.0 * math.sin(a))
+    else:  # no hosts drawn as boxes: switches in the middle, the rest on a circle around them
+        hubs = [v for v in free if scene.verts[v].kind == "switch" or
+                (scene.verts[v].kind == "group" and "switches" in scene.verts[v].label)]
+        outer = [v for v in free if v not in hubs]
+        radius = max(2.0, 0.4 * len(outer))  # ~0.6 units of arc per vertex keeps labels apart
+        for ring, r in ((outer, radius), (hubs, 0.0 if len(hubs) == 1 else 0.6)):
+            for i, v in enumerate(ring):
+                a = math.pi / 2 - 2 * math.pi * i / max(1, len(ring))
+                pos[v] = (r * math.cos(a), r * math.sin(a))
     return pos
 
 
