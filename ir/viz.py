@@ -216,7 +216,9 @@ def _scene(plan: Plan) -> _Scene:
 
 
 # ---------------------------------------------------------------- DOT
-def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[str] | None) -> None:
+def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[str] | None,
+               root: str | None = None) -> None:
+    """``root``: the vertex ringed in this panel (a tree's root); None: the plan's root."""
     """One panel: a cluster holding a cluster per host; node ids ``p<k>:<vertex>``."""
     lines.append(f"  subgraph {_q(f'cluster_panel{k}')} {{")
     lines.append(f'    label={_q(title)}; style="rounded"; color="#999999"; fontsize=11;')
@@ -233,7 +235,8 @@ def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[st
             ind = "      "
         for sid in sids:
             vx = scene.verts[sid]
-            label = vx.label + ("\n(root)" if vx.root and vx.kind != "group" else "")
+            ringed = vx.root if root is None else sid == root
+            label = vx.label + ("\n(root)" if ringed and vx.kind != "group" else "")
             attrs = {
                 "rank": 'shape=ellipse, style="filled", fillcolor="#dde8f7"',
                 "node": 'shape=ellipse, style="dashed"',
@@ -242,7 +245,7 @@ def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[st
             }[vx.kind]
             if k == 0 and sid in scene.cut_side:
                 attrs = attrs.replace('fillcolor="#dde8f7"', 'fillcolor="#f9d0cc"').replace('fillcolor="#eeeeee"', 'fillcolor="#f9d0cc"')
-            if vx.root:
+            if ringed:
                 attrs += ', peripheries=2, penwidth=2, color="#000000"'
             lines.append(f"{ind}{_q(f'p{k}:{sid}')} [label={_q(label)}, {attrs}];")
         if h:
@@ -271,7 +274,7 @@ def to_dot(plan: Plan) -> str:
                          f"fontcolor=\"#888888\"];")
     for k, p in enumerate(scene.panels, 1):
         used = {x for e in p.edges for x in e} | ({p.root} if p.root else set())
-        _dot_panel(lines, scene, k, p.title, used)
+        _dot_panel(lines, scene, k, p.title, used, root=p.root)
         for (a, b), n in sorted(p.edges.items()):
             extra = f", label={_q(f'{n} hops')}" if n > 1 else ""
             lines.append(f"  {_q(f'p{k}:{a}')} -> {_q(f'p{k}:{b}')} [color={_q(p.color)}, penwidth=2{extra}];")
@@ -423,7 +426,7 @@ def _draw_matplotlib(plan: Plan, fmt: str) -> bytes:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows + 0.6), squeeze=False)
     pos = _layout(scene)
 
-    def verts(ax, used, shade=False):
+    def verts(ax, used, shade=False, root=None):
         for h in {scene.verts[s].host for s in used} - {""}:
             xs = [pos[s][0] for s in used if scene.verts[s].host == h]
             ys = [pos[s][1] for s in used if scene.verts[s].host == h]
@@ -438,9 +441,10 @@ def _draw_matplotlib(plan: Plan, fmt: str) -> bytes:
             fc = "#eeeeee" if vx.kind == "switch" else ("white" if vx.kind == "node" else "#dde8f7")
             if shade and s in scene.cut_side:
                 fc = "#f9d0cc"
+            ringed = vx.root if root is None else s == root
             ax.scatter([x], [y], s=260, marker=marker, color=fc, edgecolors="black",
-                       linewidths=2.5 if vx.root else 0.8, zorder=3)
-            label = vx.label + ("\n(root)" if vx.root and vx.kind != "group" else "")
+                       linewidths=2.5 if ringed else 0.8, zorder=3)
+            label = vx.label + ("\n(root)" if ringed and vx.kind != "group" else "")
             ax.annotate(label, (x, y), xytext=(0, -13), textcoords="offset points", ha="center", va="top",
                         fontsize=6, zorder=4)
 
@@ -458,7 +462,7 @@ def _draw_matplotlib(plan: Plan, fmt: str) -> bytes:
         for (a, b) in p.edges:
             ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
                         arrowprops=dict(arrowstyle="-|>", color=p.color, lw=1.6, shrinkA=8, shrinkB=8))
-        verts(ax, [s for s in scene.verts if s in used])
+        verts(ax, [s for s in scene.verts if s in used], root=p.root)
         ax.set_title(p.title, fontsize=8, color=p.color)
     for row in axes:
         for ax in row:

@@ -106,6 +106,11 @@ def test_dot_marks_the_root_in_every_panel(two):
     marked = [l for l in dot.splitlines() if "peripheries=2" in l]
     assert {re.match(r'\s*"p(\d+):', l).group(1) for l in marked} == set(_panels(dot))
     assert all(f':{root}"' in l and "(root)" in l for l in marked)
+    # an allreduce has no plan root: each tree's own root is ringed in its panel, none in panel 0
+    ar = two["ar"]
+    dot = viz.to_dot(ar)
+    marked = {re.match(r'\s*"p(\d+):([^"]+)"', l).groups() for l in dot.splitlines() if "peripheries=2" in l}
+    assert marked == {(str(k), ar.ranks[t.root]) for k, t in enumerate(ar.trees[:viz.MAX_TREE_PANELS], 1)}
 
 
 def test_dot_highlights_the_binding_cut_with_its_rate(two):
