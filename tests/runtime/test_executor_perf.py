@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_executor_plans import _topo, free_port, threaded  # noqa: E402
 
+import hcc  # noqa: E402
 from hcc.backends import sockets  # noqa: E402
 from hcc.backends.executor import RankExecution  # noqa: E402
 from hcc.backends.kernels import STAGING, StagingPool, np_dtype  # noqa: E402
