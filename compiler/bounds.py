@@ -137,8 +137,9 @@ class _Net:
             raise ArithmeticError("max-flow did not reach optimality")
         return f.optimal_flow()
 
-    def min_cut_between(self, side: set[int], other: set[int]) -> int:
-        """Least B⁺(S) over S ⊇ side, S ∩ other = ∅ (switches and the rest placed freely)."""
+    def solved_cut_between(self, side: set[int], other: set[int]):
+        """The solved max-flow from a super source feeding ``side`` to a super sink fed by
+        ``other`` (the super source is vertex index ``len(self.vertices)``)."""
         n = len(self.vertices)
         s, t = n, n + 1
         f = self._flow()
@@ -149,7 +150,11 @@ class _Net:
             f.add_arc_with_capacity(v, t, big)
         if f.solve(s, t) != f.OPTIMAL:
             raise ArithmeticError("max-flow did not reach optimality")
-        return f.optimal_flow()
+        return f
+
+    def min_cut_between(self, side: set[int], other: set[int]) -> int:
+        """Least B⁺(S) over S ⊇ side, S ∩ other = ∅ (switches and the rest placed freely)."""
+        return self.solved_cut_between(side, other).optimal_flow()
 
     def min_cut(self, src: int, dst: int) -> tuple[int, frozenset[int]]:
         """maxflow(src, dst) and the source side of a minimum cut (vertex indices)."""
@@ -601,17 +606,8 @@ def _alltoall_cut(topo, ranks) -> Cut:
 
 def net_min_cut_side(net: _Net, side: set[int], other: set[int]) -> tuple[int, set[int]]:
     """:meth:`_Net.min_cut_between` with the source side (vertex indices) of the cut."""
-    nv = len(net.vertices)
-    s, t = nv, nv + 1
-    f = net._flow()
-    big = sum(c for _, _, c in net.arcs) + 1
-    for v in side:
-        f.add_arc_with_capacity(s, v, big)
-    for v in other:
-        f.add_arc_with_capacity(v, t, big)
-    if f.solve(s, t) != f.OPTIMAL:
-        raise ArithmeticError("max-flow did not reach optimality")
-    return f.optimal_flow(), set(f.get_source_side_min_cut()) - {s}
+    f = net.solved_cut_between(side, other)
+    return f.optimal_flow(), set(f.get_source_side_min_cut()) - {len(net.vertices)}
 
 
 def _vertex_cut(topo, ranks, factor: float, kind: str, what_fmt: str) -> Cut:
