@@ -868,12 +868,13 @@ static int check_peer_index(Engine *e, int peer) {
     return 0;
 }
 
-/* isend(peer_index, tag, plan, buffer) -> handle; the caller keeps the buffer alive until done */
-static PyObject *Engine_isend(Engine *e, PyObject *args) {
+/* post a send (R_SEND, a readable buffer) or a receive (R_RECV, a writable one):
+   (peer_index, tag, plan, buffer) -> handle; the caller keeps the buffer alive until done */
+static PyObject *post_request(Engine *e, PyObject *args, int kind) {
     int peer;
     unsigned int tag, plan;
     Py_buffer b;
-    if (!PyArg_ParseTuple(args, "iIIy*", &peer, &tag, &plan, &b)) return NULL;
+    if (!PyArg_ParseTuple(args, kind == R_SEND ? "iIIy*" : "iIIw*", &peer, &tag, &plan, &b)) return NULL;
     if (check_peer_index(e, peer)) {
         PyBuffer_Release(&b);
         return NULL;
@@ -883,7 +884,7 @@ static PyObject *Engine_isend(Engine *e, PyObject *args) {
         PyBuffer_Release(&b);
         return PyErr_NoMemory();
     }
-    r->kind = R_SEND;
+    r->kind = kind;
     r->peer = peer;
     r->tag = tag;
     r->plan = plan;
@@ -893,39 +894,17 @@ static PyObject *Engine_isend(Engine *e, PyObject *args) {
     pthread_mutex_lock(&e->mu);
     int64_t h = table_put(e, r);
     r->id = h | ((int64_t)1 << 62);
-    post_send(e, r);
+    if (kind == R_SEND)
+        post_send(e, r);
+    else
+        post_recv(e, r);
     pthread_mutex_unlock(&e->mu);
     return PyLong_FromLongLong(h);
 }
 
-static PyObject *Engine_irecv(Engine *e, PyObject *args) {
-    int peer;
-    unsigned int tag, plan;
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "iIIw*", &peer, &tag, &plan, &b)) return NULL;
-    if (check_peer_index(e, peer)) {
-        PyBuffer_Release(&b);
-        return NULL;
-    }
-    req_t *r = calloc(1, sizeof *r);
-    if (!r) {
-        PyBuffer_Release(&b);
-        return PyErr_NoMemory();
-    }
-    r->kind = R_RECV;
-    r->peer = peer;
-    r->tag = tag;
-    r->plan = plan;
-    r->buf = b.buf;
-    r->nbytes = (size_t)b.len;
-    PyBuffer_Release(&b);
-    pthread_mutex_lock(&e->mu);
-    int64_t h = table_put(e, r);
-    r->id = h | ((int64_t)1 << 62);
-    post_recv(e, r);
-    pthread_mutex_unlock(&e->mu);
-    return PyLong_FromLongLong(h);
-}
+static PyObject *Engine_isend(Engine *e, PyObject *args) { return post_request(e, args, R_SEND); }
+
+static PyObject *Engine_irecv(Engine *e, PyObject *args) { return post_request(e, args, R_RECV); }
 
 /* failure of a peer that some request in `peers_busy` depends on: (status, peer) or 0 */
 static int failure_of(Engine *e, const char *busy, int *peer_out) {
