@@ -6,17 +6,20 @@ also proves the extension is the one in use (its runner ran the programs: its ow
 moved, and the Python loop never ran)."""
 from __future__ import annotations
 
-import threading
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hcc
-from hcc.backends import kernels, native, sockets
+from hcc.backends import kernels, native
 from hcc.backends.executor import RankExecution
 from hcc.backends.launch import run_cases_local
 from hcc.backends.reference import check, expected, make_inputs
-from hcc.backends.rendezvous import free_port
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_shm import _job  # noqa: E402  (one threaded local job for both files)
 from hcc.ir.plan import DTYPE_SIZES, OPS
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native core is not built (pip install -e .)")
@@ -132,24 +135,7 @@ def test_runner_matches_python_executor_over_both_transports(grid_plans, monkeyp
 def _local_job(n: int, fn, timeout: float = 20.0):
     """``fn(rank, comm)`` on n ranks connected over sockets with shm on, as threads of this
     process (each rank has its own channels; the runner releases the GIL)."""
-    port = free_port()
-    out, errs = [None] * n, []
-
-    def body(r):
-        try:
-            with sockets.connect(r, n, f"127.0.0.1:{port}", token="native-test", timeout=timeout, shm="on") as c:
-                out[r] = fn(r, c)
-                c.barrier("done")
-        except Exception as e:  # reported below
-            errs.append((r, e))
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout * 3)
-    assert not errs, errs
-    return out
+    return _job(n, fn, timeout=timeout, shm_mode="on")
 
 
 @pytest.mark.slow

@@ -111,9 +111,9 @@ def test_a_sigkilled_peer_is_seen_at_once_by_a_rank_blocked_on_its_channel(how, 
         assert child.returncode == -9
 
 
-def _job(n: int, fn, labels=None, timeout: float = 20.0, monkeypatch=None):
+def _job(n: int, fn, labels=None, timeout: float = 20.0, monkeypatch=None, shm_mode: str = "auto"):
     """``fn(rank, comm)`` on n ranks as threads of this process; ``labels[r]``: rank r's host
-    label (as ``HCC_SHM_HOST`` gives one per process)."""
+    label (as ``HCC_SHM_HOST`` gives one per process); ``shm_mode``: connect()'s ``shm``."""
     port = free_port()
     out, errs = [None] * n, []
     if labels is not None:
@@ -130,7 +130,8 @@ def _job(n: int, fn, labels=None, timeout: float = 20.0, monkeypatch=None):
         try:
             if labels is not None:
                 who.rank = r
-            with sockets.connect(r, n, f"127.0.0.1:{port}", token="shm-test", timeout=timeout) as c:
+            with sockets.connect(r, n, f"127.0.0.1:{port}", token="shm-test", timeout=timeout,
+                                 shm=shm_mode) as c:
                 out[r] = fn(r, c)
                 c.barrier("done")
         except Exception as e:  # reported below
