@@ -111,14 +111,11 @@ def run_model_key(backend: str, netem: bool = False) -> str:
 
 
 def busbw_factor(kind: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor of a collective on ``n`` ranks."""
-    if n <= 1:
-        return 1.0
-    if kind == "allreduce":
-        return 2.0 * (n - 1) / n
-    if kind in ("allgather", "reduce_scatter", "alltoall", "gather", "scatter"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' bus-bandwidth factor of a collective on ``n`` ranks (the compiler's
+    table, :data:`hcc.compiler.pipeline.BUSBW_FACTOR`; 1 on one rank)."""
+    from .compiler.pipeline import BUSBW_FACTOR
+
+    return BUSBW_FACTOR[kind](n) if n > 1 else 1.0
 
 
 def compile_on(program, name: str, topology=None, model: CostModel = RUN_MODELS["sockets"]):
