@@ -96,14 +96,14 @@ def prepare_job(job: Path, cases: Sequence[tuple], iters: int, warmup: int, time
             raise RuntimeFault(f"case {i}: plan has {plan.n} ranks, the job {world}")
         plan.save(job / f"case{i}.plan.json")
         opts = case[2] if len(case) > 2 else {}
-        unknown = set(opts) - {"inplace"}
+        unknown = set(opts) - {"inplace", "trace"}
         if unknown:
             raise RuntimeFault(f"case {i}: unknown case option(s) {', '.join(sorted(unknown))}")
         inplace = opts.get("inplace", False)
         if inplace not in (False, True, "chained"):
             raise RuntimeFault(f"case {i}: inplace must be False, True or 'chained', not {inplace!r}")
         entry = {"plan": f"case{i}.plan.json", "iters": iters, "warmup": warmup, "step": step,
-                 "save_outputs": save_outputs, "inplace": inplace}
+                 "save_outputs": save_outputs, "inplace": inplace, "trace": bool(opts.get("trace", False))}
         if isinstance(inputs, (int, np.integer)):
             entry["seed"] = int(inputs)
         else:
@@ -125,6 +125,7 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
     from .executor import _reads_input
     from .reference import make_input
     from .runtime import run
+    from .tracing import TraceTransport
 
     job = Path(job_dir)
     spec = json.loads((job / "job.json").read_text())
@@ -152,6 +153,9 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
             # torch.distributed calls does; only the last starts again from the original input
             chained = inplace == "chained"
             x0 = x.copy() if inplace and total > 1 else None
+            # traced (hcc run --trace): every iteration runs the Python executor over a
+            # TraceTransport; the last iteration's stamps are kept
+            traced = TraceTransport(comm) if case.get("trace") else None
             for it in range(total):
                 restored = None
                 if inplace:  # the output is the input: restore it outside the timed region
@@ -168,7 +172,10 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
                 i0 = host_idle_seconds()
                 m0 = time.monotonic()
                 c0, t0 = time.process_time(), time.perf_counter()
-                out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
+                if traced is None:
+                    out = run(plan, comm, x, out=out, timeout=timeout, step=case["step"])
+                else:
+                    out = _run_traced(plan, traced, x, out, timeout, case["step"])
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 m1 = time.monotonic()
                 i1 = host_idle_seconds()
@@ -179,6 +186,10 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
                     idle.append(None if i0 is None or i1 is None else i1 - i0)
             if case["save_outputs"] and out is not None:
                 np.save(job / f"case{i}.out{rank}.npy", out)
+            if traced is not None:
+                atomic_write_text(job / f"case{i}.trace{rank}.json", json.dumps(
+                    {"start": spans[-1][1], "end": spans[-1][2], "events": traced.events}))
+                traced = None
             out = x = x0 = None  # this case's buffers go before the next case allocates its own
             record = {"times": times, "cpu": cpu, "idle": idle, "spans": spans}
             result["cases"].append(record)
@@ -197,6 +208,18 @@ def worker_run(job_dir: str, rank: int, make_comm: Callable) -> int:
                 result.setdefault("error", f"close failed: {type(e).__name__}: {e}")
     atomic_write_text(job / f"result{rank}.json", json.dumps(result))
     return 0 if result["ok"] else 1
+
+
+def _run_traced(plan, comm, x, out, timeout: float, step: int):
+    """One call of ``plan`` on the static Python executor over ``comm`` (a
+    :class:`~.tracing.TraceTransport`), its stamps cleared first; returns the output."""
+    from .executor import static_call
+
+    comm.clear()
+    comm.bind_plan(plan.wire_id(), plan.largest_message_bytes())
+    result, execution, _ = static_call(plan, comm, x, out=out, timeout=timeout, step=step)
+    execution().execute()
+    return result
 
 
 def _wait_children(procs: list[subprocess.Popen], timeout: float, overall: float,
@@ -271,7 +294,8 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
                     kill_rank: tuple[int, float] | None = None,
                     max_message: int | None = None, pace_Bps: float = 0.0,
                     on_case: Callable[[int, "RunResult"], None] | None = None,
-                    on_progress: Callable[[int, int, int], None] | None = None) -> list[RunResult]:
+                    on_progress: Callable[[int, int, int], None] | None = None,
+                    trace: bool = False) -> list[RunResult]:
     """Run each ``(plan, inputs_or_seed)`` case, in order, on ``world`` local processes.
 
     A case may carry a third element, its options: ``{"inplace": True}`` calls
@@ -293,7 +317,13 @@ def run_cases_local(backend: str, cases: Sequence[tuple], *, iters: int = 1, war
     ``i`` (in order), with ``result.detail["out_paths"]`` the rank outputs' ``.npy`` files; once
     it returns, those files are deleted and the returned list holds None for that case's
     outputs (the caller has what it needed). ``on_progress(i, iteration, total)`` says which
-    iteration of which case every rank has entered (from the barrier counters)."""
+    iteration of which case every rank has entered (from the barrier counters).
+
+    ``trace=True`` (as a case option ``{"trace": True}`` for one case): the ranks run every
+    iteration on the Python executor over a :class:`~.tracing.TraceTransport` and each
+    result's ``detail["traces"]`` holds every rank's stamps of the last iteration."""
+    if trace:
+        cases = [(c[0], c[1], dict(c[2] if len(c) > 2 else {}, trace=True)) for c in cases]
     if backend != "sockets":
         raise RuntimeFault(f"run_cases_local launches the sockets worker, not {backend!r}")
     token = secrets.token_hex(32)
@@ -366,8 +396,10 @@ class _CaseWatch:
                 records = [json.loads(p.read_text()) for p in paths]
                 outs = [self.job / f"case{i}.out{r}.npy" for r in range(self.world)]
                 rank_times = [rec["times"] for rec in records]
+                traces = [self.job / f"case{i}.trace{r}.json" for r in range(self.world)]
                 res = RunResult([None] * self.world, [max(ts) for ts in zip(*rank_times)], self.backend,
-                                {"rank_times": rank_times, "out_paths": [p if p.exists() else None for p in outs]})
+                                {"rank_times": rank_times, "out_paths": [p if p.exists() else None for p in outs],
+                                 "traces": [json.loads(p.read_text()) for p in traces if p.exists()]})
                 try:
                     self.on_case(i, res)
                 finally:
@@ -433,6 +465,9 @@ def _collect(job: Path, backend: str, world: int, n_cases: int, codes: dict, det
             p = job / f"case{i}.out{r}.npy"
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)  # paged in by the check
             # (None when on_case has checked and removed it)
+        traces = [job / f"case{i}.trace{r}.json" for r in range(world)]
+        traces = [json.loads(p.read_text()) for p in traces if p.exists()]
         results.append(RunResult(outs, times, backend, dict(detail, rank_times=rank_times, rank_cpu=rank_cpu,
-                                                                 rank_idle=rank_idle, rank_spans=rank_spans)))
+                                                                 rank_idle=rank_idle, rank_spans=rank_spans,
+                                                                 **({"traces": traces} if traces else {}))))
     return results

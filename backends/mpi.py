@@ -448,8 +448,11 @@ def _collect(job: Path, world: int, n_cases: int, code: int, log: str):
             p = job / f"case{i}.out{r}.npy"
             # mapped, not read: a checker pages in a block at a time (hcc run: reference.check_seeded)
             outs.append(np.load(p, mmap_mode="r") if p.exists() else None)
+        traces = [job / f"case{i}.trace{r}.json" for r in range(world)]
         results.append(RunResult(outs, times, "mpi", {"rank_times": rank_times,
-                                                      "launcher": find_mpiexec()[0]}))
+                                                      "launcher": find_mpiexec()[0],
+                                                      "traces": [json.loads(p.read_text()) for p in traces
+                                                                 if p.exists()]}))
     return results
 
 
@@ -478,8 +481,11 @@ def run_cases_local(cases: Sequence[tuple], *, iters: int = 1, warmup: int = 0,
 
 def run_local(plan, inputs, *, iters: int = 1, warmup: int = 0, timeout: float = 60.0, **kw):
     """``hcc run --backend mpi``: ``plan`` on ``plan.n`` local MPI ranks under the ``mpich``
-    wheel's launcher. ``times`` are per measured iteration, the slowest rank's, in seconds."""
-    return run_cases_local([(plan, inputs)], iters=iters, warmup=warmup, timeout=timeout,
+    wheel's launcher. ``times`` are per measured iteration, the slowest rank's, in seconds.
+    ``trace=True``: every iteration on the Python executor with each transfer stamped, the
+    last one's stamps in ``detail["traces"]`` (backends/tracing.py)."""
+    case = (plan, inputs, {"trace": True}) if kw.get("trace") else (plan, inputs)
+    return run_cases_local([case], iters=iters, warmup=warmup, timeout=timeout,
                            step=kw.get("step", 0), kill=kw.get("kill"), wall=kw.get("wall"))[0]
 
 

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--netem", action="store_true", help="run each rank in its `hcc netem` namespace")
     s.add_argument("--seed", type=int, default=0,
                    help="seed of the random inputs every rank draws and the checker recomputes (default 0)")
+    s.add_argument("--trace", metavar="OUT.json",
+                   help="record the last iteration's transfers (send/receive start and end per op, every "
+                        "rank) as a Perfetto trace beside the prediction (`hcc viz --format trace`'s tracks); "
+                        "sockets and mpi only. Traced runs use the pure-Python executor for every iteration "
+                        "(the native core and bound MPI runs keep no per-op times), so their times are the "
+                        "Python executor's")
     _cost_flags(s, run=True)
 
     s = sub.add_parser("netem", help="emulate a topology with network namespaces (root)",

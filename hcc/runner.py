@@ -57,7 +57,7 @@ from dataclasses import replace
 from .backends.base import RuntimeFault
 from .compiler.cost import CostModel
 
-__all__ = ["cmd_run", "run_model_key", "busbw_factor", "load_plans", "netem_for", "run_and_check", "RUN_MODELS",
+__all__ = ["cmd_run", "write_trace", "run_model_key", "busbw_factor", "load_plans", "netem_for", "run_and_check", "RUN_MODELS",
            "compile_on"]
 
 # The cost model ``hcc run`` compiles with, per backend: what one message costs the runtime
@@ -214,28 +214,37 @@ def _row(plan, backend: str, iters: int) -> dict:
 
 
 def run_and_check(plan, backend: str = "sockets", iters: int = 5, warmup: int = 1, timeout: float = 60.0,
-                  seed: int = 0, netem: bool = False) -> dict:
-    """Run ``plan`` on local ranks over ``backend``, check it; returns one result row (a dict)."""
+                  seed: int = 0, netem: bool = False, traces: list | None = None) -> dict:
+    """Run ``plan`` on local ranks over ``backend``, check it; returns one result row (a dict).
+    ``traces``: a list to which the run's measured transfers are appended as ``(plan,
+    records)`` (sockets and mpi; the Python executor runs every iteration)."""
     from .backends.reference import make_inputs
 
     mod = importlib.import_module(f"hcc.backends.{backend}")
+    kw = {"trace": True} if traces is not None else {}
+    if traces is not None and backend == "ray":
+        raise RuntimeFault("--trace records sockets and mpi runs, not ray (its actors run the adaptive runtime)")
     # the sockets and mpi launchers take a seed, from which each rank draws its own input
     # (launch.prepare_job); ray's driver needs the arrays
     inputs = make_inputs(plan, seed) if backend == "ray" else seed
     try:
         if netem:
-            ctx, kw = _netem_kwargs(plan)
+            ctx, nkw = _netem_kwargs(plan)
+            kw.update(nkw)
             with ctx:
                 res = mod.run_local(plan, inputs, iters=iters, warmup=warmup, timeout=timeout, **kw)
         else:
-            res = mod.run_local(plan, inputs, iters=iters, warmup=warmup, timeout=timeout)
+            res = mod.run_local(plan, inputs, iters=iters, warmup=warmup, timeout=timeout, **kw)
     except RuntimeFault as e:
         return dict(_row(plan, backend, iters), verified=False, error=str(e))
+    if traces is not None and res.detail.get("traces"):
+        traces.append((plan, res.detail["traces"]))
     del inputs  # the check draws them again a block at a time
     return _checked_row(plan, backend, iters, seed, res, res.outputs)
 
 
-def _run_batch_sockets(plans, iters, warmup, timeout, seed, emit=None, progress=None) -> list[dict]:
+def _run_batch_sockets(plans, iters, warmup, timeout, seed, emit=None, progress=None,
+                       traces: list | None = None) -> list[dict]:
     """Plans with the same rank count share one set of rank processes (one launch). Each
     case is checked, and passed to ``emit(row)``, as soon as every rank has finished it;
     ``progress(name, iteration, total)`` hears which iteration the ranks have entered."""
@@ -253,6 +262,8 @@ def _run_batch_sockets(plans, iters, warmup, timeout, seed, emit=None, progress=
             plan = plans[idx[k]]
             readers = [npy_reader(p) if p is not None else None for p in res.detail["out_paths"]]
             rows[idx[k]] = row = _checked_row(plan, "sockets", iters, seed, res, readers)
+            if traces is not None and res.detail.get("traces"):
+                traces.append((plan, res.detail["traces"]))
             if emit is not None:
                 emit(row)
 
@@ -261,7 +272,8 @@ def _run_batch_sockets(plans, iters, warmup, timeout, seed, emit=None, progress=
                 progress(plans[idx[k]].name, it, total)
 
         try:
-            run_cases_local("sockets", [(plans[i], seed) for i in idx], iters=iters, warmup=warmup,
+            opts = {"trace": True} if traces is not None else {}
+            run_cases_local("sockets", [(plans[i], seed, opts) for i in idx], iters=iters, warmup=warmup,
                             timeout=timeout, on_case=on_case, on_progress=on_progress)
         except RuntimeFault as e:
             for i in idx:
@@ -290,6 +302,18 @@ def _checked_row(plan, backend: str, iters: int, seed: int, res, outputs) -> dic
         algbw_Bps=algbw, busbw_Bps=algbw * busbw_factor(plan.kind, plan.n),
     )
     return row
+
+
+def write_trace(path: str, traces: list, model: CostModel) -> None:
+    """Write the measured runs ``traces`` (``(plan, records)`` each) as one Perfetto trace at
+    ``path`` (atomically), each beside its prediction under ``model``
+    (:func:`hcc.ir.viz.measured_trace`)."""
+    from .compiler.cost import simulate
+    from .ir import viz
+    from .ir.files import atomic_write_text
+
+    runs = [(plan, records, simulate(plan, model=model, detail=True)) for plan, records in traces]
+    atomic_write_text(path, json.dumps(viz.measured_trace(runs)))
 
 
 def _fmt_size(b: float) -> str:
@@ -390,18 +414,26 @@ def cmd_run(args) -> int:
     def progress(name: str, it: int, total: int) -> None:
         status(name, "run", f"collective {done[0] + 1} of {len(plans)}, iteration", it + 1, total)
 
+    traces = [] if getattr(args, "trace", None) else None
+    if traces is not None and args.backend == "ray":
+        raise RuntimeFault("--trace records sockets and mpi runs, not ray")
     try:
         if args.backend == "sockets" and not args.netem:
-            rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed, emit, progress)
+            rows = _run_batch_sockets(plans, args.iters, args.warmup, args.timeout, args.seed, emit, progress,
+                                      traces)
         else:
             rows = []
             for p in plans:
                 status(p.name, "run", f"collective {done[0] + 1} of {len(plans)} on {args.backend}", None, None)
                 rows.append(run_and_check(p, args.backend, args.iters, args.warmup, args.timeout, args.seed,
-                                          args.netem))
+                                          args.netem, traces))
                 emit(rows[-1])
     finally:
         status.close()
+    if traces:
+        write_trace(args.trace, traces, model)
+    elif traces is not None:
+        print(f"hcc run: no trace written: no collective finished on every rank", file=sys.stderr)
     for r in rows:
         r["per_message_us"] = model.per_message_s * 1e6
     if args.json:

@@ -616,3 +616,163 @@ def to_trace(plan: Plan, simulation) -> dict:
             arrow(max(came, key=lambda i: evs[i].end), chain[0])
     return {"traceEvents": out, "displayTimeUnit": "ns",
             "otherData": {"plan": plan.name, "predicted_s": simulation.time, "messages": simulation.messages}}
+
+
+# ---------------------------------------------------------------- measured trace
+# pids of a measured trace: rank r measured at MEASURED_PID + r, its prediction beside it
+MEASURED_PID = 2
+PREDICTED_PID = 100000
+
+
+def _op_index(program) -> dict[tuple[str, int, int], int]:
+    """``(kind, peer, tag) -> op`` of one rank's program (a plan has one transfer op per key)."""
+    from .plan import Send
+
+    out: dict[tuple[str, int, int], int] = {}
+    for k, op in enumerate(program):
+        if hasattr(op, "peer"):
+            out["send" if isinstance(op, Send) else "recv", op.peer, op.tag] = k
+    return out
+
+
+def measured_slices(plan: Plan, records: list[dict], step: int = 0) -> list[dict]:
+    """The transfers of one measured run, one dict per op of every rank's program:
+    ``rank, op, kind, peer, tag, tree, chunk, bytes, start, end`` (seconds on the ranks'
+    shared monotonic clock). ``records[r]`` is rank r's ``{"events": [(kind, peer, tag,
+    posted, done), ...]}`` (backends/tracing.py). A send runs from its post to its completion;
+    a receive from the later of its post and its matching send's post (the bytes cannot move
+    earlier; every receive is posted when its dependencies are met, often long before) to its
+    completion. Raises :class:`ArgumentValueError` when an event matches no op."""
+    programs = plan.programs_at(step)
+    posted: dict[tuple[int, int, int], float] = {}  # (src, dst, tag) -> the send's post
+    rows: list[dict] = []
+    for r, rec in enumerate(records):
+        index = _op_index(programs[r])
+        for kind, peer, tag, t0, t1 in rec["events"]:
+            k = index.get((kind, int(peer), int(tag)))
+            if k is None:
+                raise ArgumentValueError(f"rank {r}: measured {kind} with rank {peer} tag {tag} is no op of the plan")
+            op = programs[r][k]
+            ref = op.src if kind == "send" else op.dst
+            rows.append({"rank": r, "op": k, "kind": kind, "peer": int(peer), "tag": int(tag), "tree": op.tree,
+                         "chunk": op.chunk, "elems": ref.count, "start": float(t0), "end": float(t1)})
+            if kind == "send":
+                posted[r, int(peer), int(tag)] = float(t0)
+    for row in rows:
+        if row["kind"] == "recv":
+            sent = posted.get((row["peer"], row["rank"], row["tag"]))
+            if sent is not None:
+                row["start"] = min(max(row["start"], sent), row["end"])
+    return rows
+
+
+def measured_trace(runs: list[tuple[Plan, list[dict], object | None]], origin: float | None = None) -> dict:
+    """Chrome/Perfetto trace-event JSON of measured runs (``hcc run --trace``), on the axes of
+    :func:`to_trace`: one process per rank (pid ``2 + r``, as the prediction's), with send and
+    receive lanes (no two slices of a lane overlap), slices named as the prediction names them
+    (``send T0 c3``), flows from each send to its matching receive and from a chunk's arrival
+    at a rank to the sends that forward it. ``runs``: ``(plan, records, simulation)`` per
+    collective, ``records`` as :func:`measured_slices` takes them plus ``start`` (the run's
+    start on the same clock); ``simulation`` (``detail=True``) or None. Each prediction is
+    drawn beside the measured ranks (pid ``100000 + 2 + r``, links at ``100001``), shifted
+    to start when its measured run started. Time 0 is ``origin`` (default: the first run's
+    start); microseconds, as the format defines."""
+    out: list[dict] = []
+    if not runs:
+        return {"traceEvents": out, "displayTimeUnit": "ns"}
+    if origin is None:
+        origin = min(min(rec["start"] for rec in records) for _, records, _ in runs)
+    per_lane: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
+    slices: list[dict] = []
+    names: dict[int, str] = {}
+    summary = []
+    for c, (plan, records, sim) in enumerate(runs):
+        rows = measured_slices(plan, records)
+        start = min(rec["start"] for rec in records)
+        end = max(rec.get("end", start) for rec in records)
+        summary.append({"plan": plan.name, "measured_s": end - start,
+                        "predicted_s": getattr(sim, "time", None), "ops": len(rows)})
+        for r in range(plan.n):
+            names.setdefault(r, f"rank {r} ({plan.ranks[r]})")
+        for row in rows:
+            row["collective"] = c
+            row["name"] = f"{row['kind']} " + (f"T{row['tree']} c{row['chunk']}" if row["tree"] >= 0 else
+                                               (f"r{row['rank']}->r{row['peer']} c{row['chunk']}" if row["kind"] == "send"
+                                                else f"r{row['peer']}->r{row['rank']} c{row['chunk']}"))
+            row["bytes"] = row.pop("elems") * plan.itemsize
+            i = len(slices)
+            slices.append(row)
+            per_lane.setdefault((row["rank"], row["kind"]), []).append((row["start"], row["end"], i))
+        if sim is not None:
+            shift = (start - origin) * 1e6
+            pred = to_trace(plan, sim)["traceEvents"]
+            for ev in pred:
+                ev = dict(ev)
+                own = ev["pid"]  # 1: the links; 2 + r: rank r
+                ev["pid"] = PREDICTED_PID + own
+                if ev.get("name") == "process_name" and own >= 2:
+                    ev["args"] = {"name": ev["args"]["name"] + " predicted"}
+                if ev.get("name") == "process_sort_index":
+                    ev["args"] = {"sort_index": 2 * (own - 2) + 3 if own >= 2 else 1_000_000}
+                if "ts" in ev:
+                    ev["ts"] = ev["ts"] + shift
+                if ev.get("ph") in ("s", "f"):
+                    ev["id"] = f"p{c}-{ev['id']}"
+                if ev.get("name") == "process_name" and own == 1 and len(runs) > 1:
+                    ev["args"] = {"name": "links, predicted"}
+                out.append(ev)
+    where: dict[int, tuple[int, int]] = {}
+    for r in sorted(names):
+        pid = MEASURED_PID + r
+        out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[r] + " measured"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": 2 * r + 2}})
+        t0 = 0
+        for what in ("send", "recv"):
+            items = per_lane.get((r, what), [])
+            if not items:
+                continue
+            lanes = _lanes(items)
+            for lane in range(max(lanes.values()) + 1):
+                out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": t0 + lane + 1,
+                            "args": {"name": what + (f" #{lane + 1}" if lane else "")}})
+            for _, _, i in items:
+                where[i] = (pid, t0 + lanes[i] + 1)
+            t0 += max(lanes.values()) + 1
+    for i, row in enumerate(sorted(range(len(slices)), key=lambda i: (slices[i]["start"], slices[i]["end"]))):
+        s = slices[row]
+        pid, tid = where[row]
+        out.append({"name": s["name"], "cat": f"tree{s['tree']}", "ph": "X", "pid": pid, "tid": tid,
+                    "ts": (s["start"] - origin) * 1e6, "dur": max(s["end"] - s["start"], 0.0) * 1e6,
+                    "args": {k: s[k] for k in ("collective", "rank", "peer", "op", "tag", "tree", "chunk", "bytes")}
+                    | {"seq": i}})
+    # flows: each send to its receive; each receive to the sends of the same (tree, chunk)
+    # that its rank posted after it completed (the forwarding)
+    flow = 0
+
+    def arrow(a: int, b: int) -> None:
+        nonlocal flow
+        flow += 1
+        for ph, i in (("s", a), ("f", b)):
+            ev = {"name": "chunk", "cat": "flow", "ph": ph, "id": flow, "pid": where[i][0], "tid": where[i][1],
+                  "ts": (slices[i]["start"] - origin) * 1e6}
+            if ph == "f":
+                ev["bp"] = "e"
+            out.append(ev)
+
+    recv_of = {(s["collective"], s["peer"], s["rank"], s["tag"]): i for i, s in enumerate(slices) if s["kind"] == "recv"}
+    arrived: dict[tuple[int, int, int, int], list[int]] = {}
+    for i, s in enumerate(slices):
+        if s["kind"] == "recv" and s["tree"] >= 0:
+            arrived.setdefault((s["collective"], s["rank"], s["tree"], s["chunk"]), []).append(i)
+    for i, s in enumerate(slices):
+        if s["kind"] != "send":
+            continue
+        j = recv_of.get((s["collective"], s["rank"], s["peer"], s["tag"]))
+        if j is not None:
+            arrow(i, j)
+        came = [k for k in arrived.get((s["collective"], s["rank"], s["tree"], s["chunk"]), ())
+                if slices[k]["end"] <= s["start"]]
+        if came:
+            arrow(max(came, key=lambda k: slices[k]["end"]), i)
+    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": {"measured": summary}}
+
