@@ -21,7 +21,7 @@ Log (keys under ``<group>/ev/``) — a ring of ``C`` slots, so the store stays b
 - the store's keys of one log are therefore at most ``C`` slots + ``seq`` + ``world`` +
   ``n`` reader positions + per death a ``deadrep`` counter and a ``dead/<k>`` record (deaths in
   order, kept beside the ring so that a tail starting on a log that has wrapped still learns
-  every death) + ``ndead``: bounded by ``C + 3n + 5`` (with ``cap``, ``capinit``) whatever the number of runs.
+  every death) + ``ndead``: bounded by ``C + 3n + 4`` (with ``cap``) whatever the number of runs.
 - a reader's local copy is bounded too: :meth:`Tail.compact` drops the prefix of events of
   runs this rank has finished (deaths are kept as a list), called at the start of each run.
 - events (JSON objects): ``{"t": "dead", "rank": d}``; ``{"t": "arr", "run": k, "rank": r}``
@@ -105,20 +105,15 @@ class EventLog:
     @property
     def capacity(self) -> int:
         """The ring's slots, fixed once per log in the store (``cap``): the first writer or
-        reader to ask sets it (its ``capacity`` argument, else :func:`capacity` of the world
-        known then), every later one reads it, so all agree even if they were built with
-        different arguments (the Ray driver builds its log without a world)."""
+        reader to ask sets it (its ``capacity`` argument, else :func:`capacity` of its world),
+        every later one gets the value already there, in the same single request
+        (``set_default``), so all agree even if they were built with different arguments (the
+        Ray driver builds its log without a world: 512 slots then, enough for any layout). One
+        request, not a check-then-set: each store request under load is one more wait that a
+        slow store could stretch past a deadline."""
         if self._capacity is None:
-            key = f"{self.prefix}/cap"
-            c = self.client.peek(key)
-            if c is None:
-                if self.client.add(f"{self.prefix}/capinit", 1) == 1:
-                    w = self.world if self.world is not None else self.client.peek(f"{self.prefix}/world")
-                    c = self._want if self._want is not None else capacity(w)
-                    self.client.set(key, int(c))
-                else:
-                    c = self.client.get(key, self.timeout)
-            self._capacity = int(c)
+            c = self._want if self._want is not None else capacity(self.world)
+            self._capacity = int(self.client.set_default(f"{self.prefix}/cap", int(c)))
         return self._capacity
 
     def slot(self, i: int) -> str:

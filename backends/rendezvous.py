@@ -23,6 +23,9 @@ Wire format
   to ``{"i": i, "e": value}`` in the same step (reply ``"set": true``): the agreement log's
   append in one request, so a writer killed between reserving a position and filling it can
   no longer leave a hole every reader waits on (backends/agreement.py).
+  ``{"op": "set", "key", "value", "if_absent": true}`` sets only when the key is absent and
+  replies with the value the key holds afterwards (whoever was first): a value every client
+  must agree on, fixed in one round trip (the agreement log's ring size).
   Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
 - A request that waits is parked; the thread whose ``set``/``add`` makes it ready sends the
   reply of every parked request at once, before its own (measured: :class:`StoreServer`).
@@ -176,6 +179,8 @@ def check_request(req: dict) -> str:
                 return "field 'then.cap' must be an integer from 1 to 2^20"
             if not _is_int(then.get("limit")):
                 return "field 'then.limit' must be an integer of at most 2^53"
+    if op == "set" and req.get("if_absent") not in (None, True, False):
+        return "field 'if_absent' must be true or false"
     if op == "wait" and not _is_int(req.get("value", 0)):
         return f"field 'value' must be an integer of at most 2^53, got {json.dumps(req.get('value'))[:40]}"
     return ""
@@ -332,6 +337,8 @@ class StoreServer:
         with self._cond:
             if op == "set":
                 value = req.get("value")
+                if req.get("if_absent") and key in self._data:
+                    return {"ok": True, "value": self._data[key]}
                 size = len(json.dumps(value, separators=(",", ":")))
                 if key not in self._data and len(self._data) >= MAX_KEYS:
                     return {"ok": False, "error": f"store full ({MAX_KEYS} keys)"}
@@ -341,7 +348,7 @@ class StoreServer:
                 self._sizes[key] = size
                 self._data[key] = value
                 self._release(key)
-                return {"ok": True}
+                return {"ok": True, "value": value} if req.get("if_absent") else {"ok": True}
             if op == "add":
                 cur = self._data.get(key, 0)
                 if type(cur) is not int:
@@ -482,6 +489,10 @@ class StoreClient:
 
     def set(self, key: str, value) -> None:
         self._call({"op": "set", "key": key, "value": value})
+
+    def set_default(self, key: str, value):
+        """Set ``key`` to ``value`` unless it is set; returns what it holds now (one request)."""
+        return self._call({"op": "set", "key": key, "value": value, "if_absent": True})
 
     def get(self, key: str, timeout: float | None = None):
         t = self.timeout if timeout is None else timeout
