@@ -179,8 +179,9 @@ def test_round_limit_is_a_count_not_a_clock(monkeypatch):
     """Column generation stops after _MAX_ROUNDS pricing rounds, whatever the clock says:
     a 1-round limit gives the same (feasible, sub-optimal) packing every time."""
     import hcc.compiler.treepack as tp
+    import hcc.compiler.treepack_master as tm
 
-    monkeypatch.setattr(tp, "_MAX_ROUNDS", 1)
+    monkeypatch.setattr(tm, "_MAX_ROUNDS", 1)
     topo = dgx1()
     got = []
     for _ in range(2):

@@ -1,0 +1,426 @@
+"""hcc.compiler.treepack_master — the tree-packing master LP (GLOP) and its pricing.
+
+Terms
+- *column*: one spanning arborescence over the ranks (:class:`_Col`): a parent per rank
+  position, each rank edge routed parent .. child through switches only, and its *usage*,
+  how many times it crosses each link.
+- *master*: the LP over the columns found so far (:class:`_Master`). Broadcast: max sum_T w_T
+  s.t. sum_T usage_T(e) w_T <= c(e). Allgather (ForestColl): max x s.t. the same link rows
+  and sum_{T rooted at r} w_T >= x for every root r.
+- *pricing*: the link duals y(e) (and per-root duals z_r) price a new column as a
+  minimum-cost arborescence (Chu-Liu 1965 / Edmonds 1967, :func:`min_arborescence`) on the
+  rank closure under y (:class:`_Pricer`); it enters when it costs less than z_r (1 for a
+  single root). When none does, LP duality proves the master optimal (:func:`_colgen`).
+- *depth*: the levels of a column, the longest parent chain from a rank to its root
+  (:func:`_depth`); a route through switches is one level.
+
+The same master serves the host-symmetric packing (treepack_symmetry.py) and the
+depth-bounded second phase (treepack_shallow.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import progress
+from .switches import Indexed
+
+__all__ = ["PackError", "min_arborescence"]
+
+_INF = math.inf
+# relative reduced-cost tolerance of column generation (capacities are scaled to <= 1)
+_EPS = 1e-9
+# column generation stops after this many pricing rounds (a count, not a clock, so results
+# depend on the input only); the samples converge within 30 (32-rank cluster broadcast)
+_MAX_ROUNDS = 500
+# extra improving columns per single-root pricing round (see _more_columns)
+_EXTRA_COLUMNS = 3
+
+
+class PackError(ValueError):
+    """No spanning tree exists (a rank unreachable from a root through the collective's
+    ranks and switches), or the solver failed."""
+
+
+
+
+# ----------------------------------------------------------------------------------------
+# minimum-cost arborescence (Chu-Liu 1965 / Edmonds 1967) on a dense cost matrix
+
+
+def min_arborescence(cost, root: int) -> list[int] | None:
+    """Parent list of a minimum-cost spanning arborescence of the complete digraph whose arc
+    ``u -> v`` costs ``cost[u][v]`` (inf = absent); ``parent[root] = -1``. None if some vertex
+    is unreachable.
+
+    >>> min_arborescence([[0, 1, 5], [9, 0, 1], [1, 1, 0]], 0)
+    [-1, 0, 1]
+    """
+    w = np.array(cost, dtype=float)
+    n = w.shape[0]
+    if n == 1:
+        return [-1]
+    w[:, root] = _INF
+    np.fill_diagonal(w, _INF)
+    par = _edmonds(w, root)
+    return None if par is None else [int(p) for p in par]
+
+
+def _edmonds(w: np.ndarray, root: int):
+    n = w.shape[0]
+    par = np.argmin(w, axis=0)
+    inw = w[par, np.arange(n)]
+    par[root] = -1
+    inw[root] = 0.0
+    if not np.all(np.isfinite(inw)):
+        return None
+    color = [-1] * n
+    cyc_id = np.full(n, -1)
+    cycles: list[list[int]] = []
+    for s in range(n):
+        v, seen = s, []
+        while v != -1 and color[v] == -1:
+            color[v] = s
+            seen.append(v)
+            v = int(par[v])
+        if v != -1 and color[v] == s:
+            cyc, u = [], v
+            while True:
+                cyc.append(u)
+                cyc_id[u] = len(cycles)
+                u = int(par[u])
+                if u == v:
+                    break
+            cycles.append(cyc)
+    if not cycles:
+        return par
+    group = np.empty(n, dtype=int)
+    gid = 0
+    for v in range(n):
+        if cyc_id[v] == -1:
+            group[v] = gid
+            gid += 1
+    for cyc in cycles:
+        for v in cyc:
+            group[v] = gid
+        gid += 1
+    members = [[] for _ in range(gid)]
+    for v in range(n):
+        members[group[v]].append(v)
+    adj = w - np.where(cyc_id >= 0, inw, 0.0)[None, :]
+    adj[group[:, None] == group[None, :]] = _INF
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(gid))
+    small = np.minimum.reduceat(np.minimum.reduceat(adj[order][:, order], starts, axis=0), starts, axis=1)
+    sub = _edmonds(small, int(group[root]))
+    if sub is None:
+        return None
+    result = par.copy()
+    for b in range(gid):
+        a = int(sub[b])
+        if a == -1:
+            continue
+        ma, mb = members[a], members[b]
+        if len(ma) == 1 and len(mb) == 1:  # most groups are single vertices: no search
+            result[mb[0]] = ma[0]
+        elif len(ma) == 1:
+            result[mb[int(np.argmin(adj[ma[0], mb]))]] = ma[0]
+        elif len(mb) == 1:
+            result[mb[0]] = ma[int(np.argmin(adj[ma, mb[0]]))]
+        else:
+            block = adj[ma][:, mb]
+            i, j = divmod(int(np.argmin(block)), len(mb))
+            result[mb[j]] = ma[i]
+    result[root] = -1
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# trees as columns
+
+
+@dataclass(frozen=True)
+class _Col:
+    root: int  # rank position
+    parent: tuple[int, ...]  # rank positions, -1 at the root
+    paths: tuple[tuple[int, ...], ...]  # per rank position: vertex path parent..child (() at root)
+    usage: tuple[tuple[int, int], ...]  # (link index, times used)
+
+    def load(self, nlinks: int) -> np.ndarray:
+        u = np.zeros(nlinks)
+        for li, k in self.usage:
+            u[li] += k
+        return u
+
+
+class _Pricer:
+    """Prices trees on the rank closure of one Indexed topology."""
+
+    def __init__(self, ix: Indexed):
+        self.ix = ix
+        self.n = len(ix.ranks)
+        self.link_of = ix.link_of()
+        self.direct = not ix.has_switches
+        self.cap = np.array([c for _, _, c in ix.links], dtype=float)
+
+    def matrix(self, y: np.ndarray):
+        """``(w, route)``: the n x n closure cost matrix under link costs y and
+        ``route(i, j)``, the vertex path of a cheapest route from rank i to rank j."""
+        ix, n = self.ix, self.n
+        y = np.asarray(y, dtype=float)
+        if self.direct:
+            w = np.full((n, n), _INF)
+            pos = {v: j for j, v in enumerate(ix.ranks)}
+            for li, (a, b, _) in enumerate(ix.links):
+                if a in pos and b in pos:
+                    w[pos[a], pos[b]] = min(w[pos[a], pos[b]], y[li])
+            ranks = ix.ranks
+            return w, lambda i, j: (ranks[i], ranks[j]) if math.isfinite(w[i, j]) else None
+        # a hop costs at least 1e-9 of the dearest link, so routes through zero-dual links
+        # never take detours; the 1e-9 is within the pricing test's relative tolerance
+        top = float(y.max()) if len(y) and y.max() > 0 else 1.0
+        return ix.closure_matrix(y + 1e-9 * top)
+
+    def tree(self, w, route, root: int) -> _Col | None:
+        par = min_arborescence(w, root)
+        if par is None:
+            return None
+        tpaths, use = [], {}
+        for v, p in enumerate(par):
+            if p == -1:
+                tpaths.append(())
+                continue
+            path = route(p, v)
+            tpaths.append(path)
+            for a, b in zip(path, path[1:]):
+                li = self.link_of[(a, b)]
+                use[li] = use.get(li, 0) + 1
+        return _Col(root, tuple(par), tuple(tpaths), tuple(sorted(use.items())))
+
+
+def _unreachable(ix: Indexed, pricer: _Pricer, root: int) -> PackError:
+    w, _ = pricer.matrix(np.ones(len(ix.links)))
+    seen, stack = {root}, [root]
+    while stack:
+        u = stack.pop()
+        for v in range(pricer.n):
+            if v not in seen and math.isfinite(w[u, v]):
+                seen.add(v)
+                stack.append(v)
+    lost = [ix.vertices[ix.ranks[v]] for v in range(pricer.n) if v not in seen]
+    name = ix.vertices[ix.ranks[root]]
+    way = "to" if ix.reverse else "from"
+    return PackError(f"ranks {lost} cannot be reached {way} {name!r} through the collective's ranks and switches")
+
+
+# ----------------------------------------------------------------------------------------
+# column generation
+
+
+class _Master:
+    """The restricted master LP over the columns so far (GLOP), rebuilt cold when needed.
+
+    Broadcast: max sum_T w_T s.t. sum_T load_T(e) w_T <= c(e). Allgather: max x s.t. the same
+    link rows and x - sum_{T rooted at r} w_T <= 0 for every root r. Capacities are divided
+    by the largest one, so every coefficient is a small integer and every bound is <= 1.
+    """
+
+    def __init__(self, capn: np.ndarray, roots: list[int]):
+        self.capn = capn
+        self.roots = roots
+        self.equal = len(roots) > 1
+        self.cols: list[_Col] = []
+        self.keys: set = set()
+        self._build()
+
+    def _build(self) -> None:
+        from ortools.linear_solver import pywraplp
+
+        solver = pywraplp.Solver.CreateSolver("GLOP")
+        if solver is None:
+            raise PackError("OR-Tools GLOP is not available")
+        # presolve on warm re-solves of these degenerate masters ended ABNORMAL 20 times in
+        # 170 rounds on the 32-rank cluster; without it, twice
+        solver.SetSolverSpecificParametersAsString("use_preprocessing: false")
+        inf = solver.infinity()
+        self.solver = solver
+        self.rows = [solver.Constraint(-inf, float(c)) for c in self.capn]
+        self.x = solver.NumVar(0.0, inf, "x") if self.equal else None
+        self.root_rows = {}
+        self.obj = solver.Objective()
+        self.obj.SetMaximization()
+        if self.equal:
+            self.obj.SetCoefficient(self.x, 1.0)
+            for r in self.roots:
+                ct = solver.Constraint(-inf, 0.0)
+                ct.SetCoefficient(self.x, 1.0)
+                self.root_rows[r] = ct
+        self.vars = []
+        for col in self.cols:
+            self._var(col)
+
+    def _var(self, col: _Col) -> None:
+        v = self.solver.NumVar(0.0, self.solver.infinity(), "")
+        for li, k in col.usage:
+            self.rows[li].SetCoefficient(v, float(k))
+        if self.equal:
+            self.root_rows[col.root].SetCoefficient(v, -1.0)
+        else:
+            self.obj.SetCoefficient(v, 1.0)
+        self.vars.append(v)
+
+    def add(self, col: _Col) -> bool:
+        key = (col.root, col.parent, col.paths)
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        self.cols.append(col)
+        self._var(col)
+        return True
+
+    def solve(self) -> None:
+        from ortools.linear_solver import pywraplp
+
+        status = self.solver.Solve()
+        if status == pywraplp.Solver.ABNORMAL:
+            # GLOP's warm re-solve after added columns can end ABNORMAL on these degenerate
+            # masters (seen on the 32-rank cluster after 97 columns); a cold model recovers
+            self._build()
+            status = self.solver.Solve()
+        if status != pywraplp.Solver.OPTIMAL:
+            raise PackError(f"GLOP did not solve the tree packing master LP (status {status})")
+
+    def duals(self):
+        y = np.array([max(0.0, abs(ct.dual_value())) for ct in self.rows])
+        if self.equal:
+            return y, {r: abs(self.root_rows[r].dual_value()) for r in self.roots}
+        return y, {self.roots[0]: 1.0}
+
+    def weights(self) -> list[float]:
+        return [max(0.0, v.solution_value()) for v in self.vars]
+
+    def objective(self) -> float:
+        return self.x.solution_value() if self.equal else sum(self.weights())
+
+
+def _more_columns(pricer: _Pricer, master: _Master, y: np.ndarray, col: _Col, threshold: float) -> None:
+    """Add up to _EXTRA_COLUMNS more improving trees in this round: price again with the
+    links of the trees just found made dearer, keep a tree only if its reduced cost under the
+    true duals y is still below the threshold (so every column is a valid improving one).
+    A single-root master gains one column per LP solve otherwise: 162 rounds on a 256-rank
+    torus in 8 s, each a 15 ms LP."""
+    bump = float(y.max()) if y.max() > 0 else 1.0
+    load = col.load(len(y))
+    for _ in range(_EXTRA_COLUMNS):
+        w, route = pricer.matrix(y + bump * load / pricer.cap * pricer.cap.max())
+        nxt = pricer.tree(w, route, col.root)
+        if nxt is None:
+            return
+        load = load + nxt.load(len(y))
+        if sum(k * y[li] for li, k in nxt.usage) < threshold * (1.0 - _EPS):
+            master.add(nxt)
+
+
+def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bound: float,
+            seeds: list[_Col] = (), max_rounds: int = 0):
+    """Exact column generation. Returns (weights per column in scaled units, columns,
+    objective in scaled units, scale in bytes/s, stop) where ``stop`` is "" when converged,
+    "round limit" or "wall-clock safety net".
+
+    Stops when no tree prices below its threshold (LP duality: optimal) or as soon as the
+    objective meets the cut ``bound`` (bytes/s) to 1e-9 relative, which proves it optimal too.
+    Otherwise after ``max_rounds`` pricing rounds (default :data:`_MAX_ROUNDS`): a count, so
+    the columns, and everything built on them, depend on the input only. The wall-clock
+    ``deadline`` is a safety net far above normal times; when it fires, ``stop`` says so.
+    """
+    scale = float(pricer.cap.max())
+    capn = pricer.cap / scale
+    master = _Master(capn, roots)
+    for col in seeds:
+        master.add(col)
+    bare = [r for r in roots if not any(c.root == r for c in seeds)]
+    w0, p0 = pricer.matrix(1.0 / capn) if bare else (None, None)
+    for r in bare:
+        col = pricer.tree(w0, p0, r)
+        if col is None:
+            raise _unreachable(ix, pricer, r)
+        master.add(col)
+    stop = "round limit"
+    limit = max_rounds or _MAX_ROUNDS
+    for k in range(limit):  # each round adds >= 1 column
+        progress.report("pack", "pricing round", k + 1, limit)
+        master.solve()
+        if master.objective() * scale >= bound * (1.0 - 1e-9):
+            stop = ""
+            break
+        y, z = master.duals()
+        w, paths = pricer.matrix(y)
+        added = False
+        for r in roots:
+            col = pricer.tree(w, paths, r)
+            if col is None:
+                raise _unreachable(ix, pricer, r)
+            cost = sum(k * y[li] for li, k in col.usage)
+            if cost < z[r] * (1.0 - _EPS) and master.add(col):
+                added = True
+                if len(roots) == 1:
+                    _more_columns(pricer, master, y, col, z[r])
+            if added and time.perf_counter() > deadline:
+                break  # safety net only: a round that outlasts it stops mid-round
+        if not added:
+            stop = ""
+            break
+        if time.perf_counter() > deadline:
+            stop = "wall-clock safety net"
+            break
+    else:
+        master.solve()  # the last round's columns enter the LP
+        return master.weights(), master.cols, master.objective(), scale, stop
+    if stop:
+        master.solve()
+    return master.weights(), master.cols, master.objective(), scale, stop
+
+
+def _depth(col: _Col) -> int:
+    """Levels of a tree: the longest parent chain from a rank to the root."""
+    memo = {col.root: 0}
+
+    def level(v: int) -> int:
+        chain = []
+        while v not in memo:
+            chain.append(v)
+            v = col.parent[v]
+        d = memo[v]
+        for u in reversed(chain):
+            d += 1
+            memo[u] = d
+        return d
+
+    return max(level(v) for v in range(len(col.parent)))
+
+
+def _shallowest(master: _Master, depth: list[int], x: float) -> None:
+    """Second phase: among the packings of rate >= x (1e-9 relative) over the master's
+    columns, the one of least sum_T depth(T) w_T. The LP's first optimum is any vertex of
+    the optimal face, and at 512-1024 ranks that is mostly ring chains, whose pipeline
+    fill (depth x one share per hop) costs more than the bandwidth term when each share is
+    one chunk; the binary-tree seeds reach the same rate 10 levels deep. Keeps the first
+    solution if GLOP fails here."""
+    from ortools.linear_solver import pywraplp
+
+    if x <= 0 or master.x is None:
+        return
+    master.x.SetLb(x * (1.0 - 1e-9))
+    master.obj.Clear()
+    master.obj.SetMinimization()
+    for v, d in zip(master.vars, depth):
+        master.obj.SetCoefficient(v, float(d))
+    if master.solver.Solve() != pywraplp.Solver.OPTIMAL:
+        master.x.SetLb(0.0)
+        master.obj.Clear()
+        master.obj.SetMaximization()
+        master.obj.SetCoefficient(master.x, 1.0)
+        master.solve()
