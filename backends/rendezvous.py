@@ -26,6 +26,11 @@ Wire format
   ``{"op": "set", "key", "value", "if_absent": true}`` sets only when the key is absent and
   replies with the value the key holds afterwards (whoever was first): a value every client
   must agree on, fixed in one round trip (the agreement log's ring size).
+  ``{"op": "own", "key", "value"}`` (``value`` an integer, a rank): when this connection ends
+  without a ``{"op": "bye", "key"}`` first (the process holding it died: the kernel closes its
+  sockets), the store appends ``value`` to the list at ``key`` — a job without a launcher
+  learns its dead ranks there as it would from the launcher (``<group>/dead``).
+  :meth:`StoreClient.close` says ``bye``.
   Replies: ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}``.
 - A request that waits is parked; the thread whose ``set``/``add`` makes it ready sends the
   reply of every parked request at once, before its own (measured: :class:`StoreServer`).
@@ -53,7 +58,7 @@ import time
 
 from .base import RuntimeFault
 
-__all__ = ["StoreServer", "StoreClient", "RendezvousError", "AuthenticationError", "parse_address", "free_port"]
+__all__ = ["StoreServer", "StoreClient", "spawn_store", "DetachedStore", "RendezvousError", "AuthenticationError", "parse_address", "free_port"]
 
 MAX_MESSAGE = 64 * 1024  # an address record is ~40 bytes; 64 KiB bounds any request
 MAX_KEYS = 100_000
@@ -153,8 +158,8 @@ def check_request(req: dict) -> str:
     """What is wrong with a store request ("" when nothing): every field the op reads has the
     type and range it needs. Booleans are not numbers here (JSON ``true`` is Python ``1``)."""
     op = req.get("op")
-    if op not in ("set", "get", "add", "wait", "peek"):
-        return f"unknown op {str(op)[:40]!r} (set | get | add | wait | peek)"
+    if op not in ("set", "get", "add", "wait", "peek", "own", "bye"):
+        return f"unknown op {str(op)[:40]!r} (set | get | add | wait | peek | own | bye)"
     key = req.get("key")
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
         return f"field 'key' must be a string of 1 to {MAX_KEY} characters"
@@ -181,6 +186,8 @@ def check_request(req: dict) -> str:
                 return "field 'then.limit' must be an integer of at most 2^53"
     if op == "set" and req.get("if_absent") not in (None, True, False):
         return "field 'if_absent' must be true or false"
+    if op == "own" and not _is_int(req.get("value")):
+        return f"field 'value' must be an integer of at most 2^53, got {json.dumps(req.get('value'))[:40]}"
     if op == "wait" and not _is_int(req.get("value", 0)):
         return f"field 'value' must be an integer of at most 2^53, got {json.dumps(req.get('value'))[:40]}"
     return ""
@@ -236,18 +243,25 @@ class StoreServer:
     first start copying into their sockets at once, on both cores, and the last one must win
     a core to wake up."""
 
-    def __init__(self, token: str | bytes, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, token: str | bytes, host: str = "127.0.0.1", port: int = 0, *,
+                 sock: socket.socket | None = None):
         self.token = token.encode() if isinstance(token, str) else token
         self._data: dict[str, object] = {}
         self._parked: dict[str, list[_Parked]] = {}
         self._cond = threading.Condition()
-        self._sock = socket.create_server((host, port), backlog=256)
+        # sock: a listening socket made elsewhere (spawn_store's child gets its parent's)
+        self._sock = sock if sock is not None else socket.create_server((host, port), backlog=256)
+        if sock is not None:
+            host = sock.getsockname()[0]
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._closed = False
         self._clients: set[socket.socket] = set()
         self._pending: dict[socket.socket, float] = {}  # in the handshake, oldest first: since
         self._bytes = 0  # the JSON size of the values held (MAX_STORE_BYTES)
         self._sizes: dict[str, int] = {}
+        self.joined = 0  # connections that passed the handshake, ever
+        self._owned: dict[socket.socket, tuple[str, int]] = {}  # "own": what its abrupt end appends
+        self._said_bye: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept_loop, name="hcc-store", daemon=True)
         self._thread.start()
 
@@ -284,6 +298,7 @@ class StoreServer:
             with self._cond:
                 if self._pending.pop(conn, False) is False:
                     return  # dropped for a newer connection while it was authenticating
+                self.joined += 1
             conn.settimeout(max(0.001, deadline - time.monotonic()))
             conn.sendall(_mac(self.token, b"hcc-store-server", nc, ns))
             conn.settimeout(None)
@@ -298,6 +313,16 @@ class StoreServer:
             with self._cond:
                 self._pending.pop(conn, None)
                 self._clients.discard(conn)
+                owned = self._owned.pop(conn, None)
+                if owned is not None and conn not in self._said_bye and not self._closed:
+                    key, value = owned  # its process died: append it to the list at key
+                    cur = self._data.get(key)
+                    cur = list(cur) if isinstance(cur, list) else []
+                    if value not in cur and (key in self._data or len(self._data) < MAX_KEYS):
+                        cur.append(value)
+                        self._data[key] = cur
+                        self._release(key)
+                self._said_bye.discard(conn)
             conn.close()
 
     def _ready(self, key: str, op: str, want: int) -> bool:
@@ -380,6 +405,12 @@ class StoreServer:
                     return {"ok": True, "value": self._data[key]}
                 op = "wait"  # and wait for the counter to reach req["wait"], as a wait would
                 want = int(req["wait"])
+            elif op == "own":
+                self._owned[conn] = (key, int(req["value"]))
+                return {"ok": True}
+            elif op == "bye":
+                self._said_bye.add(conn)
+                return {"ok": True}
             elif op == "peek":  # the value, or null when absent; never waits
                 return {"ok": True, "value": self._data.get(key)}
             else:  # get or wait (check_request admits no other op)
@@ -406,6 +437,11 @@ class StoreServer:
         with self._cond:
             self._data[key] = value
             self._release(key)
+
+    def connected(self) -> int:
+        """Connections open now (in the handshake or past it)."""
+        with self._cond:
+            return len(self._clients)
 
     def value(self, key: str, default=None):
         """The value of ``key`` as the serving process sees it."""
@@ -527,8 +563,126 @@ class StoreClient:
         """Return once ``world`` clients have entered barrier ``name``."""
         self.arrive(f"barrier/{name}", world, timeout)
 
+    def own(self, key: str, value: int) -> None:
+        """Have the store append ``value`` to the list at ``key`` if this connection ends
+        without :meth:`close` (its process died)."""
+        self._call({"op": "own", "key": key, "value": int(value)})
+
     def close(self) -> None:
+        """Say ``bye`` (best effort, no reply awaited) and close: a connection that ends this
+        way is not reported by :meth:`own`."""
+        try:
+            if getattr(self, "_lock", None) is not None and self._lock.acquire(timeout=1.0):
+                try:
+                    self._sock.settimeout(1.0)
+                    _send_msg(self._sock, {"op": "bye", "key": "-"})
+                finally:
+                    self._lock.release()
+        except (OSError, RendezvousError):
+            pass
         try:
             self._sock.close()
         except OSError:
             pass
+
+
+# --------------------------------------------------------------------------- a store that outlives rank 0
+# How long a detached store stays up once every rank has connected and the last connection
+# closed: the job is over (a rank holds its connection for the communicator's life). Short,
+# so the next job on the same fixed port finds it free; a rank 0 that binds meanwhile
+# retries for up to BIND_RETRY_S.
+LINGER_S = 0.5
+BIND_RETRY_S = 3.0
+
+
+class DetachedStore:
+    """Handle of a store served by a process of its own (:func:`spawn_store`). ``close()``
+    only reaps the short-lived launcher process: the store itself ends when the job's
+    connections do."""
+
+    def __init__(self, address: str, proc):
+        self.address, self._proc = address, proc
+
+    def close(self) -> None:
+        try:
+            self._proc.wait(timeout=5.0)
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def spawn_store(token: str | bytes, host: str, port: int, world: int, timeout: float) -> DetachedStore:
+    """Serve a store at ``host:port`` from a separate process that outlives the caller, so the
+    death of the rank that started it (rank 0 of a job without a launcher) does not take the
+    survivors' rendezvous and agreement log with it.
+
+    The caller binds and listens (a taken port fails here, at once, after retrying
+    :data:`BIND_RETRY_S` for a previous job's store to end), so clients can connect before the
+    child runs: the kernel queues them. The child gets the listening socket and the token (on
+    its standard input, never its command line), detaches (a second fork: no zombie, no
+    process group shared with the caller) and serves until the job is over: every one of
+    ``world`` ranks connected at some point and no connection is open for :data:`LINGER_S`,
+    or no connection is open for ``timeout`` seconds (a job that never formed)."""
+    import subprocess
+    import sys
+
+    tok = token.encode() if isinstance(token, str) else bytes(token)
+    deadline = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            sock = socket.create_server((host, port), backlog=256)
+            break
+        except OSError as e:
+            if e.errno != 98 or time.monotonic() >= deadline:  # EADDRINUSE: a previous job's store
+                raise RendezvousError(f"cannot serve the rendezvous store at {host}:{port}: {e}") from None
+            time.sleep(0.05)
+    try:
+        address = f"{host}:{sock.getsockname()[1]}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hcc.backends.rendezvous", "--fd", str(sock.fileno()), "--world", str(int(world)),
+             "--idle", repr(float(timeout))],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(sock.fileno(),), start_new_session=True)
+        proc.stdin.write(tok.hex().encode() + b"\n")
+        proc.stdin.close()
+    finally:
+        sock.close()  # the child holds its own copy
+    return DetachedStore(address, proc)
+
+
+def _serve_detached(fd: int, world: int, idle: float) -> int:
+    """The body of :func:`spawn_store`'s child."""
+    import sys
+
+    token = bytes.fromhex(sys.stdin.readline().strip())
+    if os.fork() > 0:  # the caller reaps this process at once; the server runs in the grandchild
+        os._exit(0)
+    sock = socket.socket(fileno=fd)
+    server = StoreServer(token, sock=sock)
+    quiet_since = time.monotonic()
+    while True:
+        time.sleep(0.05)
+        now = time.monotonic()
+        if server.connected():
+            quiet_since = now
+            continue
+        if now - quiet_since >= (LINGER_S if server.joined >= world else idle):
+            server.close()
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    _ap = argparse.ArgumentParser(prog="python -m hcc.backends.rendezvous",
+                                  description="serve a rendezvous store on an inherited socket (spawn_store)")
+    _ap.add_argument("--fd", type=int, required=True, help="the listening socket's file descriptor")
+    _ap.add_argument("--world", type=int, required=True, help="ranks of the job")
+    _ap.add_argument("--idle", type=float, required=True, help="seconds without a connection before giving up")
+    _a = _ap.parse_args()
+    raise SystemExit(_serve_detached(_a.fd, _a.world, _a.idle))

@@ -4,8 +4,8 @@
         out = hcc.run(plan, comm, array)
 
 Terms
-- rendezvous: a :class:`~hcc.backends.rendezvous.StoreServer` (started by rank 0 unless a
-  launcher already runs one) where every rank publishes the address of its listening socket
+- rendezvous: a :class:`~hcc.backends.rendezvous.StoreServer` (unless a launcher already
+  runs one, rank 0 starts it in a process of its own that outlives rank 0) where every rank publishes the address of its listening socket
   (``127.0.0.1``, ephemeral port) under ``<group>/addr/<rank>``; :func:`connect` returns once
   every rank has read every address, so the store is no longer needed for data.
 - connection: one TCP connection per unordered pair of ranks that exchange a message, opened
@@ -98,7 +98,7 @@ class ProtocolError(RuntimeFault):
 
 
 class _Req(Request):
-    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent", "fold", "nbytes", "plan")
+    __slots__ = ("done", "peer", "tag", "buf", "is_send", "sent", "fold", "nbytes", "plan", "on_done")
 
     def __init__(self, peer: int, tag: int, buf: memoryview | None, is_send: bool, plan: int,
                  fold: Callable[[int, memoryview], None] | None = None, nbytes: int = -1):
@@ -107,6 +107,9 @@ class _Req(Request):
         self.sent = 0  # bytes of the frame (header + data) already written by an inline send
         self.fold = fold  # irecv_fold: the callback that consumes the message piece by piece
         self.nbytes = buf.nbytes if buf is not None else nbytes
+        # called (with the transport's lock held; it must not block) once the request is
+        # complete: the native runner of a mixed job learns of its TCP transfers this way
+        self.on_done: Callable[[], None] | None = None
 
 
 # irecv_fold's piece: the reader receives a folded message this many bytes at a time into a
@@ -564,6 +567,8 @@ class SocketTransport(Transport):
         self._outstanding[req.peer] -= 1
         if self._track:
             self._completed.append(req)
+        if req.on_done is not None:
+            req.on_done()
 
     def bind_plan(self, plan_id: int, max_message: int) -> None:
         """Stamp ``plan_id`` on the data frames of the requests posted from now on and check it
@@ -796,23 +801,30 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
     tok = token.encode() if isinstance(token, str) else bytes(token)
     if not 0 <= rank < world:
         raise RuntimeFault(f"connect: rank {rank} outside a world of {world}")
+    # no launcher: rank 0 starts the store, and each rank has the store note its death
+    # (StoreClient.own) in the list a launcher would keep, ``<group>/dead``
+    launcherless = serve_store is None
     if serve_store is None:
         serve_store = rank == 0
     server = None
     if serve_store:
+        # in a process of its own that outlives this one: rank 0's death must not take the
+        # survivors' store (their rendezvous and agreement log) with it (rendezvous.spawn_store)
+        from .rendezvous import spawn_store
+
         h, p = parse_address(rendezvous)
-        server = StoreServer(tok, h, p)
+        server = spawn_store(tok, h, p, world, timeout)
     listener = None
     store = None
     try:
         store = StoreClient(rendezvous, tok, timeout)
+        if launcherless:
+            store.own(f"{group}/dead", rank)
         listener = socket.create_server((host, 0), backlog=max(16, world))
         lh, lp = listener.getsockname()[:2]
         store.set(f"{group}/addr/{rank}", f"{lh}:{lp}")
         addresses, gone = _join(store, group, rank, world, timeout)
         store.add(f"{group}/joined", 1)
-        if serve_store:  # keep the store up until every rank has read every address
-            store.wait(f"{group}/joined", world - len(gone), timeout)
     except BaseException:
         for x in (listener, store, server):
             if x is not None:
@@ -820,6 +832,7 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
         raise
     comm = SocketTransport(rank, world, tok, addresses, listener, timeout, max_message, store, server, group,
                            pace_Bps)
+    comm._launched = launcherless or comm._launched  # the store lists the dead: ask it
     for p in sorted(gone):  # the group forms without them; the runtime decides what that means
         comm._launched = True
         comm._mark_dead(p, "its process died before it joined (reported by the launcher)")
