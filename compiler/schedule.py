@@ -1,0 +1,446 @@
+"""hcc.compiler.schedule — the timed lowering: a compile-time list schedule imposed on each
+rank's ports (``lower(schedule="timed")``, what the pipeline uses for the treepack candidates).
+
+Terms
+- port: the first link of a message's path, the link out of its sending rank (a rank's
+  NVLink to a neighbour, its uplink to a switch). Only that rank sends on it.
+- key of a message: when a fluid stream at its tree's packed rate would have sent the end
+  of its chunk, ``(chunk end - span start) x itemsize / w_T``, less HOP_SLACK chunk
+  periods per tree hop still ahead of the chunk. Serving the smallest key first is
+  weighted fair queueing (Parekh & Gallager 1993): each tree gets its packed share of
+  every link it crosses whatever the other trees do, and a chunk with hops still to go
+  passes one that is nearly home.
+- window: how many messages of one port may be in flight at once; message ``i`` of a port
+  waits for the completion of message ``i - window`` (a credit window).
+
+Why: a plan whose sends depend only on data lets the executor post every send the moment
+its data is there. The roots' sends have no data dependency at all, so all of them are
+posted at time zero and fill every link's queue ahead of the chunks the rank must forward;
+the trees then advance at whatever share the arrival order gives them, not at their
+packed rates, and the slow ones trail (DGX-1 allgather, 48 trees: links 100% busy until
+5.4 ms, the bound, then idle while the last trees drain until 9.1 ms: 0.59 of the bound).
+The timed lowering runs the cost model's own event rules (cost.py: per-hop α-β
+reservations, per-message cost) with the WFQ choice at every port, and writes the order it
+found into the plan: each send depends on the send ``window`` places before it on its
+port. The plan then runs in that order on every backend and in cost.simulate (with a
+window of 1 on direct links the simulated time equals the schedule's own, exactly).
+
+Jobs. The scheduler moves *jobs*: a job reduces its chunks up one tree (its *up tree*) and
+broadcasts them down another (its *down tree*), both rooted at the same rank. A tree kind's
+jobs are its trees (up = down); the split allreduce (compiler/splitpack.py) pairs in-trees
+packed for the reduction with out-trees packed for the broadcast, so the two directions of a
+link are loaded by different trees. Each message carries its own tree's index into the plan,
+so the simulator routes it over that tree's recorded path.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..ir.errors import PlanError
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Scale
+from ..ir.topology import Topology
+from .lower import TreeShape, _deps, _Lowering, split_by_rate
+
+__all__ = ["PORT_WINDOW", "TIMED_KINDS", "lower_timed", "lower_jobs"]
+
+# 4 in flight per port when the collective's links include a switch: 1 holds a rank's
+# uplink to a switch idle while its last message waits behind other senders at the switch
+# (DGX-1 allgather through the PCIe switches: 0.59 of the bound with 1, 0.74 with 2,
+# 0.76-0.82 with 4), more lets the executor reorder the schedule (0.54-0.80 with 8). Without
+# switches every port is a direct link, where 1 costs nothing (a send completes when its
+# link frees) and the plan runs exactly as scheduled (1 x MI250 allgather: 0.88 with 1,
+# 0.84 with 4)
+PORT_WINDOW = 4
+# chunk periods of key credit per hop still ahead (0 pure WFQ): NVLink-only DGX-1 allgather
+# at 2 MiB chunks 0.909 with 0, 0.917 with 0.25, 0.889 with 2
+HOP_SLACK = 0.25
+# rounds of share rebalancing after the first schedule (see _lower_timed), stopped early
+# once every tree finishes within REBALANCE_TOLERANCE of its group's mean
+REBALANCE_ROUNDS = 2
+REBALANCE_TOLERANCE = 0.01
+# the schedule costs about 3x the plain lowering per message in Python (50-100 us per
+# message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
+# rebalancing; above TIMED_MAX_MESSAGES (a 1024-rank allgather has 1.5 M messages per chunk
+# round) the plain chunk-major order, so the timed lowering never dominates a compile
+TIMED_MAX_MESSAGES = 400_000
+REBALANCE_MAX_MESSAGES = 100_000
+
+
+def _msg_paths(topo: Topology, ranks: Sequence[str]):
+    from .cost import _links
+
+    try:
+        links = _links(topo, tuple(ranks))
+    except TypeError:
+        from .cost import _Links
+
+        links = _Links(topo, tuple(ranks))
+    return links
+
+
+class _Timed:
+    """Messages of a tree collective (one per job, chunk and tree edge) with their data
+    dependencies, scheduled by :meth:`schedule` and emitted by :meth:`emit`. ``ush[j]`` /
+    ``dsh[j]``: job ``j``'s up and down trees, ``utree[j]`` / ``dtree[j]`` their indices in
+    the plan, ``rate[j]`` its bytes/s."""
+
+    def __init__(self, L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], links, per_msg: float,
+                 utree: Sequence[int], dtree: Sequence[int], rate: Sequence[float]):
+        self.L, self.links, self.per_msg = L, links, per_msg
+        self.ush, self.dsh, self.utree, self.dtree, self.rate = ush, dsh, utree, dtree, rate
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.tree: list[int] = []  # the job
+        self.chunk: list[int] = []
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.down: list[bool] = []  # out-tree (broadcast) message, else in-tree (reduce)
+        self.deps: list[tuple[int, ...]] = []
+        self.path: list[tuple[int, ...]] = []
+        self.key: list[float] = []
+        self.itemsize = DTYPE_SIZES[L.spec.dtype]
+        self.hop_s = HOP_SLACK
+        self.upsend: dict[tuple[int, int, int], int] = {}
+        self.rootrecv: dict[tuple[int, int], list[int]] = {}
+        self.pieces: list[tuple[int, int, int]] = []
+
+    def _path(self, verts: Sequence[str]) -> tuple[int, ...]:
+        ids = self.links.id
+        out = []
+        for u, v in zip(verts, verts[1:]):
+            i = ids.get((u, v))
+            if i is None:
+                raise KeyError((u, v))
+            out.append(i)
+        return tuple(out)
+
+    def add(self, s: int, d: int, t: int, k: int, a: int, b: int, down: bool, deps, path, key) -> int:
+        self.src.append(s)
+        self.dst.append(d)
+        self.tree.append(t)
+        self.chunk.append(k)
+        self.lo.append(a)
+        self.hi.append(b)
+        self.down.append(down)
+        self.deps.append(tuple(deps))
+        self.path.append(path)
+        self.key.append(key)
+        return len(self.src) - 1
+
+    def tree_chunk(self, t: int, k: int, a: int, b: int, key: float, up: bool, down: bool) -> None:
+        """The messages of chunk ``[a, b)`` of job ``t``: reduced to the root over its up
+        tree (``up``), then (``down``) broadcast from it over its down tree."""
+        us, ds = self.ush[t], self.dsh[t]
+        upaths, dpaths = self.shape_info[id(us)][0], self.shape_info[id(ds)][0]
+        udepth = self.shape_info[id(us)][2]
+        dheight = self.shape_info[id(ds)][1]
+        rate = self.rate[t]
+        dl = self.hop_s * (b - a) * self.itemsize / (rate if rate > 0 else 1.0)
+        below = dheight[ds.root] if down else 0
+        into: dict[int, list[int]] = {}
+        if up:
+            for r in reversed(us.order):
+                if r == us.root:
+                    continue
+                p = us.parent[r]
+                m = self.add(r, p, t, k, a, b, False, into.get(r, ()), upaths[r][1],
+                             key - dl * (udepth[r] + below))
+                into.setdefault(p, []).append(m)
+        got: dict[int, tuple[int, ...]] = {ds.root: tuple(into.get(us.root, ()))}
+        if down:
+            for r in ds.order:
+                for c in ds.children[r]:
+                    m = self.add(r, c, t, k, a, b, True, got[r], dpaths[c][0], key - dl * (1 + dheight[c]))
+                    got[c] = (m,)
+
+    def prepare_paths(self) -> None:
+        """Per distinct tree: its link paths (down, up) per rank, heights and depths."""
+        ranks = self.L.spec.ranks
+        self.shape_info: dict[int, tuple] = {}
+        for sh in list(self.ush) + list(self.dsh):
+            if id(sh) in self.shape_info:
+                continue
+            depth = [0] * len(ranks)
+            for r in sh.order:
+                for c in sh.children[r]:
+                    depth[c] = depth[r] + 1
+            height = [0] * len(ranks)
+            for r in reversed(sh.order):
+                if r != sh.root:
+                    height[sh.parent[r]] = max(height[sh.parent[r]], height[r] + 1)
+            per = [((), ())] * len(ranks)
+            for c in range(len(ranks)):
+                if c == sh.root:
+                    continue
+                verts = sh.paths[c] or (ranks[sh.parent[c]], ranks[c])
+                per[c] = (self._path(verts), self._path(tuple(reversed(verts))))
+            self.shape_info[id(sh)] = (per, height, depth)
+
+    def schedule(self, window: int) -> list[int]:
+        """Messages in the order the WFQ list schedule starts them (see the section
+        comment); also fills ``self.pred``: per message, the message ``window`` places
+        earlier on its port (or -1)."""
+        import heapq
+        from collections import deque
+
+        lat, cap, per_msg = self.links.lat, self.links.cap, self.per_msg
+        nm = len(self.src)
+        nbytes = [(self.hi[m] - self.lo[m]) * self.itemsize for m in range(nm)]
+        remaining = [len(d) for d in self.deps]
+        dependents: list[list[int]] = [[] for _ in range(nm)]
+        for m, ds in enumerate(self.deps):
+            for d in ds:
+                dependents[d].append(m)
+        link_free = [0.0] * len(cap)
+        queue: dict[int, list] = {}
+        nxt: dict[int, float] = {}  # port -> earliest time its window allows a start
+        started: dict[int, deque] = {}  # port -> (message, end) of its last ``window`` starts
+        self.pred = [-1] * nm
+        names = set(self.L.spec.ranks)
+        relay = {i for i, (_, v) in enumerate(self.links.ends) if v not in names}
+        self.end = [0.0] * nm
+        self.makespan = 0.0
+        order: list[int] = []
+        ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
+        seq = 0
+        key, path, down = self.key, self.path, self.down
+        heappush, heappop = heapq.heappush, heapq.heappop
+
+        def ready(m: int, t: float) -> None:
+            nonlocal seq
+            port = path[m][0]
+            # ties: the later stage (broadcast after reduce) and the later-added (deeper)
+            # message first, so a chunk already under way drains before new ones start
+            heappush(queue.setdefault(port, []), (key[m], not down[m], -m, m))
+            heappush(ev, (max(t, nxt.get(port, 0.0)), 1, seq, port))
+            seq += 1
+
+        for m in range(nm):
+            if remaining[m] == 0:
+                ready(m, 0.0)
+        while ev:
+            t, phase, _, x = heappop(ev)
+            if phase == 0:
+                for d in dependents[x]:
+                    remaining[d] -= 1
+                    if remaining[d] == 0:
+                        ready(d, t)
+                continue
+            q = queue.get(x)
+            if not q or t < nxt.get(x, 0.0) - 1e-15:
+                continue
+            m = heappop(q)[3]
+            win = started.setdefault(x, deque())
+            w = window if relay else 1
+            self.pred[m] = win[0][0] if len(win) == w else -1
+            nb = nbytes[m]
+            hops = path[m]
+            cmin = min(cap[e] for e in hops)
+            stream = nb / cmin
+            t_hop = t
+            end = t + per_msg
+            for e in hops:
+                if link_free[e] > t_hop:
+                    t_hop = link_free[e]
+                link_free[e] = t_hop + lat[e] + per_msg + nb / cap[e]
+                t_hop += lat[e]
+                if t_hop + per_msg + stream > end:
+                    end = t_hop + per_msg + stream
+            order.append(m)
+            self.end[m] = end
+            if len(win) == w:
+                win.popleft()
+            win.append((m, end))
+            allow = win[0][1] if len(win) == w else 0.0
+            nxt[x] = max(allow, link_free[x])
+            heappush(ev, (end, 0, seq, m))
+            seq += 1
+            if end > self.makespan:
+                self.makespan = end
+            if q:
+                heappush(ev, (nxt[x], 1, seq, x))
+                seq += 1
+        if len(order) != nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        return order
+
+    def emit(self, order: list[int], kind: str, dst_of) -> None:
+        """Write the scheduled messages as ops, in schedule order (so every dependency,
+        data or port window, names an earlier op). ``dst_of(r, t, a, b)``: the range rank
+        ``r`` reduces chunk ``[a, b)`` of job ``t`` into (reducing kinds)."""
+        L, B = self.L, self.L.B
+        ush, dsh = self.ush, self.dsh
+        send_op = [-1] * len(self.src)
+        recv_op = [-1] * len(self.src)
+        copies: dict[tuple[int, int, int], int] = {}  # (rank, job, chunk) -> Copy into acc
+        pending: dict[tuple[int, int], int] = {}  # (job, chunk) -> reductions into root left
+        scaled: dict[tuple[int, int], int] = {}  # (job, chunk) -> root's Scale (avg)
+        avg = L.op == "avg" and L.n > 1
+        roots_copy = kind in ("broadcast", "allgather")
+        if roots_copy:  # the root's own copy of every chunk: local, independent of the rest
+            for t, a, b in self.pieces:
+                root = dsh[t].root
+                B.add(root, Copy(self._root_src(kind, root, a, b), ChunkRef("out", a, b - a)))
+        else:  # a root without children (one rank) reduces nothing: its input is the result
+            for t, a, b in self.pieces:
+                root = ush[t].root
+                if not ush[t].children[root]:
+                    B.add(root, Copy(ChunkRef("in", a, b - a), dst_of(root, t, a, b)))
+        for m in order:
+            s, d, t, k, a, b = self.src[m], self.dst[m], self.tree[m], self.chunk[m], self.lo[m], self.hi[m]
+            cnt = b - a
+            deps = [recv_op[x] for x in self.deps[m]]
+            if self.pred[m] >= 0:
+                deps.append(send_op[self.pred[m]])
+            if self.down[m]:
+                sh = dsh[t]
+                if s == sh.root:
+                    if kind in ("broadcast", "allgather"):
+                        src = self._root_src(kind, s, a, b)
+                    else:  # allreduce: the root's reduced chunk
+                        src = ChunkRef("out", a, cnt)
+                        if avg:
+                            deps = [scaled[(t, k)]] + deps[len(self.deps[m]):]
+                else:
+                    src = ChunkRef("out", a, cnt)
+                rdeps: tuple[int, ...] = ()
+                if kind == "allreduce":
+                    up = self.upsend.get((t, k, d))
+                    rdeps = (up,) if up is not None else ()
+                sid, rid = B.message(s, d, src, ChunkRef("out", a, cnt), send_deps=_deps(*deps),
+                                     recv_deps=rdeps, tree=self.dtree[t], chunk=k)
+            else:
+                sh = ush[t]
+                src = ChunkRef("in", a, cnt) if not sh.children[s] else dst_of(s, t, a, b)
+                acc = dst_of(d, t, a, b)
+                ck = (d, t, k)
+                if ck not in copies:
+                    copies[ck] = B.add(d, Copy(ChunkRef("in", a, cnt), acc))
+                sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps), recv_deps=(copies[ck],),
+                                     reduce=True, tree=self.utree[t], chunk=k)
+                self.upsend[(t, k, s)] = sid
+            send_op[m], recv_op[m] = sid, rid
+            if not self.down[m] and d == sh.root:
+                left = pending.get((t, k), len(sh.children[d])) - 1
+                pending[(t, k)] = left
+                self.rootrecv.setdefault((t, k), []).append(rid)
+                if left == 0 and avg:
+                    scaled[(t, k)] = B.add(d, Scale(dst_of(d, t, a, b), L.n, tuple(self.rootrecv[(t, k)])))
+
+    def _root_src(self, kind: str, root: int, a: int, b: int) -> ChunkRef:
+        if kind == "allgather":
+            return ChunkRef("in", a - self.L.block(root)[0], b - a)
+        return ChunkRef("in", a, b - a)
+
+
+def _even_chunks(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into the fewest chunks of at most ``ce`` elements, all of nearly one
+    size: no short last chunk paying a whole message's fixed cost for a few bytes.
+
+    >>> _even_chunks(0, 100, 30)
+    [(0, 25), (25, 50), (50, 75), (75, 100)]
+    >>> _even_chunks(0, 7, 3)
+    [(0, 3), (3, 5), (5, 7)]
+    """
+    n = hi - lo
+    if n <= 0:
+        return []
+    m = -(-n // ce)
+    out, a = [], lo
+    for i in range(m):
+        b = a + n // m + (1 if i < n % m else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+TIMED_KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "reduce_scatter"})
+
+
+def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
+                topo: Topology, per_msg: float, window: int) -> list[tuple[int, int]] | None:
+    """Emit the tree kinds through the timed schedule and return the trees' spans; None
+    (nothing emitted) when a tree path is not made of the collective's links (the plain
+    lowering then routes it). Each tree is one job (its own up and down tree); the trees
+    sharing one block form a group (allgather, reduce_scatter and per-root allreduce: one
+    group per root; otherwise one group)."""
+    kind = L.spec.kind
+    grouped = kind in ("allgather", "reduce_scatter") or per_root
+    groups: dict[int, list[int]] = {}
+    for t, sh in enumerate(shapes):
+        groups.setdefault(sh.root if grouped else 0, []).append(t)
+    ids = list(range(len(shapes)))
+    return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window)
+
+
+def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
+               dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
+               spans: list[tuple[int, int]], topo: Topology, per_msg: float,
+               window: int) -> list[tuple[int, int]] | None:
+    """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
+    spans used, or None (nothing emitted) when a tree path is not made of the collective's
+    links or the plan would exceed TIMED_MAX_MESSAGES.
+
+    The packing's rates ignore the per-message cost, which weighs more on some trees than
+    on others (a tree over the 10 GB/s, 3 us socket link of a DGX-1 loses 4% at 1 MiB
+    chunks, one over NVLink 9%), so the trees finish at different times. Up to
+    REBALANCE_ROUNDS times, each job's share is scaled by the mean finish time of its
+    group (the jobs sharing one block) over its own, and the fastest schedule is kept."""
+    kind = L.spec.kind
+    links = _msg_paths(topo, L.spec.ranks)
+    up = kind in ("reduce", "reduce_scatter", "allreduce")
+    down = kind in ("broadcast", "allgather", "allreduce")
+    bounds_of = {g: (min(spans[t][0] for t in ts), max(spans[t][1] for t in ts)) for g, ts in groups.items()}
+    weight = [r if r > 0 else 1.0 for r in rates]
+    per_chunk = (L.n - 1) * (int(up) + int(down))
+    messages = sum(-(-(hi - lo) // L.ce) for lo, hi in spans) * per_chunk
+    if messages > TIMED_MAX_MESSAGES:
+        return None
+    rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
+    best = None
+    njobs = len(ush)
+    for rnd in range(rounds + 1):
+        if rnd:
+            spans = [(0, 0)] * njobs
+            for g, ts in groups.items():
+                for t, sp in zip(ts, split_by_rate(*bounds_of[g], [weight[t] for t in ts])):
+                    spans[t] = sp
+        T = _Timed(L, ush, dsh, links, per_msg, utree, dtree, rates)
+        try:
+            T.prepare_paths()
+        except KeyError:
+            return None
+        itemsize = T.itemsize
+        for t, (lo, hi) in enumerate(spans):
+            atoms = _even_chunks(lo, hi, L.ce)
+            T.pieces.extend((t, a, b) for a, b in atoms)
+            for k, (a, b) in enumerate(atoms):
+                T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
+        order = T.schedule(window)
+        if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
+            best = (T, order, list(spans))
+        finish = [0.0] * njobs
+        for m in range(len(T.src)):
+            if T.end[m] > finish[T.tree[m]]:
+                finish[T.tree[m]] = T.end[m]
+        moved = False
+        for ts in groups.values():
+            live = [t for t in ts if finish[t] > 0]
+            if len(live) < 2:
+                continue
+            mean = sum(finish[t] for t in live) / len(live)
+            for t in live:
+                weight[t] *= mean / finish[t]
+            moved = moved or max(finish[t] for t in live) > mean * (1 + REBALANCE_TOLERANCE)
+        if not moved:
+            break
+    T, order, spans = best
+    if kind == "reduce_scatter":
+        def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
+            j = ush[t].root
+            return ChunkRef("out", a - L.block(j)[0], b - a) if r == j else ChunkRef("tmp", a, b - a)
+    else:
+        def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
+            return ChunkRef("out", a, b - a)
+    T.emit(order, kind, dst_of)
+    return spans
