@@ -228,9 +228,10 @@ class _Master:
     by the largest one, so every coefficient is a small integer and every bound is <= 1.
     """
 
-    def __init__(self, capn: np.ndarray, roots: list[int]):
+    def __init__(self, capn: np.ndarray, roots: list[int], *, presolve: bool = False):
         self.capn = capn
         self.roots = roots
+        self.presolve = presolve  # GLOP's presolve: only for masters built cold per solve
         self.equal = len(roots) > 1
         self.cols: list[_Col] = []
         self.keys: set = set()
@@ -243,8 +244,10 @@ class _Master:
         if solver is None:
             raise PackError("OR-Tools GLOP is not available")
         # presolve on warm re-solves of these degenerate masters ended ABNORMAL 20 times in
-        # 170 rounds on the 32-rank cluster; without it, twice
-        solver.SetSolverSpecificParametersAsString("use_preprocessing: false")
+        # 170 rounds on the 32-rank cluster; without it, twice (bidir.solve_master builds
+        # its master cold per solve and keeps presolve, whose optimal vertex it was tuned on)
+        if not self.presolve:
+            solver.SetSolverSpecificParametersAsString("use_preprocessing: false")
         inf = solver.infinity()
         self.solver = solver
         self.rows = [solver.Constraint(-inf, float(c)) for c in self.capn]
@@ -258,6 +261,7 @@ class _Master:
                 ct = solver.Constraint(-inf, 0.0)
                 ct.SetCoefficient(self.x, 1.0)
                 self.root_rows[r] = ct
+        self.rate_row = None  # single root: sum_T w_T >= a held rate (see settle)
         self.vars = []
         for col in self.cols:
             self._var(col)
@@ -270,6 +274,8 @@ class _Master:
             self.root_rows[col.root].SetCoefficient(v, -1.0)
         else:
             self.obj.SetCoefficient(v, 1.0)
+            if self.rate_row is not None:
+                self.rate_row.SetCoefficient(v, 1.0)
         self.vars.append(v)
 
     def add(self, col: _Col) -> bool:
@@ -304,6 +310,47 @@ class _Master:
 
     def objective(self) -> float:
         return self.x.solution_value() if self.equal else sum(self.weights())
+
+    def settle(self, rate: float, cost) -> bool:
+        """Among the packings over these columns of rate >= ``rate`` (1e-9 relative; x per
+        root with several roots, the total with one), one of least sum_T cost[T] w_T, by a
+        warm GLOP re-solve. True when solved; otherwise the master is back at its own
+        maximum-rate solution and False. The rate stays held until :meth:`release`."""
+        from ortools.linear_solver import pywraplp
+
+        if rate <= 0:
+            return False
+        held = rate * (1.0 - 1e-9)
+        if self.equal:
+            self.x.SetLb(held)
+        else:
+            if self.rate_row is None:
+                self.rate_row = self.solver.Constraint(held, self.solver.infinity())
+                for v in self.vars:
+                    self.rate_row.SetCoefficient(v, 1.0)
+            self.rate_row.SetLb(held)
+        self.obj.Clear()
+        self.obj.SetMinimization()
+        for v, c in zip(self.vars, cost):
+            self.obj.SetCoefficient(v, float(c))
+        if self.solver.Solve() == pywraplp.Solver.OPTIMAL:
+            return True
+        self.release()
+        self.solve()
+        return False
+
+    def release(self) -> None:
+        """Back to the maximum-rate objective with no rate held (after :meth:`settle`)."""
+        self.obj.Clear()
+        self.obj.SetMaximization()
+        if self.equal:
+            self.x.SetLb(0.0)
+            self.obj.SetCoefficient(self.x, 1.0)
+        else:
+            if self.rate_row is not None:
+                self.rate_row.SetLb(-self.solver.infinity())
+            for v in self.vars:
+                self.obj.SetCoefficient(v, 1.0)
 
 
 def _more_columns(pricer: _Pricer, master: _Master, y: np.ndarray, col: _Col, threshold: float) -> None:
@@ -409,18 +456,5 @@ def _shallowest(master: _Master, depth: list[int], x: float) -> None:
     fill (depth x one share per hop) costs more than the bandwidth term when each share is
     one chunk; the binary-tree seeds reach the same rate 10 levels deep. Keeps the first
     solution if GLOP fails here."""
-    from ortools.linear_solver import pywraplp
-
-    if x <= 0 or master.x is None:
-        return
-    master.x.SetLb(x * (1.0 - 1e-9))
-    master.obj.Clear()
-    master.obj.SetMinimization()
-    for v, d in zip(master.vars, depth):
-        master.obj.SetCoefficient(v, float(d))
-    if master.solver.Solve() != pywraplp.Solver.OPTIMAL:
-        master.x.SetLb(0.0)
-        master.obj.Clear()
-        master.obj.SetMaximization()
-        master.obj.SetCoefficient(master.x, 1.0)
-        master.solve()
+    if x > 0 and master.equal:
+        master.settle(x, depth)
