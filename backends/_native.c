@@ -318,8 +318,17 @@ typedef struct {
     int in_runner;
     uint64_t messages; /* data messages sent and received, for tests and benchmarks */
     uint64_t runs;     /* programs run by the runner to completion */
+    uint64_t naps;     /* sleeps in poll() after the bounded spin (for benchmarks) */
+    uint64_t nap_ns;   /* time spent in them */
     int users;         /* threads inside wait/run with the GIL released (changed under the GIL) */
     int released;      /* the mappings and fds are gone (close, once no thread uses them) */
+    /* external transfers (a mixed job: peers over TCP, driven by Python): completions pushed
+     * by any thread (ext_done) for the run of generation run_gen, taken by the runner */
+    pthread_mutex_t xmu;
+    int64_t *xdone;
+    int64_t xdone_len, xdone_cap;
+    uint64_t run_gen;
+    void *cur_run; /* the runner_t of the run in progress (under mu), for fold() */
 } Engine;
 
 static double now_s(void) {
@@ -672,7 +681,10 @@ static void nap(Engine *e, uint32_t seq0, double left, int interruptible) {
     if (atomic_load(&e->bell->seq) == seq0 && !(interruptible && atomic_load(&e->interrupt))) {
         int ms = (int)(left * 1000.0) + 1;
         if (ms > 1000) ms = 1000;
+        double t0 = now_s();
         poll(fds, n + 1, ms);
+        e->naps++;
+        e->nap_ns += (uint64_t)((now_s() - t0) * 1e9);
     }
     atomic_store(&e->bell->sleeping, 0);
     uint64_t v;
@@ -720,6 +732,8 @@ static void engine_release(Engine *e) {
     }
     free(e->rdone);
     e->rdone = NULL;
+    free(e->xdone);
+    e->xdone = NULL;
 }
 
 /* after close(), once no thread is inside wait/run (called with the GIL held) */
@@ -733,6 +747,7 @@ static void release_if_closed(Engine *e) {
 static void Engine_dealloc(Engine *e) {
     engine_release(e);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->xmu);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -741,6 +756,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!e) return NULL;
     e->evfd = -1;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->xmu, NULL);
     return (PyObject *)e;
 }
 
@@ -1136,13 +1152,17 @@ static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
     int64_t held = 0;
     for (int k = 0; e->peers && k < e->npeers; k++)
         for (held_t *h = e->peers[k].held; h; h = h->next) held++;
-    return Py_BuildValue("{s:K,s:K,s:L}", "messages", (unsigned long long)e->messages, "runs",
-                         (unsigned long long)e->runs, "held", (long long)held);
+    return Py_BuildValue("{s:K,s:K,s:L,s:K,s:d}", "messages", (unsigned long long)e->messages, "runs",
+                         (unsigned long long)e->runs, "held", (long long)held, "naps", (unsigned long long)e->naps,
+                         "nap_s", e->nap_ns * 1e-9);
 }
 
 /* the program runner ------------------------------------------------------------ */
 enum { K_SEND, K_RECV, K_RECV_REDUCE, K_COPY, K_REDUCE, K_SCALE, K_NOP };
 #define NF 10 /* fields per op, see backends/native.py encode() */
+/* a run with transfers over TCP naps at most this long between asking Python whether a TCP
+ * peer failed: their completions wake it at once (ext_done), only a failure waits a slice */
+#define EXT_SLICE_S 0.01
 
 typedef struct {
     Engine *e;
@@ -1153,10 +1173,20 @@ typedef struct {
     req_t *reqs;
     int op, dt;
     uint32_t plan;
+    int64_t n_ops;
     int64_t completed;
     int64_t *stack;
     int64_t sp;
+    /* external transfers (field 9 set: the peer, field 1, is a rank over TCP): the ones that
+     * became ready, for Python to post (with the GIL, outside the mutex), and how many of
+     * them are posted and not complete */
+    int64_t *xready;
+    int64_t nxready;
+    int64_t ext_out;
 } runner_t;
+
+/* the rank a transfer op talks to: field 1 is a local peer index, or a rank (external) */
+static inline int op_peer_rank(Engine *e, const int64_t *f) { return f[9] ? (int)f[1] : e->peers[f[1]].rank; }
 
 static inline char *at(runner_t *R, int64_t buf, int64_t off) { return R->bufs[buf] + off; }
 
@@ -1171,6 +1201,12 @@ static void run_from(runner_t *R, int64_t k0) {
         if (kind == K_SEND || kind == K_RECV || kind == K_RECV_REDUCE) {
             req_t *r = &R->reqs[k];
             memset(r, 0, sizeof *r);
+            if (f[9]) { /* over TCP: Python posts it once the mutex is released */
+                r->id = k;
+                r->kind = kind == K_SEND ? R_SEND : kind == K_RECV ? R_RECV : R_RECV_REDUCE;
+                R->xready[R->nxready++] = k;
+                continue;
+            }
             r->kind = kind == K_SEND ? R_SEND : kind == K_RECV ? R_RECV : R_RECV_REDUCE;
             r->peer = (int)f[1];
             r->tag = (uint32_t)f[2];
@@ -1276,19 +1312,25 @@ static void abandon(runner_t *R, int64_t n_ops) {
     }
 }
 
-/* run(ops, dep_ptr, dep_idx, missing, first, in, out, tmp, op, dtype, plan, timeout)
+/* run(ops, dep_ptr, dep_idx, missing, first, in, out, tmp, op, dtype, plan, timeout[, post, check])
  *   -> (status, op index, peer rank, message): status 0 done, 1 timeout (op: the oldest
  *   outstanding receive, else send), 2 peer died, 3 protocol error, 4 peer closed, 6 a peer
- *   reported that the rank named died.
+ *   reported that the rank named died, 7 check() returned the object in `message`.
+ * External transfers (field 9 set; a mixed job's peers over TCP): the runner calls
+ * post(gen, k) with the GIL when op k becomes ready; Python posts it on its transport and
+ * reports its completion with ext_done(gen, k) (an external RecvReduce reduces its pieces
+ * with fold(gen, k, ...)). While such transfers are outstanding and nothing moves, the
+ * runner calls check() (None, or what to return as status 7: a TCP peer failed). An
+ * exception in a callback ends the run and is raised. 
  * Releases the GIL for the whole run. */
 static PyObject *Engine_run(Engine *e, PyObject *args) {
     Py_buffer ops, dptr, didx, miss, first, bin = {0}, bout = {0}, btmp = {0};
-    PyObject *oin, *oout, *otmp;
+    PyObject *oin, *oout, *otmp, *post_cb = Py_None, *check_cb = Py_None;
     int op, dt;
     unsigned int plan;
     double timeout;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiId", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
-                          &dt, &plan, &timeout))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiId|OO", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
+                          &dt, &plan, &timeout, &post_cb, &check_cb))
         return NULL;
     PyObject *result = NULL;
     int got_in = 0, got_out = 0, got_tmp = 0;
@@ -1331,7 +1373,8 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         if ((kind == K_COPY || kind == K_REDUCE || (kind == K_RECV_REDUCE && f[6] >= 0)) &&
             (f[6] < 0 || f[6] > 2 || f[7] < 0 || f[7] + f[5] > sizes[f[6]]))
             goto bad;
-        if (kind <= K_RECV_REDUCE && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
+        if (kind <= K_RECV_REDUCE && !f[9] && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
+        if (kind <= K_RECV_REDUCE && f[9] && (f[1] < 0 || !PyCallable_Check(post_cb))) goto bad;
         if ((kind == K_RECV_REDUCE || kind == K_REDUCE || kind == K_SCALE) && f[5] % DT_SIZE[dt]) goto bad;
         if (kind == K_SCALE && f[8] <= 0) goto bad;
     }
@@ -1349,17 +1392,23 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
     }
     {
         runner_t R;
+        memset(&R, 0, sizeof R);
         R.e = e;
         R.ops = O;
         R.dep_ptr = DP;
         R.dep_idx = didx.buf;
+        R.n_ops = n_ops;
         R.missing = malloc((n_ops ? n_ops : 1) * sizeof(int32_t));
         R.reqs = calloc(n_ops ? n_ops : 1, sizeof(req_t));
         R.stack = malloc((n_ops + 1) * sizeof(int64_t));
-        if (!R.missing || !R.reqs || !R.stack) {
+        R.xready = malloc((n_ops + 1) * sizeof(int64_t));
+        int64_t *xtaken = malloc((n_ops + 1) * sizeof(int64_t));
+        if (!R.missing || !R.reqs || !R.stack || !R.xready || !xtaken) {
             free(R.missing);
             free(R.reqs);
             free(R.stack);
+            free(R.xready);
+            free(xtaken);
             PyErr_NoMemory();
             goto out;
         }
@@ -1371,23 +1420,50 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         R.op = op;
         R.dt = dt;
         R.plan = plan;
-        R.completed = 0;
-        R.sp = 0;
         int64_t nfirst = first.len / 8;
         const int64_t *F = first.buf;
         int status = 0, fpeer = -1;
         int64_t fop = -1;
+        PyObject *ext_fail = NULL;                      /* what check() returned (status 7) */
+        PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL; /* a callback raised (status 8) */
         char *busy = calloc(e->npeers ? e->npeers : 1, 1);
+        pthread_mutex_lock(&e->xmu);
+        uint64_t gen = ++e->run_gen;
+        e->xdone_len = 0;
+        pthread_mutex_unlock(&e->xmu);
         e->users++;
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&e->mu);
         e->in_runner = 1;
+        e->cur_run = &R;
         e->rdone_len = 0;
         for (int64_t i = 0; i < nfirst; i++)
             if (R.missing[F[i]] == 0) run_from(&R, F[i]);
         pthread_mutex_unlock(&e->mu);
         double last = now_s();
-        while (R.completed < n_ops) {
+        for (;;) {
+            /* the external transfers that became ready: Python posts them over TCP */
+            if (R.nxready) {
+                int64_t nx = R.nxready;
+                R.nxready = 0;
+                Py_BLOCK_THREADS
+                for (int64_t i = 0; i < nx && !status; i++) {
+                    PyObject *res = PyObject_CallFunction(post_cb, "KL", (unsigned long long)gen,
+                                                          (long long)R.xready[i]);
+                    if (!res) {
+                        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+                        status = 8;
+                        fop = R.xready[i];
+                    } else {
+                        Py_DECREF(res);
+                        R.ext_out++;
+                    }
+                }
+                Py_UNBLOCK_THREADS
+                if (status) break;
+                last = now_s();
+            }
+            if (R.completed >= n_ops) break;
             uint32_t seq0 = atomic_load(&e->bell->seq);
             pthread_mutex_lock(&e->mu);
             int moved = progress(e);
@@ -1401,7 +1477,26 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
                 }
             }
             e->rdone_len = 0;
-            if (!moved && !nd && R.completed < n_ops) {
+            int64_t nxt = 0;
+            if (R.ext_out) { /* completions of external transfers (ext_done) */
+                pthread_mutex_lock(&e->xmu);
+                for (int64_t i = 0; i < e->xdone_len && nxt <= n_ops; i++) xtaken[nxt++] = e->xdone[i];
+                e->xdone_len = 0;
+                pthread_mutex_unlock(&e->xmu);
+                for (int64_t i = 0; i < nxt; i++) {
+                    int64_t k = xtaken[i];
+                    if (k < 0 || k >= n_ops || !O[k * NF + 9] || R.reqs[k].id != k || R.reqs[k].done) continue;
+                    R.reqs[k].done = 1;
+                    R.ext_out--;
+                    R.completed++;
+                    nd++;
+                    for (int64_t j = DP[k]; j < DP[k + 1]; j++) {
+                        int64_t d = R.dep_idx[j];
+                        if (--R.missing[d] == 0) run_from(&R, d);
+                    }
+                }
+            }
+            if (!moved && !nd && !R.nxready && R.completed < n_ops) {
                 /* who are we waiting on: a failed peer there ends the run */
                 memset(busy, 0, e->npeers ? e->npeers : 1);
                 for (int k = 0; k < e->npeers; k++) {
@@ -1415,20 +1510,37 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
             }
             pthread_mutex_unlock(&e->mu);
             if (status) break;
-            if (moved || nd) {
+            if (moved || nd || R.nxready) {
                 last = now_s();
                 continue;
             }
             if (R.completed >= n_ops) break;
+            if (R.ext_out && check_cb != Py_None) { /* a TCP peer of ours failed? (Python knows) */
+                Py_BLOCK_THREADS
+                PyObject *res = PyObject_CallNoArgs(check_cb);
+                if (!res) {
+                    PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+                    status = 8;
+                } else if (res != Py_None) {
+                    ext_fail = res;
+                    status = 7;
+                } else {
+                    Py_DECREF(res);
+                }
+                Py_UNBLOCK_THREADS
+                if (status) break;
+            }
             double left = last + timeout - now_s();
             if (left <= 0) {
                 status = 1;
                 break;
             }
-            nap(e, seq0, left, 0);
+            /* TCP completions wake us through ext_done; a failure over TCP is seen by check()
+             * within this slice (the sockets transport's own failure detection bounds it) */
+            nap(e, seq0, R.ext_out && left > EXT_SLICE_S ? EXT_SLICE_S : left, 0);
         }
         pthread_mutex_lock(&e->mu);
-        if (status) {
+        if (status && status != 7 && status != 8) {
             /* blame: the oldest outstanding receive, else the oldest send */
             int64_t best_recv = -1, best_send = -1;
             for (int64_t k = 0; k < n_ops; k++) {
@@ -1441,30 +1553,45 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
                 }
             }
             fop = best_recv >= 0 ? best_recv : best_send;
-            if (status == 1 && fop >= 0) fpeer = e->peers[O[fop * NF + 1]].rank;
+            if (status == 1 && fop >= 0) fpeer = op_peer_rank(e, O + fop * NF);
             if (status != 1 && fop >= 0) {
                 /* name the op waiting on the failed peer when there is one */
                 for (int64_t k = 0; k < n_ops; k++) {
                     int kind = (int)O[k * NF];
                     if (kind > K_RECV_REDUCE || R.missing[k] != 0 || R.reqs[k].done || R.reqs[k].id != k) continue;
-                    if (e->peers[O[k * NF + 1]].rank == fpeer) {
+                    if (op_peer_rank(e, O + k * NF) == fpeer) {
                         fop = k;
                         break;
                     }
                 }
             }
-            abandon(&R, n_ops);
         }
+        if (status) abandon(&R, n_ops);
         e->in_runner = 0;
+        e->cur_run = NULL;
         pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&e->xmu);
+        e->run_gen++; /* a late ext_done or fold of this run is ignored */
+        e->xdone_len = 0;
+        pthread_mutex_unlock(&e->xmu);
         Py_END_ALLOW_THREADS
         e->users--;
         free(busy);
         free(R.missing);
         free(R.reqs);
         free(R.stack);
-        if (!status) e->runs++;
-        result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer, (status == 3 || status == 6) ? e->err : "");
+        free(R.xready);
+        free(xtaken);
+        if (status == 8) {
+            PyErr_Restore(exc_t, exc_v, exc_tb);
+        } else {
+            if (!status) e->runs++;
+            if (status == 7)
+                result = Py_BuildValue("(iLiN)", status, (long long)fop, fpeer, ext_fail);
+            else
+                result = Py_BuildValue("(iLis)", status, (long long)fop, fpeer,
+                                       (status == 3 || status == 6) ? e->err : "");
+        }
     }
     goto out;
 bad:
@@ -1482,7 +1609,85 @@ out:
     return result;
 }
 
+/* ext_done(gen, k): external transfer k of run `gen` completed (any thread, e.g. a TCP
+ * reader's completion hook); a late call for a finished run is ignored */
+static PyObject *Engine_ext_done(Engine *e, PyObject *args) {
+    unsigned long long gen;
+    long long k;
+    if (!PyArg_ParseTuple(args, "KL", &gen, &k)) return NULL;
+    if (e->released) Py_RETURN_NONE;
+    int woke = 0;
+    pthread_mutex_lock(&e->xmu);
+    if (gen == e->run_gen && push_i64(&e->xdone, &e->xdone_len, &e->xdone_cap, k) == 0) woke = 1;
+    pthread_mutex_unlock(&e->xmu);
+    if (woke) {
+        atomic_fetch_add(&e->bell->seq, 1);
+        if (atomic_load(&e->bell->sleeping)) {
+            uint64_t one = 1;
+            ssize_t w = write(e->evfd, &one, sizeof one);
+            (void)w;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* fold(gen, k, offset, piece) -> bool: reduce `piece`, bytes [offset, offset + len) of the
+ * message of external RecvReduce k of run `gen`, into its destination (from the fused Copy's
+ * source when it has one), under the engine's mutex: the runner reduces into the same
+ * blocks from the channels (a direct allreduce), and the two must not interleave. False
+ * (nothing written) when that run is over. */
+static PyObject *Engine_fold(Engine *e, PyObject *args) {
+    unsigned long long gen;
+    long long k, off;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "KLLy*", &gen, &k, &off, &b)) return NULL;
+    int ok = 0, bad = 0;
+    if (!e->released) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&e->mu);
+        runner_t *R = (runner_t *)e->cur_run;
+        if (R && gen == e->run_gen && k >= 0 && k < R->n_ops) {
+            const int64_t *f = R->ops + k * NF;
+            size_t es = DT_SIZE[R->dt];
+            if (f[0] != K_RECV_REDUCE || !f[9] || off < 0 || (size_t)off % es || (size_t)b.len % es ||
+                off + b.len > f[5]) {
+                bad = 1;
+            } else if (b.len) {
+                char *d = R->bufs[f[3]] + f[4] + off;
+                const char *a = f[6] >= 0 ? R->bufs[f[6]] + f[7] + off : d;
+                combine(R->op, R->dt, d, a, b.buf, (size_t)b.len / es);
+                ok = 1;
+            } else {
+                ok = 1;
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "fold: piece outside its RecvReduce");
+        return NULL;
+    }
+    return PyBool_FromLong(ok);
+}
+
+/* kick(): wake this rank's runner or wait (a TCP peer's state changed) */
+static PyObject *Engine_kick(Engine *e, PyObject *noargs) {
+    if (e->released) Py_RETURN_NONE;
+    atomic_fetch_add(&e->bell->seq, 1);
+    if (atomic_load(&e->bell->sleeping)) {
+        uint64_t one = 1;
+        ssize_t w = write(e->evfd, &one, sizeof one);
+        (void)w;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Engine_methods[] = {
+    {"ext_done", (PyCFunction)Engine_ext_done, METH_VARARGS, "ext_done(gen, k): external transfer k completed"},
+    {"fold", (PyCFunction)Engine_fold, METH_VARARGS, "fold(gen, k, offset, piece) -> bool"},
+    {"kick", (PyCFunction)Engine_kick, METH_NOARGS, "wake this rank's runner or wait"},
     {"isend", (PyCFunction)Engine_isend, METH_VARARGS, "isend(peer_index, tag, plan, buffer) -> handle"},
     {"irecv", (PyCFunction)Engine_irecv, METH_VARARGS, "irecv(peer_index, tag, plan, buffer) -> handle"},
     {"wait", (PyCFunction)Engine_wait, METH_VARARGS, "wait(handles, timeout) -> (done, status, peer, message)"},

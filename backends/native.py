@@ -8,17 +8,21 @@ copy, scale, wait — in C with the GIL released, over the shared-memory channel
 decision; the core runs the op table it is given.
 
 Terms
-- encoded program: per op ``NF`` int64 fields ``(kind, peer index, tag, dst buffer, dst byte
-  offset, bytes, src buffer, src byte offset, divisor, 0)``; buffers are numbered ``in`` 0,
+- encoded program: per op ``NF`` int64 fields ``(kind, peer, tag, dst buffer, dst byte
+  offset, bytes, src buffer, src byte offset, divisor, external)``; buffers are numbered ``in`` 0,
   ``out`` 1, ``tmp`` 2. A Send names its source in the dst fields; a RecvReduce with a fused
   Copy names the Copy's source as its src (it computes ``dst = src (op) received`` piece by
   piece), without one src is -1. A fused Copy is a ``NOP``. The dependents of op k are
   ``dep_idx[dep_ptr[k]:dep_ptr[k+1]]``; ``missing`` the deps each op waits for; ``first`` the
-  ops without deps in the executor's start order.
+  ops without deps in the executor's start order. ``peer`` is the local peer's index on the
+  channels, or, for an *external* transfer (``external`` = 1: the peer is not on this host),
+  the peer's rank: the core hands those to Python, which moves them over the sockets
+  transport's TCP connections while the core runs the rest (a mixed job, e.g. 2 hosts).
 - fallback: where the extension is not built (``HCC_NO_NATIVE=1`` at install: no channels
   either, every peer is reached over TCP), where ``HCC_NATIVE=0`` is set (the channels stay,
-  the Python executor drives them), or where a program talks to a peer that is not on this
-  host, the pure-Python executor runs it — the reference the tests compare the core against.
+  the Python executor drives them), or where a rank has no local peer at all (a plain
+  sockets transport), the pure-Python executor runs it — the reference the tests compare
+  the core against.
 
 Reductions: the core's kernels compute exactly what :mod:`hcc.backends.kernels` computes with
 numpy for integers (wrapping sum and product, floor division for ``avg``) and for float16 and
@@ -80,13 +84,14 @@ class Encoded:
     first: np.ndarray  # int64
     op: int
     dtype: int
+    external: int = 0  # transfers to peers not on this host (moved over TCP by Python)
 
 
-def encode(ex, peer_index: dict[int, int]) -> Encoded | None:
-    """The op table of ``ex`` (a :class:`~hcc.backends.executor.RankExecution`), or None when
-    one of its transfers goes to a rank without an index in ``peer_index`` (not on this host:
-    the Python executor runs it over the mixed transport). Cached on the execution's schedule
-    for its peer map, so a plan run again costs no encoding."""
+def encode(ex, peer_index: dict[int, int]) -> Encoded:
+    """The op table of ``ex`` (a :class:`~hcc.backends.executor.RankExecution`); a transfer to
+    a rank without an index in ``peer_index`` (not on this host) is an external row naming
+    the rank. Cached on the execution's schedule for its peer map, so a plan run again costs
+    no encoding."""
     sched = ex.sched
     key = tuple(sorted(peer_index.items()))
     cache = sched.__dict__.get("_native")
@@ -97,14 +102,15 @@ def encode(ex, peer_index: dict[int, int]) -> Encoded | None:
     from .executor import COPY, RECV, RECV_REDUCE, REDUCE, SCALE, SEND
 
     rows = np.zeros((len(program), NF), dtype=np.int64)
+    external = 0
     for k, op in enumerate(program):
         kind = kinds[k]
         row = rows[k]
         if kind in (SEND, RECV, RECV_REDUCE):
             idx = peer_index.get(op.peer)
             if idx is None:
-                object.__setattr__(sched, "_native", (key, None))
-                return None
+                idx, row[9] = op.peer, 1
+                external += 1
             ref = op.src if kind == SEND else op.dst
             row[0] = K_SEND if kind == SEND else K_RECV if kind == RECV else K_RECV_REDUCE
             row[1], row[2] = idx, op.tag
@@ -133,7 +139,8 @@ def encode(ex, peer_index: dict[int, int]) -> Encoded | None:
     ptr[1:] = np.cumsum([len(d) for d in deps])
     idx = np.fromiter((j for d in deps for j in d), dtype=np.int64, count=int(ptr[-1]))
     enc = Encoded(rows, ptr, idx, np.asarray(ex.missing_at_start, dtype=np.int32),
-                  np.asarray(ex.first, dtype=np.int64), OP_CODES[ex.op_name], DTYPE_CODES[ex.plan.dtype])
+                  np.asarray(ex.first, dtype=np.int64), OP_CODES[ex.op_name], DTYPE_CODES[ex.plan.dtype],
+                  external)
     object.__setattr__(sched, "_native", (key, enc))
     return enc
 

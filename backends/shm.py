@@ -30,8 +30,11 @@ Terms
 The data path, the wake-ups and the program runner are the native core's
 (``backends/_native.c``); this module sets the channels up and adapts them to the
 :class:`~hcc.backends.base.Transport` interface, so the pure-Python executor and the adaptive
-runtime run over them unchanged. ``RankExecution.execute`` hands a program whose every peer
-is local to :meth:`ShmSocketTransport.native_run` (the core runs it without the GIL).
+runtime run over them unchanged. ``RankExecution.execute`` hands the program to
+:meth:`ShmSocketTransport.native_run`: the core runs it without the GIL, and in a mixed job
+hands its transfers to peers on other hosts to the TCP connections (posted from the core's
+thread with the GIL taken back briefly; their completions wake the core through its
+eventfd, a received piece to reduce is reduced by the core under its lock).
 
 Ring geometry: one ring per ordered pair of ``HCC_SHM_SLOTS`` (default 8) times
 ``HCC_SHM_SLOT_KIB`` KiB (default 256) of pieces packed back to back; a message moves in
@@ -301,23 +304,26 @@ class ShmSocketTransport(SocketTransport):
         """The ranks this rank reaches through shared memory."""
         return frozenset(self._local)
 
-    def isend(self, peer: int, tag: int, data) -> Request:
+    def isend(self, peer: int, tag: int, data, plan: int | None = None) -> Request:
+        # plan: the id to stamp instead of the bound one (as SocketTransport.isend)
         idx = self._local.get(peer)
         if idx is None:
-            return super().isend(peer, tag, data)
+            return super().isend(peer, tag, data, plan=plan)
         view = self._bytes_view(data)
         self._sweep()
-        return _ShmReq(self._engine, self._engine.isend(idx, tag, self._plan, view), peer, tag, view, self._live_reqs)
+        pid = self._plan if plan is None else plan
+        return _ShmReq(self._engine, self._engine.isend(idx, tag, pid, view), peer, tag, view, self._live_reqs)
 
-    def irecv(self, peer: int, tag: int, buf) -> Request:
+    def irecv(self, peer: int, tag: int, buf, plan: int | None = None) -> Request:
         idx = self._local.get(peer)
         if idx is None:
-            return super().irecv(peer, tag, buf)
+            return super().irecv(peer, tag, buf, plan=plan)
         view = self._bytes_view(buf)
         if view.readonly:
             raise RuntimeFault(f"rank {self.rank}: irecv into a read-only buffer (tag {tag})")
         self._sweep()
-        return _ShmReq(self._engine, self._engine.irecv(idx, tag, self._plan, view), peer, tag, view, self._live_reqs)
+        pid = self._plan if plan is None else plan
+        return _ShmReq(self._engine, self._engine.irecv(idx, tag, pid, view), peer, tag, view, self._live_reqs)
 
     def _sweep(self) -> None:
         live = self._live_reqs
@@ -361,6 +367,7 @@ class ShmSocketTransport(SocketTransport):
         # the TCP peers get a FAIL frame (SocketTransport); the local ones read our bell
         super()._gossip(dead)
         self._engine.set_failed(dead)
+        self._engine.kick()  # a runner with TCP transfers outstanding asks check() now
 
     # -- waiting --------------------------------------------------------------------------
     def wait_any(self, requests: list[Request], timeout: float) -> list[int]:
@@ -418,23 +425,38 @@ class ShmSocketTransport(SocketTransport):
         super().wake()
 
     # -- the native core ----------------------------------------------------------------
-    def native_run(self, ex) -> bool:
-        """Run ``ex`` (a :class:`~hcc.backends.executor.RankExecution`) in the native core when
-        every peer of its program is local; False (nothing ran) otherwise, and the Python
-        executor runs it. Raises what the executor would: :class:`CollectiveTimeout` naming
-        the op, :class:`RankFailed` / :class:`RootFailed` for a dead peer."""
+    def native_run(self, ex, plan: int | None = None, tag_shift: int = 0) -> bool:
+        """Run ``ex`` (a :class:`~hcc.backends.executor.RankExecution`) in the native core;
+        False (nothing ran: the Python executor runs it) when the runner is off or the plan is
+        compressed. Transfers to peers on other hosts are posted on the TCP connections when
+        the core reaches them (:meth:`_external`); the core runs the rest. Raises what the
+        executor would: :class:`CollectiveTimeout` naming the op, :class:`RankFailed` /
+        :class:`RootFailed` for a dead peer. ``plan`` and
+        ``tag_shift`` (ORed into every transfer's tag) are a communicator's run in its own
+        tag space (hcc/collectives.py); the core runs one program at a time."""
         if ex.codec is not None or not native.runner_enabled():
             return False
         enc = native.encode(ex, self._local)
-        if enc is None:
-            return False
+        ops = enc.ops
+        if tag_shift:
+            ops = ops.copy()
+            ops[ops[:, 0] <= native.K_RECV_REDUCE, 2] |= tag_shift
+        pid = self._plan if plan is None else plan
+        post, check = self._external(ex, pid, tag_shift) if enc.external else (None, None)
         bufs = ex.bufs
         status, op, peer, msg = self._engine.run(
-            enc.ops, enc.dep_ptr, enc.dep_idx, enc.missing, enc.first,
+            ops, enc.dep_ptr, enc.dep_idx, enc.missing, enc.first,
             native.buffer_arg(bufs.get("in")), bufs["out"], bufs.get("tmp"),
-            enc.op, enc.dtype, self._plan, float(ex.timeout))
+            enc.op, enc.dtype, pid, float(ex.timeout), post, check)
         if status == 0:
             return True
+        if status == 7:  # a TCP peer failed (check() below): what the Python executor raises
+            k, err = msg
+            if not isinstance(err, PeerFailed):
+                raise err
+            cls = RootFailed if (err.peer == ex.plan.root and ex.plan.root >= 0) else RankFailed
+            detail = f"while waiting on {ex.describe(k)}" + (f"; {err.detail}" if err.detail else "")
+            raise cls(err.peer, by=self.rank, detail=detail)
         where = ex.describe(op) if op >= 0 else "no outstanding transfer"
         if status == 1:
             raise CollectiveTimeout(self.rank, peer, where, ex.timeout)
@@ -448,6 +470,43 @@ class ShmSocketTransport(SocketTransport):
         plan = ex.plan
         cls = RootFailed if (peer == plan.root and plan.root >= 0) else RankFailed
         raise cls(peer, by=self.rank, detail=f"while waiting on {where}; {how}")
+
+    def _external(self, ex, pid: int, tag_shift: int):
+        """The core's callbacks for a program with peers over TCP: ``post(gen, k)`` posts op k
+        on the sockets transport (a RecvReduce folds each received piece into its destination
+        through the core, under the core's lock: the core reduces into the same blocks from
+        the channels), whose completion hook tells the core (``ext_done``); ``check()`` names
+        a failed TCP peer of an outstanding transfer, as ``(k, error)``."""
+        eng, program, kinds = self._engine, ex.program, ex.kinds
+        from .executor import RECV, SEND
+
+        reqs: dict[int, Request] = {}
+
+        def post(gen: int, k: int) -> None:
+            op, kind = program[k], kinds[k]
+            tag = op.tag | tag_shift
+            if kind == SEND:
+                req = SocketTransport.isend(self, op.peer, tag, memoryview(ex.view(op.src)).cast("B"), plan=pid)
+            elif kind == RECV:
+                req = SocketTransport.irecv(self, op.peer, tag, memoryview(ex.view(op.dst)).cast("B"), plan=pid)
+            else:
+                fold = eng.fold
+                req = SocketTransport.irecv_fold(self, op.peer, tag, ex.view(op.dst).nbytes,
+                                                 lambda off, piece: fold(gen, k, off, piece), plan=pid)
+            reqs[k] = req
+            req.on_done = lambda: eng.ext_done(gen, k)
+            if req.done:  # completed before the hook was set (a second ext_done is ignored)
+                eng.ext_done(gen, k)
+
+        def check():
+            for k, r in reqs.items():
+                if not r.done:
+                    err = self._failure_for(r.peer)
+                    if err is not None:
+                        return k, err
+            return None
+
+        return post, check
 
     def native_stats(self) -> dict:
         """The core's counters (``messages``: data messages moved so far; ``held``)."""

@@ -6,6 +6,7 @@ also proves the extension is the one in use (its runner ran the programs: its ow
 moved, and the Python loop never ran)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -178,3 +179,123 @@ def test_python_executor_runs_when_the_runner_is_off(grid_plans, monkeypatch):
     res = _local_job(plan.n, fn)
     assert all(runs == 0 and msgs > 0 for _, runs, msgs in res)  # the channels, not the runner
     check(plan, [o for o, _, _ in res], expected(plan, ins))
+
+
+@pytest.mark.slow
+def test_the_core_runs_a_mixed_job_and_hands_tcp_peers_to_the_sockets_transport(grid_plans, monkeypatch):
+    # two "hosts" of two ranks (HCC_SHM_HOST-style labels): each rank has one peer on its
+    # channels and two over TCP. The core runs every program (its run counter moves, the Python
+    # loop never runs), the TCP transfers go through the sockets transport, and the results
+    # equal the Python executor's over the same mixed transport: bit for bit for integers
+    plans = [grid_plans[0], grid_plans[1]]  # allreduce int32 sum, int8 prod (direct and treepack plans)
+    program = hcc.load(
+        "topology t {\n    node r[0..3]\n    switch s\n    r[0..3] <-> s : 8 GB/s, 5 us\n}\n"
+        "collective bc = broadcast on t {\n    size = 1000004 B\n    dtype = int32\n    chunk = 64 KiB\n"
+        "    adaptive = off\n}\n"
+        "collective ag = allgather on t {\n    size = 400000 B\n    dtype = uint8\n    adaptive = off\n}\n"
+        "collective arf = allreduce on t {\n    size = 2 MiB\n    dtype = float32\n    chunk = 128 KiB\n"
+        "    adaptive = off\n}\n")
+    plans += [hcc.compile(program, n) for n in ("bc", "ag", "arf")]
+    ins = {p.name: make_inputs(p, 11) for p in plans}
+    python_loops = []
+    orig = RankExecution._execute
+
+    def spy(self, fast):
+        python_loops.append((self.rank, os.environ.get("HCC_NATIVE")))
+        return orig(self, fast)
+
+    monkeypatch.setattr(RankExecution, "_execute", spy)
+
+    def fn(r, c):
+        before = c.native_stats()["runs"]
+        core = [np.array(hcc.run(p, c, ins[p.name][r])) for p in plans]
+        runs = c.native_stats()["runs"] - before
+        c.barrier("switch")
+        return sorted(c.local_peers), core, runs
+
+    from hcc.backends import shm
+
+    host_id = shm.host_id  # each labelled job patches it on top of what it finds
+    monkeypatch.setenv("HCC_NATIVE", "1")
+    res = _job(4, fn, ["a", "a", "b", "b"], monkeypatch=monkeypatch)
+    assert [local for local, _, _ in res] == [[1], [0], [3], [2]]
+    assert [runs for _, _, runs in res] == [len(plans)] * 4
+    assert python_loops == []
+    monkeypatch.setenv("HCC_NATIVE", "0")  # the reference: the Python executor, same mixed transport
+    monkeypatch.setattr(shm, "host_id", host_id)
+    ref = _job(4, fn, ["a", "a", "b", "b"], monkeypatch=monkeypatch)
+    assert len(python_loops) == 4 * len(plans)
+    for i, p in enumerate(plans):
+        check(p, [core[i] for _, core, _ in res], expected(p, ins[p.name]))
+        for r in range(4):
+            x, y = res[r][1][i], ref[r][1][i]
+            if p.dtype in INTS:
+                assert np.array_equal(x, y), (p.name, r)
+            else:
+                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+_TCP_SUICIDE = """
+import os, signal, sys
+os.environ["HCC_SHM_HOST"] = "other"
+from hcc.backends import sockets
+c = sockets.connect(0, 3, sys.argv[1], token="kill-test", timeout=20, serve_store=False)
+for p in (1, 2):  # the TCP connections exist before the death (the transport notices it on them)
+    c.wait_any([c.isend(p, 99, memoryview(b"12345678"))], 20)
+c.barrier("up")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_mixed_run_in_the_core_notices_a_dead_tcp_peer(monkeypatch):
+    # rank 0 (a child process on another "host") SIGKILLs itself; ranks 1 and 2 (threads here,
+    # sharing memory) broadcast from it in the core: both stop with RootFailed naming rank 0
+    # long before their 10 s deadline, the one with the TCP receive through check(), the other
+    # through its channel peer's report
+    import subprocess
+    import threading
+    import time
+
+    from hcc.backends import shm as shm_mod, sockets
+    from hcc.backends.base import RootFailed
+    from hcc.backends.rendezvous import StoreServer
+
+    monkeypatch.setenv("HCC_NATIVE", "1")
+    monkeypatch.delenv("HCC_SHM_HOST", raising=False)
+    real = shm_mod.host_id
+    monkeypatch.setattr(shm_mod, "host_id", lambda: real() + ":here")
+    plan = hcc.compile(hcc.load("topology t {\n    node r[0..2]\n    switch s\n    r[0..2] <-> s : 8 GB/s, 20 us\n}\n"
+                                "collective c = broadcast on t {\n    size = 4 MiB\n    dtype = int32\n"
+                                "    chunk = 256 KiB\n    adaptive = off\n}\n"), "c")
+    errs, took = {}, {}
+    with StoreServer("kill-test") as server:
+        child = subprocess.Popen([sys.executable, "-c", _TCP_SUICIDE, server.address])
+        try:
+            def body(r):
+                comm = sockets.connect(r, 3, server.address, token="kill-test", timeout=20, serve_store=False)
+                try:
+                    assert comm.local_peers == {3 - r}
+                    comm.wait_any([comm.irecv(0, 99, memoryview(bytearray(8)))], 20)
+                    comm.barrier("up")
+                    t0 = time.monotonic()
+                    try:
+                        hcc.run(plan, comm, np.ones(plan.elems, np.int32), timeout=10)
+                    except Exception as e:  # checked below
+                        errs[r] = e
+                    took[r] = time.monotonic() - t0
+                finally:
+                    comm.close()
+
+            ts = [threading.Thread(target=body, args=(r,)) for r in (1, 2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+        finally:
+            child.wait(20)
+    assert child.returncode == -9
+    assert set(errs) == {1, 2}, errs
+    for r in (1, 2):
+        assert isinstance(errs[r], RootFailed) and errs[r].rank == 0, errs[r]
+        assert took[r] < 5, took
