@@ -24,6 +24,13 @@ the error and call ``MPI.COMM_WORLD.Abort``, which ends every rank of the job; t
 raises :class:`~hcc.backends.base.RuntimeFault` with the messages the ranks left. See
 docs/backends.md.
 
+A rank whose own array is refused before any byte moved (wrong dtype or size) tells the
+others at once (:meth:`MPIBackend.announce_failure`): a 4-byte message naming it on the
+reserved tag :data:`FAIL_TAG` to every other rank, which each rank's wait loop probes for at
+most every :data:`_PROBE_S` while it waits; a rank that hears it raises
+:class:`~hcc.backends.base.PeerFailed` naming that rank (the executor reports it as
+``RankFailed``) instead of waiting out its deadline for a message that will never come.
+
 Embedding, one call per rank inside the user's own ``mpiexec`` job::
 
     from mpi4py import MPI
@@ -49,8 +56,8 @@ from typing import Sequence
 import numpy as np
 
 from ..ir.errors import PlanError
-from .base import (BackendUnavailable, Capabilities, CollectiveTimeout, MessageRequest, RuntimeFault, Transport,
-                   register)
+from .base import (BackendUnavailable, Capabilities, CollectiveTimeout, MessageRequest, PeerFailed, RuntimeFault,
+                   Transport, register)
 
 __all__ = [
     "MPIBackend", "MPIRequest", "available", "find_mpiexec", "loopback_env", "mpiexec_job", "reaping_shm",
@@ -74,6 +81,13 @@ _SPIN = 64
 _YIELD_S = 20e-3
 _NAP_MIN = 20e-6
 _NAP_MAX = 1e-3
+# The tag of "this rank gave up" messages: 2**24, above every plan tag (the IR keeps tags
+# below it), or a site MPI's TAG_UB when that is lower (plan tags are then checked below it).
+FAIL_TAG_WANTED = 1 << 24
+# How often a waiting rank probes for a FAIL message: an Iprobe costs ~1 us, a wait's test
+# loop spins every few us; 1 ms makes the probe <0.1% of a wait and the notice immediate
+# next to any deadline.
+_PROBE_S = 1e-3
 # Extra wall time granted to a whole launched job beyond the per-wait deadlines: a 4-rank job
 # of one small plan takes 1-2 s here, most of it interpreter, numpy and mpi4py start-up.
 _JOB_GRACE_S = 30.0
@@ -137,6 +151,11 @@ class MPIBackend(Transport):
         ub = self.comm.Get_attr(MPI.TAG_UB)
         # The IR promises tags < 2**24; the MPI standard only promises TAG_UB >= 32767.
         self.tag_ub = int(ub) if ub is not None else 32767
+        # the reserved tag of announce_failure; plan tags must stay below it
+        self.fail_tag = min(self.tag_ub, FAIL_TAG_WANTED)
+        self.tag_ub = self.fail_tag - 1
+        self._failed: dict[int, str] = {}  # peer -> why, heard through FAIL_TAG
+        self._fail_sends: list = []  # our own announcements, kept until sent
         # track_completions(True): every request posted since, not yet seen complete, and its
         # MPI request in a parallel list that Testsome reads as it is (wait_completed)
         self._live: list[MPIRequest] | None = None
@@ -258,12 +277,36 @@ class MPIBackend(Transport):
             requests[i].done = True
         return idx
 
+    def announce_failure(self, reason: str = "") -> None:
+        """This rank will not take part in the run it was given (its array was refused before
+        any byte moved): tell every other rank now (a message on :attr:`fail_tag` naming this
+        rank) instead of leaving them to their deadline."""
+        me = np.array([self.rank], dtype=np.int32)
+        for p in range(self.world):
+            if p != self.rank:
+                self._fail_sends.append((self.comm.Isend([me, self._MPI.INT], p, self.fail_tag), me))
+
+    def _heard_failure(self) -> None:
+        """Raise :class:`PeerFailed` for a rank that announced it gave up (probed, not
+        blocking)."""
+        MPI = self._MPI
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, self.fail_tag, status):
+            buf = np.zeros(1, dtype=np.int32)
+            self.comm.Recv([buf, MPI.INT], status.Get_source(), self.fail_tag)
+            self._failed[int(buf[0])] = "its own input was refused (announced over MPI)"
+        if self._failed:
+            peer, why = next(iter(self._failed.items()))
+            raise PeerFailed(self.rank, peer, why)
+
     def _poll(self, requests: Sequence[MPIRequest], reqs: list, timeout: float) -> list[int]:
         """Indices (sorted) of ``reqs`` that completed: ``MPI_Testsome`` in the polling
-        schedule above, until one completes or ``timeout`` passes."""
+        schedule above, until one completes or ``timeout`` passes; a peer's announced failure
+        (:meth:`announce_failure`) raises :class:`PeerFailed`."""
         start = time.monotonic()
         deadline, yield_until = start + timeout, start + _YIELD_S
         tests, nap = 0, _NAP_MIN
+        probe_at = start
         while True:
             idx = self._MPI.Request.Testsome(reqs)
             if idx:
@@ -271,6 +314,9 @@ class MPIBackend(Transport):
             if idx is None:  # every request inactive: all completed earlier
                 return list(range(len(requests)))
             now = time.monotonic()
+            if now >= probe_at:
+                self._heard_failure()
+                probe_at = now + _PROBE_S
             if now >= deadline:
                 oldest = requests[0]
                 raise CollectiveTimeout(self.rank, oldest.peer, oldest.describe(), timeout)

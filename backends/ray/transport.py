@@ -36,6 +36,8 @@ _CHANGE_SLICE_S = 0.02
 DATA_PATHS = ("objects", "sockets")
 SOCKETS_GROUP = "hcc"
 _ENDED_KEPT = 4096
+# What a peer's watch returns when that peer gave up its session (a refused input)
+GAVE_UP = "gave up"
 
 
 def import_ray():
@@ -96,6 +98,9 @@ class MailboxCore:
         # Sessions already closed, so a peer's watch that arrives late (a broadcast leaf may
         # finish before another leaf has started) returns at once instead of pending forever.
         self._ended: OrderedDict[str, None] = OrderedDict()
+        # Sessions this rank gave up (its own input was refused): peers' watches on it end
+        # with GAVE_UP instead of True, which they read as this rank's failure
+        self._gave_up: OrderedDict[str, None] = OrderedDict()
 
     def _event(self, session: str) -> asyncio.Event:
         ev = self._closed.get(session)
@@ -122,11 +127,20 @@ class MailboxCore:
         self._waiting[key] = fut
         return await fut
 
-    async def watch(self, session: str) -> bool:
-        """Returns when this rank closes ``session``; fails with ActorDiedError if it dies."""
+    async def watch(self, session: str) -> bool | str:
+        """Returns when this rank closes ``session`` (True, or :data:`GAVE_UP` when it gave
+        up); fails with ActorDiedError if it dies."""
         if session not in self._ended:
             await self._event(session).wait()
-        return True
+        return GAVE_UP if session in self._gave_up else True
+
+    async def give_up(self, session: str) -> int:
+        """This rank will not take part in ``session``: end it, so every peer's watch returns
+        :data:`GAVE_UP` at once (RayTransport.announce_failure)."""
+        self._gave_up[session] = None
+        while len(self._gave_up) > _ENDED_KEPT:
+            self._gave_up.popitem(last=False)
+        return await self.close_session(session)
 
     async def close_session(self, session: str) -> int:
         self._event(session).set()
@@ -155,12 +169,26 @@ def reap_watch(transport, ref) -> None:
     ``_dead`` and ``rank`` — both Ray transports below."""
     peer = transport._watch.pop(ref)
     try:
-        transport._ray_mod.get(ref)
+        ended = transport._ray_mod.get(ref)
     except Exception as e:
         if is_actor_death(e):
             transport._dead.add(peer)
             raise PeerFailed(transport.rank, peer, "Ray reports its actor died") from None
         raise
+    if ended == GAVE_UP:
+        transport._dead.add(peer)
+        raise PeerFailed(transport.rank, peer, "it stopped: its own input was refused (announced through Ray)")
+
+
+def give_up(transport) -> None:
+    """Announce that ``transport``'s rank gives up its session (its input was refused before
+    any byte moved): its mailbox ends the session so every peer's watch returns
+    :data:`GAVE_UP` now instead of their deadline passing. Waits (at most 5 s) for the
+    mailbox to have done it; best effort."""
+    try:
+        transport._ray_mod.get(transport._mb[transport.rank].give_up.remote(transport.session), timeout=5.0)
+    except Exception:  # the caller's error is the one to raise
+        pass
 
 
 class RayRequest(MessageRequest):
@@ -347,6 +375,10 @@ class RayTransport(Transport):
             if done:
                 return sorted(done)
         return [i for i, r in enumerate(requests) if r.done]
+
+    def announce_failure(self, reason: str = "") -> None:
+        """This rank's input was refused: every peer learns it now (:func:`give_up`)."""
+        give_up(self)
 
     def close(self) -> None:
         """Ends this rank's part of the session: peers' watches on it return normally."""

@@ -150,6 +150,19 @@ class WatchedTransport(Transport):
     def wake(self) -> None:
         self.inner.wake()
 
+    def announce_failure(self, reason: str = "") -> None:
+        """This rank's input was refused: the inner transport tells its peers (sockets: a
+        FAIL frame), and the mailbox ends the session so every peer's watch says so too."""
+        from .transport import give_up
+
+        tell = getattr(self.inner, "announce_failure", None)
+        if tell is not None:
+            try:
+                tell(reason)
+            except Exception:
+                pass
+        give_up(self)
+
     def close(self) -> None:
         try:
             self.inner.close()
