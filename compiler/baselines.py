@@ -1,29 +1,21 @@
-"""hcc.compiler.baselines — NCCL-like schedules that hcc's plans are measured against.
+"""hcc.compiler.baselines — the NCCL-like schedules hcc's plans are measured against.
 
 Every baseline is lowered to the same plan IR and priced by the same cost model
 (compiler/cost.py) at its own best chunk size, so "hcc vs NCCL-like" compares schedules, not
-models. The baselines, by candidate name:
+models. By candidate name (compiler/registry.py):
 
-- ``rings`` — NCCL's multi-channel rings. NCCL's graph search (src/graph/search.cc) picks a
-  per-channel bandwidth from high to low and, at each, looks for as many rings ("channels")
-  as it can, every ring consuming that bandwidth on every link it crosses (a path through a
-  switch consumes it on each hop), until the channels' total stops improving; the data is
-  then split over the channels. :func:`ring_channels` does the same on any hcc topology:
-  per-channel rates ``c / k`` for each link capacity ``c`` of a rank and ``k = 1..8``, highest
-  first; at each, Hamiltonian cycles found one at a time by a bounded depth-first search
-  (direct links widest first, then switch routes to ranks nearby in rank order, as NCCL
-  orders GPUs; on hosts of equal size a ring visits all of a host's ranks before it leaves,
-  crossing each server once as NCCL's rings do), subtracting each ring's rate from the links
-  it uses; the best total wins (fewer channels on a tie). The search stops early once the total reaches
-  ``min(least capacity into or out of a rank, narrowest cut between ranks)``, which no set of
-  rings can exceed (every ring leaves every rank and crosses every cut). On DGX-1's NVLinks
-  it finds NCCL's six rings of 25 GB/s; on two 8-GPU NVSwitch servers with 8 x 25 GB/s NICs,
-  eight rings of 25 GB/s (one per NIC pair). Each kind runs per channel on a share of the
-  buffer proportional to the channel's rate: the ring allreduce, the n-1-step ring
-  allgather / reduce-scatter (a chain per rank along the ring), and a chain from (into) the
-  root for broadcast and scatter (reduce and gather).
-- ``tree`` — NCCL's double binary tree (compiler/algorithms.py ``dbtree_plan``), for
-  broadcast, reduce and allreduce.
+- ``ring`` — the single ring (NCCL, Patarasuk & Yuan 2009) along routes.ring_order. Ring
+  allreduce: the buffer is cut into n segments; n-1 reduce-scatter steps leave position i
+  holding the reduced segment i+1, then n-1 allgather steps circulate the reduced segments.
+  Each segment is cut into the same number of chunks and every chunk runs its own 2(n-1)
+  steps, so chunks pipeline: exactly 2·(n-1)·n·chunks sends. The other kinds are chains along
+  the ring order, lowered by compiler/lower.py: broadcast/scatter a chain from the root,
+  reduce/gather a chain into the root, allgather/reduce_scatter one chain per rank (the
+  n-1-step ring algorithms).
+- ``rings`` — NCCL's multi-channel rings (compiler/channels.py).
+- ``tree`` — NCCL 2.4's double binary tree for broadcast, reduce and allreduce: the two
+  complementary lowest-set-bit trees of routes.btree_pair over the ring order, each carrying
+  half the data.
 - ``rd`` — the logarithmic allgather and reduce-scatter: recursive doubling for a power-of-two
   rank count (at step s rank r exchanges its aligned group of 2^s blocks with rank r XOR 2^s:
   log2(n) messages per rank and chunk), Bruck's dissemination otherwise (at step s rank r
@@ -31,544 +23,203 @@ models. The baselines, by candidate name:
   at most two contiguous ranges each). Reduce-scatter is the same pattern reversed in time
   (recursive halving): every block's allgather dissemination is a tree, and reversing a
   tree's messages reduces over it. NCCL 2.23's PAT is this family for one rank per node.
-- ``ring`` — the single ring of compiler/algorithms.py ``ring_plan`` (kept: ``algorithm =
-  ring`` forces it).
+- ``direct`` — every rank exchanges with every rank in one hop (stars); not NCCL's, but the
+  simplest schedule, priced by ``auto`` on small collectives.
 
-The best NCCL-like baseline of a plan is the fastest predicted of these (pipeline.py).
+Kinds without a form fall back and say so in ``Plan.algorithm``: the double binary tree of
+allgather, reduce_scatter, gather and scatter is the ring ("ring"); alltoall and
+neighbor_average are always "direct" (lower.py) and the relaxation (lower_relax.py).
+
+The best NCCL-like baseline of a plan is the fastest predicted of ring, rings, tree and rd
+(pipeline.py).
 """
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..ir.errors import PlanError
-from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, Tree, block_range
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, block_range
 from ..ir.topology import Topology
-from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_by_rate
+from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op
+from .routes import btree_pair, chain_in, chain_out, pieces, ring_order, rotate, routes, star, tree_of
 
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "rd_plan", "rd_steps", "MAX_CHANNELS"]
+__all__ = ["dbtree_plan", "direct_plan", "rd_plan", "rd_steps", "ring_allreduce_ops", "ring_plan"]
 
-# NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
-# no bandwidth); the same cap here
-MAX_CHANNELS = 16
-# per-channel rates tried: c / k for k = 1 .. 8 (NCCL's speed arrays step down in about as
-# many steps per link type)
-_SPEED_DIVISORS = 8
-# a ring may use up to this many shortest switch routes per rank pair (a fat tree's spines)
-_ROUTES_PER_PAIR = 8
-# depth-first search budget, in extensions: per ring 50 000 (DGX-1's rings are found in
-# dozens), at least 20 per rank on large topologies; 2 000 000 for the whole search (a few
-# seconds of CPython), after which the best channels found so far are used
-_RING_BUDGET = 50_000
-_TOTAL_BUDGET = 2_000_000
-# up to 64 ranks the rings of one rate are searched together, backtracking across rings
-# (K4 with unit links: six half-rate rings reach 3 GB/s where whole-link rings stop at 2), at
-# most this many extensions per rate
-_PACK_BUDGET = 5_000
-# a lower per-channel rate is searched only if its most channels could beat the best total by
-# this much: DGX-1's six NVLink rings (150 GB/s) against thirteen of 12 GB/s that would need
-# every GPU's PCIe too (156 GB/s, and not what NCCL builds); NCCL also stops at "good enough"
-_IMPROVE = 1.05
-# switch-route candidates tried per rank visit on topologies above 64 ranks (nearest in rank
-# order first): a ring over 1024 ranks cannot afford every rank at every step
-_FAR_CANDIDATES = 24
-_SMALL = 64
+# -- the single ring and the double binary tree --------------------------------------------------
+def _ring_allreduce(spec: Any, topo: Topology, order: list[int], ce: int) -> Plan:
+    n = len(order)
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    B = ProgramBuilder(n)
+    if n == 1:
+        for q, (a, b) in enumerate(pieces(0, E, ce)):
+            B.add(0, Copy(ChunkRef("in", a, b - a), ChunkRef("out", a, b - a)))
+        return assemble(spec, topo, B, (), "ring", ce)
+    ring_allreduce_ops(B, order, 0, E, ce, plan_op(spec.kind, spec.op) == "avg")
+    return assemble(spec, topo, B, (), "ring", ce)
 
 
-@dataclass(frozen=True)
-class RingChannel:
-    """One ring channel: ``order`` (rank positions, the ring's direction), its ``rate``
-    (bytes/s it may use on every link it crosses) and ``paths[i]``, the topology vertices from
-    ``order[i]`` to ``order[i + 1 mod n]``."""
-
-    order: tuple[int, ...]
-    rate: float
-    paths: tuple[tuple[str, ...], ...]
-
-
-class _Search:
-    def __init__(self, topo: Topology, ranks: Sequence[str]):
-        self.ranks = tuple(ranks)
-        self.n = len(self.ranks)
-        sub = topo.restricted(self.ranks)
-        self.switches = set(sub.switches)
-        self.cap: dict[tuple[str, str], float] = {}
-        for l in sub.links:
-            if l.src != l.dst:
-                self.cap[(l.src, l.dst)] = self.cap.get((l.src, l.dst), 0.0) + l.capacity
-        self.out: dict[str, list[str]] = {}
-        for (u, v) in sorted(self.cap):
-            self.out.setdefault(u, []).append(v)
-        self.pos = {v: i for i, v in enumerate(self.ranks)}
-        self._routes: dict[tuple[int, int], tuple[tuple[str, ...], ...]] = {}
-        self._bfs: dict[str, dict[str, list[str]]] = {}
-        self.direct: list[list[int]] = []
-        for i, name in enumerate(self.ranks):
-            nb = [(self.cap[(name, y)], self.pos[y]) for y in self.out.get(name, ()) if y in self.pos]
-            nb.sort(key=lambda cv: (-cv[0], (cv[1] - i) % self.n))
-            self.direct.append([v for _, v in nb])
-        self.spent = 0
-
-    def routes(self, u: int, v: int) -> tuple[tuple[str, ...], ...]:
-        """The direct link, else up to :data:`_ROUTES_PER_PAIR` shortest switch-only routes."""
-        key = (u, v)
-        hit = self._routes.get(key)
-        if hit is not None:
-            return hit
-        a, b = self.ranks[u], self.ranks[v]
-        if (a, b) in self.cap:
-            found: tuple[tuple[str, ...], ...] = ((a, b),)
-        else:
-            found = self._switch_routes(a, b)
-        self._routes[key] = found
-        return found
-
-    def _switch_routes(self, a: str, b: str) -> tuple[tuple[str, ...], ...]:
-        preds = self._bfs.get(a)
-        if preds is None:
-            preds = self._bfs[a] = self._switch_bfs(a)
-        if b not in preds:
-            return ()
-        out: list[tuple[str, ...]] = []
-        stack: list[tuple[str, tuple[str, ...]]] = [(b, (b,))]
-        while stack and len(out) < _ROUTES_PER_PAIR:
-            x, tail = stack.pop()
-            if x == a:
-                out.append(tail)
-                continue
-            for p in reversed(preds[x]):
-                stack.append((p, (p,) + tail))
-        return tuple(out)
-
-    def _switch_bfs(self, a: str) -> dict[str, list[str]]:
-        """Breadth-first from rank ``a`` through switches only (a rank ends a route): every
-        vertex's predecessors on its shortest routes, once per source (the 512-rank DGX-1
-        cluster's fabric is 1 500 vertices; a search per rank pair took 38 s per ring)."""
-        preds: dict[str, list[str]] = {a: []}
-        dist = {a: 0}
-        frontier = [a]
-        while frontier:
-            nxt: list[str] = []
-            for x in frontier:
-                if x != a and x not in self.switches:
+def ring_allreduce_ops(B: ProgramBuilder, order: Sequence[int], lo: int, hi: int, ce: int,
+                        avg: bool, hop_tree=None) -> None:
+    """The ring allreduce of elements ``[lo, hi)`` along ``order``, added to ``B``.
+    ``hop_tree(i)``: the plan tree whose route the hop from position ``i`` takes (its
+    messages' ``tree``; None: -1, the cost model's cheapest route)."""
+    n = len(order)
+    hop_trees = [hop_tree(i) if hop_tree else -1 for i in range(n)]
+    segs = [(lo + a, lo + b) for a, b in (block_range(hi - lo, n, k) for k in range(n))]
+    longest = max(sb - sa for sa, sb in segs)
+    C = max(1, -(-longest // ce))  # same chunk count for every segment: ceil(longest / ce)
+    for q in range(C):
+        piece = []
+        for sa, sb in segs:
+            a, b = sa + q * (sb - sa) // C, sa + (q + 1) * (sb - sa) // C
+            piece.append((a, b))
+        # one ChunkRef per segment and buffer, shared by every op that names it: a 1024-rank
+        # ring allreduce names each about 6 000 times (3 million refs, ~0.5 GB, otherwise)
+        inref = [ChunkRef("in", a, b - a) for a, b in piece]
+        outref = [ChunkRef("out", a, b - a) for a, b in piece]
+        # per position i: index of the op that last wrote / sent segment k of this piece
+        copy = [[None] * n for _ in range(n)]
+        rr = [[None] * n for _ in range(n)]
+        rs_send = [[None] * n for _ in range(n)]  # [i][seg]
+        for i in range(n):
+            for k in range(n):
+                a, b = piece[k]
+                if k != i and b > a:  # segment i is sent from `in` at step 0, never reduced into
+                    copy[i][k] = B.add(order[i], Copy(inref[k], outref[k]))
+        for s in range(n - 1):  # reduce-scatter
+            for i in range(n):
+                k = (i - s) % n
+                a, b = piece[k]
+                if b <= a:
                     continue
-                for y in self.out.get(x, ()):
-                    if y not in dist:
-                        dist[y] = dist[x] + 1
-                        preds[y] = [x]
-                        nxt.append(y)
-                    elif dist[y] == dist[x] + 1:
-                        preds[y].append(x)
-            frontier = nxt
-        return preds
-
-    def set_hosts(self, topo: Topology) -> bool:
-        """Keep each ring inside a host until it has visited all of the host's ranks, as
-        NCCL's rings cross each server once (it chains the GPUs of a node between one NIC in
-        and one out): only where every rank is on a host and the hosts are the same size."""
-        host = dict(topo.hosts)
-        hs = [host.get(v) for v in self.ranks]
-        if any(h is None for h in hs):
-            return False
-        sizes: dict[str, int] = {}
-        for h in hs:
-            sizes[h] = sizes.get(h, 0) + 1
-        if len(sizes) < 2 or len(set(sizes.values())) != 1:
-            return False
-        self.host_of = hs
-        self.host_size = next(iter(sizes.values()))
-        return True
-
-    host_of: list | None = None
-    host_size = 0
-
-    def candidates(self, u: int, used: list[bool]):
-        if self.host_of is not None:
-            yield from self._host_candidates(u, used)
-            return
-        seen = set()
-        for v in self.direct[u]:
-            if not used[v]:
-                seen.add(v)
-                yield v
-        limit = self.n if self.n <= _SMALL else _FAR_CANDIDATES
-        tried = 0
-        for d in range(1, self.n):
-            v = (u + d) % self.n
-            if used[v] or v in seen:
-                continue
-            yield v
-            tried += 1
-            if tried >= limit:
-                return
-
-    def _host_candidates(self, u: int, used: list[bool]):
-        """Unvisited ranks of u's host while there are any (direct links first, then rank
-        order), else the ranks of other hosts not yet entered, nearest in rank order."""
-        h = self.host_of[u]
-        same = [v for v in self.direct[u] if not used[v] and self.host_of[v] == h]
-        seen = set(same)
-        same += [v for v in ((u + d) % self.n for d in range(1, self.n))
-                 if not used[v] and v not in seen and self.host_of[v] == h]
-        if same:
-            yield from same
-            return
-        entered = {self.host_of[v] for v in range(self.n) if used[v]}
-        tried = 0
-        limit = self.n if self.n <= _SMALL else _FAR_CANDIDATES
-        for d in range(1, self.n):
-            v = (u + d) % self.n
-            if not used[v] and self.host_of[v] not in entered:
-                yield v
-                tried += 1
-                if tried >= limit:
-                    return
-
-    def usable(self, u: int, v: int, rate: float, res: dict) -> tuple[str, ...] | None:
-        for path in self.routes(u, v):
-            if all(res[(x, y)] >= rate * (1 - 1e-9) for x, y in zip(path, path[1:])):
-                return path
-        return None
-
-    def closable_start(self, first: int, rate: float, res: dict) -> int:
-        """A rank to start a ring at on a large topology, from ``first`` on in rank order
-        (spreading the rings' starts): the first one some rank not directly linked to it can
-        still reach, so that the ring, which leaves the start's neighbourhood at once and
-        ends far away, can close (a DGX-1 server whose NIC into the start's PCIe switch is
-        already full of rings cannot)."""
-        for k in range(min(self.n, _FAR_CANDIDATES)):
-            v = (first + k) % self.n
-            near = set(self.direct[v])
-            for d in range(1, min(self.n, _FAR_CANDIDATES) + 1):
-                u = (v - d) % self.n
-                if u not in near and u != v and self.usable(u, v, rate, res) is not None:
-                    return v
-        return first
-
-    def options(self, cur: int, used: list[bool], rate: float, res: dict, onward: bool) -> list:
-        """The hops usable from ``cur`` at ``rate``, as (rank, path), in the order to try:
-        hops with room for more rings first (NCCL stays on NVLink/NVSwitch inside a server
-        and crosses the network once per server: a NIC with room for one ring is the last
-        resort), then, with ``onward``, Warnsdorff's rule (the rank with the fewest ways on
-        first, so a server's one GPU whose NIC is still free is kept for the exit), then the
-        search order (direct links widest first, then nearest in rank order)."""
-        found = []
-        for i, v in enumerate(self.candidates(cur, used)):
-            self.spent += 1
-            path = self.usable(cur, v, rate, res)
-            if path is not None:
-                room = min(res[(x, y)] for x, y in zip(path, path[1:])) / rate
-                found.append((-min(2, int(room + 1e-9)), i, v, path))
-        if onward:
-            found = [(k, self._onward(v, used, rate, res, cur), i, v, p) for k, i, v, p in found]
-        found.sort(key=lambda t: t[:-2])
-        return [(t[-2], t[-1]) for t in found]
-
-    def ring(self, rate: float, res: dict, start: int, budget: int) -> list[tuple[int, tuple[str, ...]]] | None:
-        """A Hamiltonian cycle from ``start`` of hops usable at ``rate`` (taking it from
-        ``res`` as it goes, so one ring never over-books a link), or None."""
-        n = self.n
-        used = [False] * n
-        used[start] = True
-        hops: list[tuple[int, tuple[str, ...]]] = []  # (next rank, path) per hop taken
-        stack = [iter(self.options(start, used, rate, res, False))]
-        cur = start
-
-        def take(path, sign):
-            for x, y in zip(path, path[1:]):
-                res[(x, y)] -= sign * rate
-
-        while stack:
-            if self.spent >= _TOTAL_BUDGET or budget <= 0:
-                break
-            if len(hops) == n - 1:
-                close = self.usable(cur, start, rate, res)
-                if close is not None:
-                    take(close, 1)
-                    return hops + [(start, close)]
-            else:
-                found = None
-                for v, path in stack[-1]:
-                    budget -= 1
-                    if not used[v] and self.usable(cur, v, rate, res) is not None:
-                        found = (v, path)
-                        break
-                if found is not None:
-                    v, path = found
-                    take(path, 1)
-                    used[v] = True
-                    hops.append((v, path))
-                    cur = v
-                    stack.append(iter(self.options(v, used, rate, res, False)))
+                j = (i + 1) % n
+                src = inref[k] if s == 0 else outref[k]
+                sd = () if s == 0 else (rr[i][k],)
+                rs_send[i][k], rr[j][k] = B.message(
+                    order[i], order[j], src, outref[k], send_deps=sd,
+                    recv_deps=(copy[j][k],), reduce=True, tree=hop_trees[i], chunk=q)
+        final = [None] * n
+        for i in range(n):
+            k = (i + 1) % n
+            a, b = piece[k]
+            if b > a:
+                final[i] = rr[i][k]
+                if avg:
+                    final[i] = B.add(order[i], Scale(outref[k], n, (final[i],)))
+        have = list(final)  # op at position i that produced the segment it sends next
+        for s in range(n - 1):  # allgather
+            got = [None] * n
+            for i in range(n):
+                k = (i + 1 - s) % n
+                a, b = piece[k]
+                if b <= a:
                     continue
-            # dead end: undo the last hop
-            stack.pop()
-            if not hops:
-                break
-            v, path = hops.pop()
-            take(path, -1)
-            used[v] = False
-            cur = hops[-1][0] if hops else start
-        for _, path in hops:
-            take(path, -1)
-        return None
+                j = (i + 1) % n
+                # position j overwrites segment k, which it sent during reduce-scatter
+                wd = (rs_send[j][k],) if rs_send[j][k] is not None else ()
+                _, got[j] = B.message(order[i], order[j], outref[k], outref[k], send_deps=(have[i],),
+                                      recv_deps=wd, tree=hop_trees[i], chunk=q)
+            have = got
 
 
-    def cycles(self, rate: float, res: dict, start: int, limit: int):
-        """Every Hamiltonian cycle from ``start`` usable at ``rate``, lazily (recursive: for
-        at most :data:`_SMALL` ranks); while a yielded cycle is held its rate is taken from
-        ``res``, and given back when the generator resumes."""
-        n = self.n
-        used = [False] * n
-        used[start] = True
-        hops: list[tuple[int, tuple[str, ...]]] = []
-
-        def take(path, sign):
-            for x, y in zip(path, path[1:]):
-                res[(x, y)] -= sign * rate
-
-        def rec(cur: int):
-            if len(hops) == n - 1:
-                close = self.usable(cur, start, rate, res)
-                if close is not None:
-                    take(close, 1)
-                    hops.append((start, close))
-                    yield list(hops)
-                    hops.pop()
-                    take(close, -1)
-                return
-            options = self.options(cur, used, rate, res, True)
-            if self.spent >= limit:
-                return
-            for v, path in options:
-                if used[v] or self.usable(cur, v, rate, res) is None:
-                    continue
-                take(path, 1)
-                used[v] = True
-                hops.append((v, path))
-                yield from rec(v)
-                hops.pop()
-                used[v] = False
-                take(path, -1)
-
-        yield from rec(start)
-
-    def _onward(self, v: int, used: list[bool], rate: float, res: dict, cur: int, cap: int = 16) -> int:
-        """How many unvisited ranks ``v`` could go on to (counted up to ``cap``)."""
-        k = 0
-        used[v] = True
-        for w in self.candidates(v, used):
-            if w != cur and self.usable(v, w, rate, res) is not None:
-                k += 1
-                if k >= cap:
-                    break
-        used[v] = False
-        return k
-
-    def pack(self, rate: float, most: int, budget: int) -> list[list[tuple[int, tuple[str, ...]]]]:
-        """Up to ``most`` rings at ``rate``, backtracking over earlier rings when a later one
-        cannot be found (NCCL's search backtracks across channels too), within ``budget``
-        extensions; the most rings found."""
-        res = dict(self.cap)
-        limit = min(_TOTAL_BUDGET, self.spent + budget)
-        chosen: list[list[tuple[int, tuple[str, ...]]]] = []
-        best: list[list[tuple[int, tuple[str, ...]]]] = []
-
-        def rec() -> bool:
-            nonlocal best
-            if len(chosen) > len(best):
-                best = list(chosen)
-            if len(chosen) == most or self.spent >= limit:
-                return True
-            # start where the ring can most easily close: the rank with the most usable hops
-            # into it (two A100 servers: a GPU whose NIC still has room to receive)
-            ins = [0] * self.n
-            for u in range(self.n):
-                for v in range(self.n):
-                    if u != v and self.usable(u, v, rate, res) is not None:
-                        ins[v] += 1
-            start = max(range(self.n), key=lambda r: (ins[r], -r))
-            for hops in self.cycles(rate, res, start, limit):
-                chosen.append([(start, ())] + hops)
-                if rec():
-                    return True
-                chosen.pop()
-            return self.spent >= limit
-
-        rec()
-        return best
-
-
-def _upper(s: _Search, topo: Topology) -> float:
-    """No set of rings carries more than the least capacity out of (into) a rank, or than the
-    narrowest cut between ranks: each ring leaves every rank and crosses every cut."""
-    from .bounds import min_rank_cut_rate
-
-    outs = {v: 0.0 for v in s.ranks}
-    ins = {v: 0.0 for v in s.ranks}
-    for (a, b), c in s.cap.items():
-        if a in outs:
-            outs[a] += c
-        if b in ins:
-            ins[b] += c
-    return min(min(outs.values()), min(ins.values()), min_rank_cut_rate(topo, s.ranks))
-
-
-def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_CHANNELS
-                  ) -> tuple[RingChannel, ...]:
-    """NCCL-style ring channels over ``ranks`` (see the module docstring): the channels of the
-    best total rate found, or () when no ring exists (fewer than 2 ranks, or no Hamiltonian
-    cycle within the search budget).
-
-    >>> from hcc.ir.topology import Link
-    >>> sq = Topology("sq", ("a", "b", "c", "d"), links=tuple(Link(x, y, 1.0) for x, y in
-    ...     ["ab", "ba", "bc", "cb", "cd", "dc", "da", "ad"]))
-    >>> [(c.order, c.rate) for c in ring_channels(sq, ("a", "b", "c", "d"))]
-    [((0, 1, 2, 3), 1.0), ((0, 3, 2, 1), 1.0)]
-    """
-    ranks = tuple(ranks)
-    n = len(ranks)
-    if n < 2:
-        return ()
-    s = _Search(topo, ranks)
-    upper = _upper(s, topo)
-    if not upper > 0:
-        return ()
-    if s.set_hosts(topo):
-        found = _channels(s, n, upper, max_channels)
-        if found:
-            return found
-        s.host_of = None  # no ring crosses each host once: search without hosts
-    return _channels(s, n, upper, max_channels)
-
-
-def _channels(s: _Search, n: int, upper: float, max_channels: int) -> tuple[RingChannel, ...]:
-    """The best-total channels over the per-channel rates (module docstring)."""
-    caps = sorted({c for (a, b), c in s.cap.items() if a in s.pos or b in s.pos}, reverse=True)
-    speeds: list[float] = []
-    for c in caps:
-        for k in range(1, _SPEED_DIVISORS + 1):
-            b = c / k
-            if b <= upper * (1 + 1e-9) and b * max_channels >= upper * 1e-3:
-                speeds.append(b)
-    speeds = sorted(set(speeds), reverse=True)
-    best: tuple[float, list[RingChannel]] = (0.0, [])
-    budget = _RING_BUDGET if n <= _SMALL else max(20 * n, 4 * _RING_BUDGET // 10)
-    for b in speeds:
-        most = min(max_channels, int(upper / b * (1 + 1e-9)))
-        if most * b <= best[0] * _IMPROVE:
-            continue
-        if s.spent >= _TOTAL_BUDGET:
-            break
-        rings: list[tuple[int, list]] = []  # (start, hops)
-        if n <= _SMALL:
-            rings = [(h[0][0], h[1:]) for h in s.pack(b, most, _PACK_BUDGET)]
-        else:
-            res = dict(s.cap)
-            for k in range(most):
-                start = s.closable_start((k * max(1, n // most)) % n, b, res)
-                hops = s.ring(b, res, start, budget)
-                if hops is None:
-                    break
-                rings.append((start, hops))
-        found: list[RingChannel] = []
-        for start, hops in rings:
-            order = [start] + [v for v, _ in hops[:-1]]
-            paths = [p for _, p in hops]
-            # rotate so the ring begins at rank 0 (a canonical form)
-            i = order.index(0)
-            found.append(RingChannel(tuple(order[i:] + order[:i]), b, tuple(paths[i:] + paths[:i])))
-        total = len(found) * b
-        if total > best[0] * (1 + 1e-9):
-            best = (total, found)
-        if best[0] >= upper * (1 - 1e-9):
-            break
-    return tuple(best[1])
-
-
-# -- plans over the channels -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Chain:
-    """A lower.py tree value: ``root`` and (parent, child, path) edges, with a rate."""
-
-    root: int
-    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
-    rate: float
-
-
-def _chain_from(ch: RingChannel, at: int) -> _Chain:
-    """Along the ring from rank ``at``: data flows in the ring's direction."""
-    n = len(ch.order)
-    i = ch.order.index(at)
-    edges = []
-    for k in range(n - 1):
-        a, b = ch.order[(i + k) % n], ch.order[(i + k + 1) % n]
-        edges.append((a, b, ch.paths[(i + k) % n]))
-    return _Chain(at, tuple(edges), ch.rate)
-
-
-def _chain_into(ch: RingChannel, at: int) -> _Chain:
-    """Along the ring into rank ``at`` (the ring's direction, ending at ``at``): an in-tree,
-    whose path from parent to child is the data's route reversed (ir/plan.py ``Tree``)."""
-    n = len(ch.order)
-    i = ch.order.index(at)
-    edges = []
-    for k in range(1, n):
-        child, parent = ch.order[(i + k) % n], ch.order[(i + k + 1) % n]
-        edges.append((parent, child, tuple(reversed(ch.paths[(i + k) % n]))))
-    return _Chain(at, tuple(edges), ch.rate)
-
-
-def rings_plan(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int) -> Plan:
-    """The NCCL multi-channel ring schedule of ``spec`` over ``channels``."""
+def ring_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
+    """NCCL-style ring schedule of ``spec`` (see the module docstring)."""
     kind, n = spec.kind, len(spec.ranks)
-    if not channels:
-        raise PlanError(f"no ring channels for {spec.name!r}")
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    if kind in ("alltoall", "neighbor_average"):
+        return lower(spec, topo, (), chunk_bytes, algorithm="direct")
+    order = ring_order(topo, spec.ranks)
     if kind == "allreduce":
-        return _rings_allreduce(spec, topo, channels, chunk_bytes)
+        return _ring_allreduce(spec, topo, order, ce)
+    net = routes(topo, spec.ranks)
     if kind in ("broadcast", "scatter"):
-        trees = [_chain_from(c, spec.root) for c in channels]
+        trees = [chain_out(net, rotate(order, spec.root))]
     elif kind in ("reduce", "gather"):
-        trees = [_chain_into(c, spec.root) for c in channels]
+        trees = [chain_in(net, rotate(order, spec.root))]
     elif kind == "allgather":
-        trees = [_chain_from(c, j) for c in channels for j in range(n)]
+        trees = [chain_out(net, rotate(order, j)) for j in range(n)]
     elif kind == "reduce_scatter":
-        trees = [_chain_into(c, j) for c in channels for j in range(n)]
+        trees = [chain_in(net, rotate(order, j)) for j in range(n)]
     else:
         raise PlanError(f"no ring form for collective kind {kind!r}")
-    return lower(spec, topo, trees, chunk_bytes, algorithm="rings")
+    return lower(spec, topo, trees, chunk_bytes, algorithm="ring")
 
 
-def _rings_allreduce(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int) -> Plan:
-    """A ring allreduce per channel on its rate share; its messages carry the channel's
-    routes: tree 2c is the chain order[0] -> ... -> order[n-1] of channel c, tree 2c + 1 its
-    closing hop order[n-1] -> order[0]."""
-    from .algorithms import _ring_allreduce_ops
+def dbtree_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
+    """NCCL-style double binary tree for allreduce, broadcast and reduce (two complementary
+    trees, half the data each); other kinds fall back to :func:`ring_plan`."""
+    kind, n = spec.kind, len(spec.ranks)
+    if kind not in ("allreduce", "broadcast", "reduce"):
+        return ring_plan(spec, topo, chunk_bytes)
+    net = routes(topo, spec.ranks)
+    order = ring_order(topo, spec.ranks)
+    if kind == "allreduce":
+        e1, e2 = btree_pair(order)
+        roots = (order[0], order[n - 1] if n % 2 == 0 else order[1 % n])
+        inward = False
+    else:
+        rot = rotate(order, spec.root)
+        others = rot[1:]
+        e1, e2 = btree_pair(others) if others else ([], [])
+        if others:
+            # the root feeds (or is fed by) each tree's top: position 0 of each arrangement
+            top2 = others[n - 2] if (n - 1) % 2 == 0 else others[1 % (n - 1)]
+            e1 = [(spec.root, others[0])] + e1
+            e2 = [(spec.root, top2)] + e2
+        roots = (spec.root, spec.root)
+        inward = kind == "reduce"
+    trees = [tree_of(net, roots[0], e1, 1.0, inward), tree_of(net, roots[1], e2, 1.0, inward)]
+    if n <= 2:
+        trees = trees[:1]  # both trees would be the same single edge
+    return lower(spec, topo, trees, chunk_bytes, algorithm="tree")
 
+
+# -- direct ----------------------------------------------------------------------------------------
+def _direct_allreduce(spec: Any, topo: Topology, ce: int) -> Plan:
+    """Reduce-scatter then allgather, each rank talking to every rank in one hop: rank j
+    reduces block j of everyone's input, then sends the result to everyone."""
     n = len(spec.ranks)
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
-    ce = chunk_elems(chunk_bytes, spec.dtype)
     B = ProgramBuilder(n)
     avg = plan_op(spec.kind, spec.op) == "avg"
-    trees: list[Tree] = []
-    for c, (ch, (lo, hi)) in enumerate(zip(channels, split_by_rate(0, E, [ch.rate for ch in channels]))):
-        order = list(ch.order)
-        parent = [-1] * n
-        paths: list[tuple[str, ...]] = [()] * n
-        for i in range(n - 1):
-            parent[order[i + 1]] = order[i]
-            paths[order[i + 1]] = ch.paths[i]
-        trees.append(Tree(2 * c, order[0], tuple(parent), ch.rate, (lo, hi), tuple(paths)))
-        close_parent = [-1] * n
-        close_paths: list[tuple[str, ...]] = [()] * n
-        close_parent[order[0]] = order[-1]
-        close_paths[order[0]] = ch.paths[n - 1]
-        trees.append(Tree(2 * c + 1, order[-1], tuple(close_parent), ch.rate, (lo, lo), tuple(close_paths)))
-        if hi > lo:
-            _ring_allreduce_ops(B, order, lo, hi, ce, avg,
-                                hop_tree=lambda i, c=c: 2 * c + (1 if i == n - 1 else 0))
-    return assemble(spec, topo, B, tuple(trees), "rings", ce)
+    jobs = [list(pieces(*block_range(E, n, j), ce)) for j in range(n)]
+    for q in range(max((len(x) for x in jobs), default=0)):
+        for j in range(n):
+            if q >= len(jobs[j]):
+                continue
+            a, b = jobs[j][q]
+            ref_in, ref_out = ChunkRef("in", a, b - a), ChunkRef("out", a, b - a)
+            copy = B.add(j, Copy(ref_in, ref_out))
+            last = tuple(B.message((j + d) % n, j, ref_in, ref_out, recv_deps=(copy,),
+                                   reduce=True, chunk=q)[1] for d in range(1, n)) or (copy,)
+            if avg and n > 1:
+                last = (B.add(j, Scale(ref_out, n, last)),)
+            for d in range(1, n):
+                B.message(j, (j + d) % n, ref_out, ref_out, send_deps=last, chunk=q)
+    return assemble(spec, topo, B, (), "direct", ce)
+
+
+def direct_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
+    """Every rank to every rank in one hop: stars from/to the root for rooted kinds, a star
+    per rank for allgather/reduce_scatter, reduce-scatter + allgather for allreduce."""
+    kind, n = spec.kind, len(spec.ranks)
+    if kind == "allreduce":
+        return _direct_allreduce(spec, topo, chunk_elems(chunk_bytes, spec.dtype))
+    if kind in ("alltoall", "neighbor_average"):
+        return lower(spec, topo, (), chunk_bytes, algorithm="direct")
+    net = routes(topo, spec.ranks)
+    if kind in ("broadcast", "scatter"):
+        trees = [star(net, spec.root)]
+    elif kind in ("reduce", "gather"):
+        trees = [star(net, spec.root, inward=True)]
+    elif kind == "allgather":
+        trees = [star(net, j) for j in range(n)]
+    elif kind == "reduce_scatter":
+        trees = [star(net, j, inward=True) for j in range(n)]
+    else:
+        raise PlanError(f"no direct form for collective kind {kind!r}")
+    return lower(spec, topo, trees, chunk_bytes, algorithm="direct")
 
 
 # -- recursive doubling / Bruck ---------------------------------------------------------------------
@@ -641,12 +292,6 @@ class _Latest:
         self.op[i:j] = [o for _, _, o in new]
 
 
-def _pieces(a: int, b: int, ce: int):
-    while a < b:
-        yield a, min(b, a + ce)
-        a += ce
-
-
 def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
     """Recursive doubling / Bruck allgather, or its time reversal for reduce_scatter (module
     docstring). Each step's ranges are cut into chunks of ``chunk_bytes``; a chunk waits only
@@ -672,7 +317,7 @@ def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
         for s, step in enumerate(steps):
             for src, dst, runs in step:
                 for run in runs:
-                    for a, b in _pieces(*elems(run), ce):
+                    for a, b in pieces(*elems(run), ce):
                         ref = ChunkRef("out", a, b - a)
                         _, rv = B.message(src, dst, ref, ref, send_deps=out[src].readers_deps(a, b), chunk=s)
                         out[dst].write(a, b, rv)
@@ -703,7 +348,7 @@ def rd_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
     for s in range(len(steps) - 1, -1, -1):
         for recv_rank, send_rank, runs in steps[s]:
             for run in runs:
-                for a, b in _pieces(*elems(run), ce):
+                for a, b in pieces(*elems(run), ce):
                     ref = ChunkRef("tmp", a, b - a)
                     _, rv = B.message(send_rank, recv_rank, ref, ref,
                                       send_deps=mine[send_rank].readers_deps(a, b),

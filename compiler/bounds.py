@@ -158,10 +158,17 @@ class _Net:
 
     def min_cut(self, src: int, dst: int) -> tuple[int, frozenset[int]]:
         """maxflow(src, dst) and the source side of a minimum cut (vertex indices)."""
+        value, side, _ = self.min_cut_sides(src, dst)
+        return value, side
+
+    def min_cut_sides(self, src: int, dst: int) -> tuple[int, frozenset[int], frozenset[int]]:
+        """maxflow(src, dst), the least source side of a minimum cut and the least sink side
+        (vertex indices): every minimum cut's source side holds the first and misses the
+        second."""
         f = self._flow()
         if f.solve(src, dst) != f.OPTIMAL:
             raise ArithmeticError("max-flow did not reach optimality")
-        return f.optimal_flow(), frozenset(f.get_source_side_min_cut())
+        return f.optimal_flow(), frozenset(f.get_source_side_min_cut()), frozenset(f.get_sink_side_min_cut())
 
     def parametric_rate(self, sinks: list[int]) -> Fraction:
         """x* = min B⁺(S)/|S ∩ R| over S that miss some rank of ``sinks`` (scaled units)."""
@@ -232,26 +239,43 @@ def min_rank_cut_rate(topo: Topology, ranks) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _narrowest(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
-    """(the narrowest rank cut's capacity in bytes/s, the vertex names of its source side),
-    memoised: the allreduce floor, the ring search's upper limit and the plan's explanation
-    all ask for it (2(n-1) max-flows: seconds at 1024 ranks)."""
+def _narrowest(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    """:func:`narrowest_rank_cut`, memoised."""
     net = _Net(topo, ranks)
     r0, *others = net.rank_idx
     best = None
     for v in others:
         for a, b in ((r0, v), (v, r0)):
-            value, side = net.min_cut(a, b)
+            value, side, sink = net.min_cut_sides(a, b)
             if best is None or value < best[0]:
-                best = (value, side)
-    return _rate(net, best[0]), tuple(net.vertices[i] for i in sorted(best[1]))
+                best = (value, side, sink)
+    value, side, sink = best
+    most = set(range(len(net.vertices))) - sink
+    return (_rate(net, value), tuple(net.vertices[i] for i in sorted(side)),
+            tuple(net.vertices[i] for i in sorted(most)))
 
 
-def _narrowest_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
+def _narrowest_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
     try:
         return _narrowest(topo, ranks)
     except TypeError:  # an unhashable Topology: compute, do not memoise
         return _narrowest.__wrapped__(topo, ranks)
+
+
+def narrowest_rank_cut(topo: Topology, ranks) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    """The narrowest cut between ranks (:func:`min_rank_cut_rate`) with its sides: ``(capacity
+    in bytes/s, the vertex names of the least source side, those of the greatest)``, both of
+    a minimum cut of the first pair (rank 0 to v, or v to rank 0, in rank order) that reaches
+    the minimum. The plan's explanation names the least side; the two-level allreduce
+    (hier.py) splits the ranks by the greatest, so a rank joined to both sides by equally
+    narrow links stays with the source.
+
+    Memoised (2(n-1) max-flows: seconds at 1024 ranks): the allreduce floor, the ring
+    channels' limit, the two-level allreduce and the explanation share one computation."""
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
+        raise ValueError("a rank cut needs at least two ranks")
+    return _narrowest_memo(topo, ranks)
 
 
 def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
@@ -340,6 +364,43 @@ def reduce_scatter_time_bound(topo: Topology, ranks, size_bytes: float) -> float
 def allreduce_time_bound(topo: Topology, ranks, size_bytes: float) -> float:
     """Twice the allgather bound (reduce-scatter + allgather, design.md)."""
     return 2.0 * allgather_time_bound(topo, ranks, size_bytes)
+
+
+def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> float:
+    """A lower bound on any allreduce that holds for every schedule, reduce-then-broadcast
+    trees included: every rank must receive and send ``M`` bytes of information (its result
+    depends on all inputs, its input on all results), and every element needs at least
+    ``2(n-1)`` one-way rank-to-rank messages (directed gossip needs ``2n - 2`` calls), each
+    leaving a rank over one of its links. So ``t >= max(max_v M / min(B-(v), B+(v)),
+    2(n-1) M / sum of the capacity leaving the ranks, M / min_S B+(S))``; the last term
+    because the ranks on either side of any cut S need the other side's M bytes of partial
+    reduction (two hosts joined by one slow link: the slow link carries at least M).
+
+    design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
+    schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
+    3 GB/s ranks: 2 x AG = 2.0 ms for 3 MB, trees take 1.76 ms in the cost model, this floor
+    is 1.5 ms), so the pipeline (compiler/pipeline.py) uses ``min(2 x AG, floor)``: a true lower bound that equals
+    2 x AG wherever 2 x AG is provably one.
+
+    >>> from hcc.ir.topology import Link
+    >>> tri = Topology("t", ("a", "b", "c"), links=tuple(Link(x, y, 1e9) for x in "abc" for y in "abc" if x != y))
+    >>> allreduce_floor(tri, ("a", "b", "c"), 3e6)   # 4 x 3 MB over 6 GB/s
+    0.002
+    """
+    sub = topo.restricted(ranks)
+    rs = set(ranks)
+    n = len(ranks)
+    cin = {v: 0.0 for v in ranks}
+    cout = {v: 0.0 for v in ranks}
+    for l in sub.links:
+        if l.src in rs:
+            cout[l.src] += l.capacity
+        if l.dst in rs:
+            cin[l.dst] += l.capacity
+    per_vertex = max(size / min(cin[v], cout[v]) for v in ranks)
+    total = 2 * (n - 1) * size / sum(cout.values())
+    cut = size / min_rank_cut_rate(topo, ranks)
+    return max(per_vertex, total, cut)
 
 
 def _rooted_gather_time(topo, ranks, root, size_bytes, reverse) -> float:
@@ -631,7 +692,7 @@ def _vertex_cut(topo, ranks, factor: float, kind: str, what_fmt: str) -> Cut:
 
 def allreduce_cuts(topo, ranks) -> list[Cut]:
     """The candidate cuts of an allreduce: twice the allgather cut, and the three terms of
-    pipeline.allreduce_floor (per rank, all ranks' total, the narrowest rank cut)."""
+    allreduce_floor (per rank, all ranks' total, the narrowest rank cut)."""
     n = len(ranks)
     out = [_allgather_cut(topo, ranks, False, "allreduce", 2.0)]
     out.append(_vertex_cut(topo, ranks, 1.0, "allreduce-rank",
@@ -642,7 +703,7 @@ def allreduce_cuts(topo, ranks) -> list[Cut]:
     total = sum(net.out_cap[r] for r in net.rank_idx) / net.scale
     out.append(Cut("all-ranks", tuple(sorted(ranks)), tuple(arcs), total, n, 2.0 * (n - 1), "out",
                    f"every element needs 2(n-1) = {2 * (n - 1)} rank-to-rank messages, each leaving a rank"))
-    _, names = _narrowest_memo(topo, tuple(ranks))
+    _, names, _ = _narrowest_memo(topo, tuple(ranks))
     out.append(_cut_of(net, {net.index[v] for v in names}, "allreduce-cut", 1.0,
                        "each side needs the other side's M bytes of partial reduction", False))
     return out
@@ -651,7 +712,7 @@ def allreduce_cuts(topo, ranks) -> list[Cut]:
 def binding_cut(kind: str, topo: Topology, ranks, root, size_bytes: float, *, peers: str = "ring") -> Cut | None:
     """The :class:`Cut` whose ``time(size_bytes)`` is the bandwidth bound of the collective:
     :func:`time_bound`, and for allreduce the pipeline's ``min(2 x allgather, floor)``
-    (pipeline.allreduce_floor). None for fewer than 2 ranks.
+    (:func:`allreduce_floor`). None for fewer than 2 ranks.
 
     >>> from hcc.ir.topology import Link
     >>> t = Topology("pair", ("a", "b"), links=(Link("a", "b", 10.0), Link("b", "a", 10.0)))

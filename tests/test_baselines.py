@@ -1,8 +1,8 @@
-"""The NCCL-like baselines (compiler/baselines.py), checked structurally and against brute force:
-ring channels are Hamiltonian, follow real links and never over-book one; their count on known
-topologies (DGX-1's NVLinks: NCCL's six rings) and their best total against an exhaustive
-packing of Hamiltonian cycles on small graphs; recursive doubling sends log2(n) messages per
-rank, Bruck ceil(log2 n) steps; every baseline plan passes the symbolic verifier."""
+"""The NCCL-like baselines (compiler/baselines.py, channels.py), checked structurally and
+against brute force: ring channels are Hamiltonian, follow real links and never over-book one;
+their count on known topologies (DGX-1's NVLinks: NCCL's six rings) and their best total
+against an exhaustive packing of Hamiltonian cycles on small graphs; recursive doubling sends
+log2(n) messages per rank, Bruck ceil(log2 n) steps; every baseline plan passes the symbolic verifier."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from hcc.compiler.baselines import rd_plan, rd_steps, ring_channels, rings_plan
+from hcc.compiler.baselines import rd_plan, rd_steps
+from hcc.compiler.channels import ring_channels, rings_plan
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.plan import Send
 from hcc.ir.topology import Link, Topology

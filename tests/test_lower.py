@@ -1,4 +1,4 @@
-"""Lowering (compiler/lower.py) and the baseline schedules (compiler/algorithms.py).
+"""Lowering (compiler/lower.py) and the baseline schedules (compiler/baselines.py, routes.py).
 
 Structural tests in the tinygrad style (counts of sends, depths, dependency shapes), every
 kind over hand-made trees verified symbolically, and an independent numeric check: a small
@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hcc.compiler.algorithms import btree_parents, dbtree_plan, direct_plan, ring_order, ring_plan
+from hcc.compiler.baselines import dbtree_plan, direct_plan, ring_plan
+from hcc.compiler.routes import btree_parents, ring_order
 from hcc.compiler.lower import chunk_elems, lower, split_by_rate
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.errors import PlanError
@@ -527,11 +528,12 @@ def test_tree_paths_go_through_switches():
 def test_doctests():
     import doctest
 
-    import hcc.compiler.algorithms
+    import hcc.compiler.baselines
     import hcc.compiler.lower
+    import hcc.compiler.routes
     import hcc.ir.plan
 
-    for mod in (hcc.compiler.lower, hcc.compiler.algorithms, hcc.ir.plan):
+    for mod in (hcc.compiler.lower, hcc.compiler.baselines, hcc.compiler.routes, hcc.ir.plan):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 

@@ -278,7 +278,7 @@ def test_two_hosts_exchange_across_the_cut_near_the_bound(per_host):
 
 
 def test_two_hosts_exchange_averages_and_handles_uneven_sizes():
-    from hcc.compiler.algorithms import hier_plan
+    from hcc.compiler.hier import hier_plan
 
     topo = twohost(2)
     for size, op in ((4 * 1001, "avg"), (40, "max")):
@@ -294,7 +294,7 @@ def dgx1_fragment(n: int = 4) -> Topology:
 
 
 def test_dgx1_fragment_uses_trees_both_ways_at_the_floor():
-    from hcc.compiler.algorithms import bidir_packing
+    from hcc.compiler.bidir import bidir_packing
 
     topo = dgx1_fragment()
     ranks = topo.nodes
@@ -325,7 +325,7 @@ def test_dgx1_fragment_uses_trees_both_ways_at_the_floor():
 
 
 def test_dgx1_rings_decompose_the_nvlinks_at_the_floor():
-    from hcc.compiler.algorithms import ring_packing
+    from hcc.compiler.ringpack import ring_packing
 
     topo = dgx1()
     rings = ring_packing(topo, topo.nodes)
@@ -358,7 +358,7 @@ def test_dgx1_rings_decompose_the_nvlinks_at_the_floor():
 
 
 def test_bidir_trees_on_a_ring_reach_nash_williams():
-    from hcc.compiler.algorithms import bidir_packing
+    from hcc.compiler.bidir import bidir_packing
 
     # a ring of 5 with 1 GB/s links: 5 links over 4 tree edges = 1.25 GB/s (Nash-Williams)
     names = tuple(f"r{i}" for i in range(5))
@@ -375,7 +375,7 @@ def test_bidir_trees_on_a_ring_reach_nash_williams():
 
 
 def test_one_way_links_have_no_bidirectional_packing():
-    from hcc.compiler.algorithms import bidir_packing
+    from hcc.compiler.bidir import bidir_packing
 
     names = ("a", "b", "c")
     links = tuple(Link(x, y, GB) for x, y in ("ab", "bc", "ca"))
@@ -401,7 +401,9 @@ def test_new_candidates_are_offered_only_where_they_apply():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=small_topologies(), size=st.sampled_from([1 << 16, 3 << 20]), op=st.sampled_from(["sum", "avg"]))
 def test_random_topologies_every_new_allreduce_form_verifies_above_the_bound(topo, size, op):
-    from hcc.compiler.algorithms import bidir_packing, bidir_plan, hier_plan, ring_packing, rings_plan
+    from hcc.compiler.bidir import bidir_packing, bidir_plan
+    from hcc.compiler.hier import hier_plan
+    from hcc.compiler.ringpack import ring_packing, rings_plan
 
     size = size - size % (4 * len(topo.nodes))
     s = spec("allreduce", topo, size=size, op=op)

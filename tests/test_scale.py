@@ -99,7 +99,7 @@ def test_closure_routes_prefer_fewest_hops():
 
 
 def test_simulation_digest_is_bounded():
-    from hcc.compiler.algorithms import ring_plan
+    from hcc.compiler.baselines import ring_plan
     from hcc.compiler.program import CollectiveSpec
 
     topo = fat_tree(32, 8, 2)

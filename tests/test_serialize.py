@@ -8,7 +8,7 @@ from collections import namedtuple
 
 import pytest
 
-from hcc.compiler.algorithms import dbtree_plan, ring_plan
+from hcc.compiler.baselines import dbtree_plan, ring_plan
 from hcc.compiler.lower_relax import relax_plan
 from hcc.compiler.lower import lower
 from hcc.compiler.program import CollectiveSpec

@@ -1,0 +1,392 @@
+"""hcc.compiler.registry — every schedule the compiler can price, one :class:`Algorithm` each.
+
+Terms
+- algorithm: a named way to run a collective (a *candidate* of the pipeline's ``lower`` pass):
+  which kinds it has a form for, when ``algorithm = auto`` may offer it (``eligible``), the
+  packing it needs (``pack``, computed once per compile and kept on the unit under its
+  ``role``), how it lowers at a chunk size (``lower``), and the rate its packing sustains
+  (``pack_rate``, ``steady_rate``: the figures). :data:`REGISTRY` lists them in the order auto
+  offers them; the pipeline (compiler/pipeline.py) only loops over it.
+- baseline: an NCCL-like algorithm (compiler/baselines.py, channels.py). Baselines are lowered
+  for every tree kind whatever ``algorithm`` says (the figures report them) and searched over
+  every chunk size; on a tie ``select`` prefers the compiler's own schedule.
+- treepack family: the compiler's packings (``algorithm = treepack`` chooses among them).
+- sole kinds: kinds an algorithm is the only form of, whatever ``algorithm`` says: alltoall
+  is always ``direct``, neighbor_average always ``relax``.
+
+To add an algorithm: write its plan builder (a module of its own), add one :class:`Algorithm`
+to :data:`REGISTRY`; forcing it from a program also needs its name in frontend.ALGORITHMS
+and docs/language.md.
+
+The names (``Plan.algorithm`` tells which ran):
+
+    relax            the compressed / decentralized lowering (lower_relax.py): allreduce when
+                     ``compress != none``; neighbor_average always
+    treepack-rings   allreduce as a ring allreduce on each directed Hamiltonian ring of an LP
+                     packing (ringpack.py), up to ringpack.RINGS_MAX_RANKS ranks
+    treepack-hier    allreduce over the two sides of the narrowest rank cut (hier.py), priced
+                     where that cut nearly binds the allreduce floor (:data:`HIER_CUT_SHARE`)
+    treepack         the trees of the packing (treepack.py; lower.lower_priced)
+    treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
+    treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
+                     both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
+    ring             the single ring (baselines.py)
+    rings            NCCL's multi-channel rings (channels.py)
+    tree             the double binary tree (baselines.py; a ring for kinds NCCL runs on rings)
+    rd               recursive doubling / Bruck (baselines.py), allgather and reduce_scatter
+    direct           every rank to every rank in one hop (baselines.py; lower.py for alltoall)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..ir.plan import Plan
+from . import baselines
+from .bidir import BIDIR_MAX_RANKS
+from .lower_relax import relax_plan
+from .program import CollectiveSpec
+from .ringpack import RINGS_MAX_RANKS
+
+__all__ = ["Algorithm", "BASELINES", "REGISTRY", "algorithm", "candidates_for"]
+
+Builder = Callable[[int], Any]  # chunk bytes -> Plan, or (Plan, Simulation) when it prices itself
+
+TREE_KINDS = frozenset({"broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "allreduce"})
+# direct (every rank to every rank in one message each) puts n(n-1) messages per chunk on a
+# topology; past 16 ranks it never won on the samples (32-rank cluster: 30 ms against 9 ms for
+# the trees) and its chunk search alone took 10 s, so auto skips it there (forcing it works)
+DIRECT_AUTO_MAX_RANKS = 16
+# treepack-hier is priced when the narrowest rank cut nearly binds the allreduce floor
+# (M / cut >= 0.95 x floor): the exchange helps where a cut is the bottleneck (two hosts: M / cut
+# is the floor), and elsewhere only costs a chunk search that loses (DGX-1's 8 GPUs: the cut is
+# one GPU's 100 GB/s against a floor of M / 85.7 GB/s, and its chains run at one link's rate)
+HIER_CUT_SHARE = 0.95
+# the chunk search of the treepack-bidir/-hier/-rings candidates stops at size / 256 (256 KiB
+# for 64 MiB): on the netem-scaled DGX-1 fragment (20 MB/s links, where 1 us per message is
+# nothing) the bidirectional trees went on to 8 KiB for 1.5% (2.2765 -> 2.2422 s) at 10 s of
+# search; at real NVLink rates the best chunks are 0.5-2 MiB
+NEW_FORMS_MAX_CHUNKS = 256
+
+
+def _always(spec: CollectiveSpec) -> bool:
+    return True
+
+
+def _none(u, packing) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One candidate schedule. ``eligible(spec)``: auto may offer it (``kinds`` is checked
+    first). ``pack(unit)``: its packing, or None when it has no form here (stored under
+    ``role``; algorithms without a packing have none). ``lower(unit, spec, packing)``: the
+    builder of its plan at a chunk size, or None when it cannot run. ``pack_rate(unit,
+    packing)``: the packing's rate in the bound's units (0: none); ``steady_rate``: the
+    schedule's steady-state rate for the figures, None for the simulated algbw."""
+
+    name: str
+    kinds: frozenset[str]
+    lower: Callable[[Any, CollectiveSpec, Any], Builder | None]
+    eligible: Callable[[CollectiveSpec], bool] = _always
+    role: str = ""
+    pack: Callable[[Any], Any] | None = None
+    pack_rate: Callable[[Any, Any], float] = _none
+    steady_rate: Callable[[Any, Any], float | None] | None = None
+    baseline: bool = False
+    treepack: bool = False
+    sole_kinds: frozenset[str] = frozenset()
+    max_chunks: int = 0  # the chunk search stops at size / max_chunks (0: every size)
+
+    def offered(self, spec: CollectiveSpec) -> bool:
+        """``algorithm = auto`` may offer it for ``spec``."""
+        return spec.kind in self.kinds and self.eligible(spec)
+
+
+# -- the treepack family -------------------------------------------------------------------------
+def _root(spec: CollectiveSpec) -> str:
+    return spec.ranks[spec.root] if spec.root >= 0 else spec.ranks[0]
+
+
+def _pack_trees(u):
+    """The packing of ``treepack``: out-trees from the root (broadcast, scatter), in-trees to it
+    (reduce, gather), an allgather packing (its reverse for reduce_scatter), and for allreduce
+    Blink's trees from rank 0, reduced up and broadcast down the same trees (they must exist in
+    both directions; every link in the samples is full duplex)."""
+    from . import treepack
+
+    spec, topo, ranks = u.spec, u.topology, u.spec.ranks
+    kind = spec.kind
+    if kind in ("broadcast", "scatter"):
+        return treepack.pack_broadcast(topo, ranks, _root(spec))
+    if kind in ("reduce", "gather"):
+        return treepack.pack_broadcast(topo, ranks, _root(spec), reverse=True)
+    if kind == "allgather":
+        return treepack.pack_allgather(topo, ranks)
+    if kind == "reduce_scatter":
+        return treepack.pack_allgather(topo, ranks, reverse=True)
+    return treepack.pack_broadcast(topo, ranks, ranks[0])
+
+
+def _pack_rsag(u):
+    from . import treepack
+
+    return treepack.pack_allgather(u.topology, u.spec.ranks)
+
+
+def _lower_trees(name: str):
+    def build(u, spec, p) -> Builder | None:
+        if p is None:
+            return None
+        from .lower import lower_priced
+
+        # the timed schedule keeps each tree at its packed share of every link (lower.py,
+        # "timed lowering"): DGX-1 allgather 0.63 -> 0.80 of the bound at 1 GB; the plain
+        # order is kept where it simulates faster (lower_priced)
+        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model)
+
+    return build
+
+
+def _link_factor(trees, both: bool, caps: dict[tuple[str, str], float]) -> float:
+    """min over arcs of capacity / load when the trees carry their rates (``both``: every
+    tree edge loaded in each direction, as reduce-then-broadcast does), orientation of a
+    reversed packing taken either way; at most 1."""
+    best = 0.0
+    for flip in ((False,) if both else (False, True)):
+        load: dict[tuple[str, str], float] = {}
+        for t in trees:
+            for edge in t.edges:
+                path = tuple(edge[2]) if len(edge) > 2 else (edge[0], edge[1])
+                arcs = list(zip(path, path[1:]))
+                if flip:
+                    arcs = [(b, a) for a, b in arcs]
+                if both:
+                    arcs += [(b, a) for a, b in arcs]
+                for arc in arcs:
+                    load[arc] = load.get(arc, 0.0) + t.rate
+        best = max(best, min((1.0 if l <= 0 else caps.get(arc, 0.0) / l for arc, l in load.items()), default=1.0))
+    return min(1.0, best)
+
+
+def _trees_rate(u, p) -> float:
+    """A tree packing's rate at its LP rates, cut to what the links carry (trees of an
+    allreduce are loaded both ways)."""
+    if p is None or not p.trees:
+        return 0.0
+    if u.spec.kind in ("gather", "scatter"):
+        return u.bound_rate_Bps * p.rate / p.bound if getattr(p, "bound", 0) else 0.0
+    caps: dict[tuple[str, str], float] = {}
+    for l in u.topology.restricted(tuple(u.spec.ranks)).links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+    f = _link_factor(p.trees, u.spec.kind == "allreduce", caps)
+    return sum(t.rate for t in p.trees) * f
+
+
+def _trees_steady(u, p) -> float | None:
+    """The bound rate scaled by the packing's own rate/bound ratio."""
+    if p is not None and getattr(p, "bound", 0) and u.bound_rate_Bps != float("inf"):
+        return u.bound_rate_Bps * min(1.0, p.rate / p.bound)
+    return None
+
+
+def _capped(rate: Callable[[Any, Any], float]):
+    """The steady rate of a packing whose rate is an allreduce rate already: at most the bound."""
+    def steady(u, p) -> float | None:
+        return None if p is None else min(u.bound_rate_Bps, rate(u, p))
+
+    return steady
+
+
+def _allreduce_upto(most: int, least: int = 2):
+    def ok(spec: CollectiveSpec) -> bool:
+        return least <= len(spec.ranks) <= most
+
+    return ok
+
+
+def _pack_bidir(u):
+    from .bidir import bidir_packing
+
+    return bidir_packing(u.topology, u.spec.ranks)
+
+
+def _lower_bidir(u, spec, trees) -> Builder | None:
+    if trees is None:
+        return None
+    from .bidir import bidir_plan
+
+    return lambda c: bidir_plan(spec, u.topology, trees, c, model=u.model)
+
+
+def _bidir_rate(u, trees) -> float:
+    """The trees' total rate: an allreduce rate already (bytes/s of buffer)."""
+    return sum(t.rate for t in trees) if trees else 0.0
+
+
+def _pack_rings(u):
+    from .ringpack import ring_packing
+
+    return ring_packing(u.topology, u.spec.ranks)
+
+
+def _lower_rings(u, spec, rings) -> Builder | None:
+    if rings is None:
+        return None
+    from .ringpack import rings_plan
+
+    return lambda c: rings_plan(spec, u.topology, rings, c)
+
+
+def _rings_rate(u, rings) -> float:
+    """A ring allreduce moves 2(n-1)/n bytes over each ring per byte of buffer."""
+    n = len(u.spec.ranks)
+    return sum(r for _, r in rings) * n / (2 * (n - 1)) if rings and n > 1 else 0.0
+
+
+def _pack_hier(u):
+    """The narrowest rank cut, where it nearly binds the allreduce floor (HIER_CUT_SHARE)."""
+    from .bounds import allreduce_floor
+    from .hier import two_level_cut
+
+    cut = two_level_cut(u.topology, u.spec.ranks)
+    floor = allreduce_floor(u.topology, u.spec.ranks, 1.0)
+    if cut is not None and cut[0] and cut[1] and 1.0 / cut[2] >= HIER_CUT_SHARE * floor:
+        return cut
+    return None
+
+
+def _lower_hier(u, spec, cut) -> Builder | None:
+    if cut is None:
+        return None
+    from .hier import hier_plan
+
+    return lambda c: hier_plan(spec, u.topology, c, model=u.model)
+
+
+# -- the baselines and the other lowerings -------------------------------------------------------
+def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
+    """The builder of a plan function ``plan(spec, topology, chunk)`` that needs no packing."""
+    def build(u, spec, _) -> Builder:
+        return lambda c: plan(spec, u.topology, c)
+
+    return build
+
+
+def _pack_channels(u):
+    from .channels import ring_channels
+
+    return ring_channels(u.topology, u.spec.ranks) or None
+
+
+def _lower_channels(u, spec, channels) -> Builder | None:
+    if channels is None or len(channels) < 2:
+        return None  # one channel is the single ring, priced as ``ring`` already
+    from .channels import rings_plan
+
+    return lambda c: rings_plan(spec, u.topology, channels, c)
+
+
+def _compressed(spec: CollectiveSpec) -> bool:
+    return spec.compress != "none"  # compression only when the user allowed it
+
+
+REGISTRY: tuple[Algorithm, ...] = (
+    Algorithm("relax", frozenset({"allreduce"}), _plain(relax_plan), eligible=_compressed,
+              sole_kinds=frozenset({"neighbor_average"})),
+    # the rings and the two-level exchange first: their searches are short (a ring plan has
+    # few messages per chunk size) and, when they win, the costlier tree searches after them
+    # stop early against them (Lower: DGX-1 at netem scale, bidir's search 15 s -> <1 s)
+    Algorithm("treepack-rings", frozenset({"allreduce"}), _lower_rings, eligible=_allreduce_upto(RINGS_MAX_RANKS, 3),
+              role="rings", pack=_pack_rings, pack_rate=_rings_rate, steady_rate=_capped(_rings_rate),
+              treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack-hier", frozenset({"allreduce"}), _lower_hier, eligible=_allreduce_upto(BIDIR_MAX_RANKS),
+              role="hier", pack=_pack_hier, treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
+              pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
+    Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
+              pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
+    Algorithm("treepack-bidir", frozenset({"allreduce"}), _lower_bidir, eligible=_allreduce_upto(BIDIR_MAX_RANKS),
+              role="bidir", pack=_pack_bidir, pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate),
+              treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("ring", TREE_KINDS, _plain(baselines.ring_plan), baseline=True),
+    Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_pack_channels, baseline=True),
+    # the double binary tree where NCCL runs trees (baselines.dbtree_plan falls back to the
+    # ring for the other kinds)
+    Algorithm("tree", frozenset({"broadcast", "reduce", "allreduce"}), _plain(baselines.dbtree_plan),
+              baseline=True),
+    Algorithm("rd", frozenset({"allgather", "reduce_scatter"}), _plain(baselines.rd_plan), baseline=True),
+    Algorithm("direct", TREE_KINDS, _plain(baselines.direct_plan),
+              eligible=lambda spec: len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS, sole_kinds=frozenset({"alltoall"})),
+)
+BY_NAME: dict[str, Algorithm] = {a.name: a for a in REGISTRY}
+BASELINES: tuple[str, ...] = tuple(a.name for a in REGISTRY if a.baseline)
+
+
+def algorithm(name: str) -> Algorithm:
+    """The registered algorithm called ``name`` (KeyError: none)."""
+    return BY_NAME[name]
+
+
+def candidates_for(spec: CollectiveSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(eligible, lowered)``: the candidates ``select`` may choose from, and every candidate
+    to lower (the eligible ones plus the baselines the figures report). A kind with a sole
+    algorithm (alltoall: direct, neighbor_average: relax) has only that one, whatever
+    ``algorithm`` says (the plan's ``algorithm`` field tells what ran); ``algorithm = auto``
+    offers every algorithm that applies, ``treepack`` the treepack family among them, any
+    other name that algorithm alone."""
+    for a in REGISTRY:
+        if spec.kind in a.sole_kinds:
+            return (a.name,), (a.name,)
+    auto = [a for a in REGISTRY if a.offered(spec)]
+    if spec.algorithm == "auto":
+        eligible = tuple(a.name for a in auto)
+    elif spec.algorithm == "treepack":
+        eligible = tuple(a.name for a in auto if a.treepack)
+    else:
+        eligible = (spec.algorithm,)
+    baselines = tuple(a.name for a in auto if a.baseline and a.name not in eligible)
+    return eligible, eligible + baselines
+
+
+def builder(name: str, u) -> Builder | None:
+    """The plan builder of algorithm ``name`` on unit ``u`` (None: no form here). The exact
+    forms of a compressed allreduce stay exact: compressing on every tree hop would quantize
+    an element once per hop, where the relaxation lowering bounds it to twice."""
+    a = BY_NAME[name]
+    spec = u.spec
+    if a.name != "relax" and spec.kind == "allreduce" and spec.compress != "none":
+        spec = replace(spec, compress="none")
+    return a.lower(u, spec, u.packing(a.role) if a.role else None)
+
+
+def packings(u, want: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
+    """``(role, packing)`` of every algorithm in ``want`` that has one here (two ranks at least)."""
+    if len(u.spec.ranks) < 2:
+        return ()
+    out = []
+    for a in REGISTRY:
+        if a.name in want and a.pack is not None:
+            p = a.pack(u)
+            if p is not None:
+                out.append((a.role, p))
+    return tuple(out)
+
+
+def pack_rate(u, name: str) -> float:
+    """The rate of ``name``'s packing in bound_rate_Bps's units (size / time), 0 if none."""
+    a = BY_NAME[name]
+    return a.pack_rate(u, u.packing(a.role)) if a.role else 0.0
+
+
+def steady_rate(u, name: str, plan: Plan, predicted: float) -> float:
+    """The schedule's steady-state rate in the bound's units (size / time): from the packing
+    where the algorithm has one (:attr:`Algorithm.steady_rate`), else the algorithmic bandwidth
+    of the simulated plan."""
+    a = BY_NAME.get(name)
+    if a is not None and a.steady_rate is not None and a.role:
+        r = a.steady_rate(u, u.packing(a.role))
+        if r is not None:
+            return r
+    return u.spec.size_bytes / predicted if predicted > 0 else 0.0
