@@ -93,6 +93,7 @@ from .treepack_few import _quanta  # noqa: F401  (re-exported: tests check the q
 from .treepack_master import PackError, _Col, _colgen, _Pricer, min_arborescence
 from .treepack_seeds import _btree_columns, _ring_columns, _seed_columns
 from .treepack_symmetry import _SYMMETRY_MIN_RANKS, _colgen_symmetric, _host_symmetry, _translate
+from .trees import PackedTree
 
 __all__ = ["PackedTree", "Packing", "PackError", "pack_broadcast", "pack_allgather", "min_arborescence",
            "clear_cache"]
@@ -107,14 +108,6 @@ _WALL_SAFETY_S = 120.0
 # fat trees' chains meet their bound without any round
 _LARGE_BROADCAST_RANKS = 128
 _LARGE_BROADCAST_ROUNDS = 12
-
-
-@dataclass(frozen=True)
-class PackedTree:
-    root: str
-    # (parent_rank, child_rank, vertex path parent..child through switches only), parents first
-    edges: tuple[tuple[str, str, tuple[str, ...]], ...]
-    rate: float  # bytes/s this tree carries
 
 
 @dataclass(frozen=True)
