@@ -1,9 +1,10 @@
 """hcc.compiler.lower — packed spanning trees to per-rank chunk programs (the plan IR).
 
 Terms
-- packed tree: a value shaped like ``compiler.treepack.PackedTree``: ``root`` (a rank's vertex
-  name, or its rank index), ``edges`` = ``(parent, child, path)`` triples (vertex names or rank
-  indices; ``path`` the topology vertices from parent to child) and ``rate`` in bytes/s.
+- packed tree: a ``compiler.trees.PackedTree`` (or a value shaped like one): ``root`` (a
+  rank's vertex name, or its rank index), ``edges`` = ``(parent, child, path)`` triples (vertex
+  names or rank indices; ``path`` the topology vertices from parent to child) and ``rate`` in
+  bytes/s; resolved once to rank positions (``trees.TreeShape``).
 - span: the element range a tree carries, a share of the data proportional to its rate
   (Blink, MLSys 2020, sec. 3: each tree of the packing moves ``w_T / sum w`` of the data).
 - chunk: a run of at most ``chunk_elems`` consecutive elements of a span; the unit of
@@ -47,7 +48,6 @@ and small (``< 2**24``, ir/plan.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ..ir.errors import PlanError
@@ -67,6 +67,7 @@ from ..ir.plan import (
 )
 from ..ir.topology import Topology
 from ..ir.verify import neighbor_peers
+from .trees import TreeShape
 
 MAX_TAG = 1 << 24
 
@@ -218,68 +219,6 @@ def _refs(op: Op) -> tuple[ChunkRef, ...]:
     if isinstance(op, (Recv, RecvReduce, Scale)):
         return (op.dst,)
     return (op.src, op.dst)
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A packed tree resolved to rank indices, with the traversal orders lowering needs."""
-
-    root: int
-    parent: tuple[int, ...]
-    paths: tuple[tuple[str, ...], ...]
-    rate: float
-    children: tuple[tuple[int, ...], ...]
-    order: tuple[int, ...]  # BFS from the root: parents before children
-
-    @staticmethod
-    def of(packed: Any, ranks: Sequence[str], index: int) -> "TreeShape":
-        n = len(ranks)
-        rank_of = {v: i for i, v in enumerate(ranks)}
-
-        def rank(x: Any) -> int:
-            if isinstance(x, str):
-                if x not in rank_of:
-                    raise PlanError(f"tree {index} names {x!r}, which is not a rank of the collective")
-                return rank_of[x]
-            if isinstance(x, int) and 0 <= x < n:
-                return x
-            raise PlanError(f"tree {index} names rank {x!r}, outside 0..{n - 1}")
-
-        root = rank(packed.root)
-        parent = [-1] * n
-        paths: list[tuple[str, ...]] = [()] * n
-        kids: list[list[int]] = [[] for _ in range(n)]
-        for edge in packed.edges:
-            p, c = rank(edge[0]), rank(edge[1])
-            path = tuple(edge[2]) if len(edge) > 2 else (ranks[p], ranks[c])
-            if c == root or parent[c] != -1:
-                raise PlanError(f"tree {index}: rank {ranks[c]} has two parents")
-            parent[c] = p
-            paths[c] = path
-            kids[p].append(c)
-        order, seen = [root], {root}
-        i = 0
-        while i < len(order):
-            for c in kids[order[i]]:
-                if c not in seen:
-                    seen.add(c)
-                    order.append(c)
-            i += 1
-        if len(order) != n:
-            missing = next(r for r in range(n) if r not in seen)
-            raise PlanError(f"tree {index} rooted at {ranks[root]} does not reach rank {ranks[missing]}")
-        return TreeShape(root, tuple(parent), tuple(paths), float(packed.rate),
-                         tuple(tuple(k) for k in kids), tuple(order))
-
-    def to_tree(self, index: int, span: tuple[int, int]) -> Tree:
-        return Tree(index, self.root, self.parent, self.rate, span, self.paths)
-
-    def path_up(self, r: int) -> list[int]:
-        """Ranks from ``r`` up to the root, inclusive."""
-        out = [r]
-        while out[-1] != self.root:
-            out.append(self.parent[out[-1]])
-        return out
 
 
 class _Lowering:
@@ -620,7 +559,7 @@ def lower_priced(spec_like: Any, topo: Topology, trees: Sequence[Any], chunk_byt
 
 def assemble(spec: Any, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],
              algorithm: str, ce: int) -> Plan:
-    """The :class:`Plan` of ``spec`` from a finished builder (shared with compiler/algorithms.py)."""
+    """The :class:`Plan` of ``spec`` from a finished builder (shared with the schedules built op by op: baselines.py, hier.py, ...)."""
     kind = spec.kind
     programs, tmp = builder.finish()
     return Plan(
