@@ -379,8 +379,8 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
     schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
     3 GB/s ranks: 2 x AG = 2.0 ms for 3 MB, trees take 1.76 ms in the cost model, this floor
-    is 1.5 ms), so the pipeline (compiler/pipeline.py) uses ``min(2 x AG, floor)``: a true lower bound that equals
-    2 x AG wherever 2 x AG is provably one.
+    is 1.5 ms), so the pipeline (compiler/pipeline.py) uses ``min(2 x AG, floor)``: a true
+    lower bound that equals 2 x AG wherever 2 x AG is provably one.
 
     >>> from hcc.ir.topology import Link
     >>> tri = Topology("t", ("a", "b", "c"), links=tuple(Link(x, y, 1e9) for x in "abc" for y in "abc" if x != y))
@@ -571,7 +571,7 @@ class Cut:
     whose bounds are taken on the reversed graph). ``capacity_Bps`` is their total capacity,
     ``ranks_inside`` = |S ∩ R|, and ``factor`` the bytes that must cross per byte of M, so the
     bound is ``time(M) = factor x M / capacity_Bps`` (broadcast: 1; allgather: |S ∩ R|/N;
-    allreduce: twice that, or a term of :func:`hcc.compiler.pipeline.allreduce_floor`).
+    allreduce: twice that, or a term of :func:`allreduce_floor`).
     ``what`` says it in words. For ``kind = "all-ranks"`` (allreduce's total-traffic term)
     S is every rank and the links are all links leaving a rank: not one cut, but the
     2(n-1)·M bytes that must leave ranks somewhere."""

@@ -120,3 +120,75 @@ def _reach(graph: dict[str, set[str]], a: str) -> set[str]:
             seen.add(b)
             todo.extend(graph.get(b, ()))
     return seen
+
+
+# compiler/lower.py hands the timed order to compiler/schedule.py (a lazy import), which builds
+# on lower's _Lowering: one known loop between those two modules
+PENDING_COMPILER_CYCLES = {frozenset({"hcc.compiler.lower", "hcc.compiler.schedule"})}
+
+
+def module_graph(folder: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same folder it imports (lazy imports included)."""
+    paths = sources(folder)
+    known = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        me = module_name(path)
+        deps = set()
+        for _, mod in imports(path):
+            while mod and mod not in known:  # `from .x import name`: the module is x
+                mod = mod.rpartition(".")[0]
+            if mod and mod != me and not me.startswith(mod + "."):
+                deps.add(mod)
+        graph[me] = deps
+    return graph
+
+
+def test_compiler_modules_import_one_way():
+    """No loop among the compiler's modules: the pipeline imports the registry, the registry
+    the algorithms, the algorithms the lowering and the tree value, never back."""
+    graph = module_graph("compiler")
+    reach = {a: _reach(graph, a) for a in graph}
+    cycles = {frozenset({a, b}) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())}
+    assert not sorted(tuple(sorted(c)) for c in cycles - PENDING_COMPILER_CYCLES)
+    assert not graph["hcc.compiler.registry"] & {"hcc.compiler.pipeline", "hcc.compiler.frontend"}
+
+
+def test_every_registered_algorithm_is_reachable_from_the_language():
+    """The ``algorithm =`` names docs/language.md lists are the front end's, each is a
+    registered algorithm or one of the two choosers (auto, treepack), and every algorithm of
+    compiler/registry.py is offered for some collective: by auto, by treepack, by its own name,
+    or as the sole form of a kind."""
+    import re
+
+    from hcc.compiler import registry
+    from hcc.compiler.frontend import ALGORITHMS
+    from hcc.compiler.program import CollectiveSpec
+    from hcc.ir.plan import KINDS, REDUCING_KINDS, ROOTED_KINDS
+
+    text = (ROOT / "docs" / "language.md").read_text()
+    listed = re.search(r"^\s*algorithm = ([a-z-]+(?: \| [a-z-]+)+)$", text, re.M)
+    assert listed, "docs/language.md lists the algorithm names"
+    names = tuple(w.strip() for w in listed.group(1).split("|"))
+    assert names == ALGORITHMS
+    assert f"`{' '.join(names)}`" in text  # the settings table says the same
+    registered = {a.name for a in registry.REGISTRY}
+    assert set(names) - {"auto", "treepack"} <= registered
+    assert len(registered) == len(registry.REGISTRY)  # one object per name
+
+    offered: dict[str, set[str]] = {}
+    for kind in KINDS:
+        for n in (2, 3, 8, 16, 32):
+            for alg in names:
+                for compress in ("none", "fp16"):
+                    s = CollectiveSpec("c", kind, "t", tuple(f"r{i}" for i in range(n)),
+                                       0 if kind in ROOTED_KINDS else -1, 1 << 20,
+                                       op="sum" if kind in REDUCING_KINDS else None, algorithm=alg,
+                                       compress=compress)
+                    eligible, lowered = registry.candidates_for(s)
+                    assert set(eligible) <= set(lowered) <= registered, (kind, n, alg)
+                    for a in eligible:
+                        offered.setdefault(a, set()).add(alg)
+    assert set(offered) == registered, f"never offered: {sorted(registered - set(offered))}"
+    # every treepack-family algorithm is among `algorithm = treepack`'s choices
+    assert {a.name for a in registry.REGISTRY if a.treepack} <= {a for a, by in offered.items() if "treepack" in by}

@@ -367,7 +367,7 @@ def test_bidir_trees_on_a_ring_reach_nash_williams():
     trees = bidir_packing(Topology("ring5", names, (), links), names)
     assert sum(t.rate for t in trees) == pytest.approx(1.25 * GB, rel=1e-6)
     # rooted at the centre: a path of 5 ranks is 2 deep from its middle
-    from hcc.compiler.lower import TreeShape
+    from hcc.compiler.trees import TreeShape
 
     for t in trees:
         sh = TreeShape.of(t, names, 0)
@@ -396,6 +396,42 @@ def test_new_candidates_are_offered_only_where_they_apply():
     # no narrow cut on a clique: the exchange is not priced
     unit = compile_unit(program(clique(4), spec("allreduce", clique(4))))
     assert unit.packing("hier") is None and unit.candidate("treepack-hier") is None
+
+
+def test_an_algorithm_is_one_registered_object(monkeypatch):
+    """Adding an algorithm is one Algorithm in compiler/registry.py: the passes pack for it,
+    lower it, offer it to auto and honour it when forced, with no other edit."""
+    from hcc.compiler import registry
+    from hcc.compiler.baselines import direct_plan
+    from hcc.compiler.trees import PackedTree
+
+    seen = []
+
+    def pack(u):
+        # a star from the root, as a packing the lowering receives back
+        r = u.spec.ranks
+        return PackedTree(r[0], tuple((r[0], v, (r[0], "sw", v)) for v in r[1:]), 1.0)
+
+    def lower(u, s, packing):
+        seen.append(packing)
+        return lambda c: direct_plan(s, u.topology, c)
+
+    star_alg = registry.Algorithm("star-test", frozenset({"broadcast"}), lower, role="star-test", pack=pack)
+    monkeypatch.setattr(registry, "REGISTRY", (star_alg,) + registry.REGISTRY)
+    monkeypatch.setattr(registry, "BY_NAME", {a.name: a for a in registry.REGISTRY})
+    topo = star(4)
+    forced = compile_unit(program(topo, spec("broadcast", topo, algorithm="star-test")))
+    assert forced.chosen.algorithm == "star-test" and forced.plan.algorithm == "direct"
+    assert forced.packing("star-test").root == "n0" and seen[-1] is forced.packing("star-test")
+    # the baselines are priced beside it, and it is no baseline
+    assert {"ring", "tree"} <= {c.algorithm for c in forced.candidates}
+    assert forced.plan.figures.baseline in registry.BASELINES
+    forced.plan.verify()
+    auto = compile_unit(program(topo, spec("broadcast", topo)))
+    assert auto.candidate("star-test") is not None
+    assert auto.chosen.predicted_s == min(c.predicted_s for c in auto.candidates)
+    # other kinds do not offer it
+    assert "star-test" not in registry.candidates_for(spec("allgather", topo))[1]
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
