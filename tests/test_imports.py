@@ -94,7 +94,13 @@ PENDING_CYCLES = {frozenset({"hcc.backends.sockets", "hcc.backends.shm"})}
 def test_backend_modules_import_one_way():
     """No loop among the backends' modules (lazy imports included): the runtime imports the
     executors, the executors the transports' interface, never the other way round."""
-    paths = sources("backends")
+    bad = sorted(tuple(sorted(c)) for c in cycles(module_graph("backends")) - PENDING_CYCLES)
+    assert not bad, f"backends modules that import each other: {bad}"
+
+
+def module_graph(folder: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same folder it imports (lazy imports included)."""
+    paths = sources(folder)
     known = {module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
     for path in paths:
@@ -106,10 +112,13 @@ def test_backend_modules_import_one_way():
             if mod and mod != me and not me.startswith(mod + "."):  # a package's own __init__
                 deps.add(mod)
         graph[me] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The pairs of modules that reach each other."""
     reach = {a: _reach(graph, a) for a in graph}
-    cycles = [frozenset({a, b}) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())]
-    bad = sorted({tuple(sorted(c)) for c in cycles if c not in PENDING_CYCLES})
-    assert not bad, f"backends modules that import each other: {bad}"
+    return {frozenset({a, b}) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())}
 
 
 def _reach(graph: dict[str, set[str]], a: str) -> set[str]:
@@ -127,30 +136,12 @@ def _reach(graph: dict[str, set[str]], a: str) -> set[str]:
 PENDING_COMPILER_CYCLES = {frozenset({"hcc.compiler.lower", "hcc.compiler.schedule"})}
 
 
-def module_graph(folder: str) -> dict[str, set[str]]:
-    """Module -> the modules of the same folder it imports (lazy imports included)."""
-    paths = sources(folder)
-    known = {module_name(p) for p in paths}
-    graph: dict[str, set[str]] = {}
-    for path in paths:
-        me = module_name(path)
-        deps = set()
-        for _, mod in imports(path):
-            while mod and mod not in known:  # `from .x import name`: the module is x
-                mod = mod.rpartition(".")[0]
-            if mod and mod != me and not me.startswith(mod + "."):
-                deps.add(mod)
-        graph[me] = deps
-    return graph
-
-
 def test_compiler_modules_import_one_way():
     """No loop among the compiler's modules: the pipeline imports the registry, the registry
     the algorithms, the algorithms the lowering and the tree value, never back."""
     graph = module_graph("compiler")
-    reach = {a: _reach(graph, a) for a in graph}
-    cycles = {frozenset({a, b}) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())}
-    assert not sorted(tuple(sorted(c)) for c in cycles - PENDING_COMPILER_CYCLES)
+    bad = sorted(tuple(sorted(c)) for c in cycles(graph) - PENDING_COMPILER_CYCLES)
+    assert not bad, f"compiler modules that import each other: {bad}"
     assert not graph["hcc.compiler.registry"] & {"hcc.compiler.pipeline", "hcc.compiler.frontend"}
 
 
