@@ -528,16 +528,23 @@ def neighbor_average_time_bound(topo: Topology, ranks, size_bytes: float, peers:
     return worst
 
 
+def _root_name(kind: str, ranks: tuple[str, ...], root) -> str | None:
+    """The root as a vertex name: ``root`` a name, a rank index (-1: none) or None; a rooted
+    kind without one is rooted at the first rank."""
+    if isinstance(root, int) and not isinstance(root, bool):
+        root = ranks[root] if root >= 0 else None
+    if kind in ("broadcast", "reduce", "gather", "scatter") and root is None:
+        root = ranks[0]
+    return root
+
+
 def time_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, *, peers: str = "ring") -> float:
     """Bandwidth lower bound in seconds for one collective of any kind of ir.plan.KINDS.
 
     ``root`` is a vertex name (or a rank index, or None for unrooted kinds).
     """
     ranks = tuple(ranks)
-    if isinstance(root, int) and not isinstance(root, bool):
-        root = ranks[root] if root >= 0 else None
-    if kind in ("broadcast", "reduce", "gather", "scatter") and root is None:
-        root = ranks[0]
+    root = _root_name(kind, ranks, root)
     if len(ranks) < 2:
         return 0.0
     if kind == "broadcast":
@@ -721,10 +728,7 @@ def binding_cut(kind: str, topo: Topology, ranks, root, size_bytes: float, *, pe
     (('a',), (('a', 'b'),), 2.0)
     """
     ranks = tuple(ranks)
-    if isinstance(root, int) and not isinstance(root, bool):
-        root = ranks[root] if root >= 0 else None
-    if kind in ("broadcast", "reduce", "gather", "scatter") and root is None:
-        root = ranks[0]
+    root = _root_name(kind, ranks, root)
     if len(ranks) < 2:
         return None
     if kind == "broadcast":
