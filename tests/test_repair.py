@@ -102,15 +102,6 @@ def test_repair_spans_every_survivor_and_keeps_live_ancestry(td):
 
 # -- residual plans: the repaired trees lowered over the survivors (test helper) --------------
 
-@dataclass(frozen=True)
-class _Packed:
-    """The PackedTree-like value compiler/lower.py lowers: root, (parent, child, path) edges."""
-
-    root: int
-    edges: tuple[tuple[int, int, tuple[str, ...]], ...]
-    rate: float
-
-
 def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = None) -> Plan:
     """The collective over the survivors of ``plan``, lowered from its repaired trees by the
     compiler's own lowering: an ir Plan that ir/verify.py checks, which is how these tests show
@@ -121,6 +112,7 @@ def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = Non
     the block size for allgather and gather (each survivor keeps its own block). Raises
     :class:`RootLost` when a rooted collective's root is dead."""
     from hcc.compiler.lower import lower
+    from hcc.compiler.trees import PackedTree
 
     dead = set(dead)
     survivors = [r for r in range(plan.n) if r not in dead]
@@ -139,7 +131,7 @@ def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = Non
             continue
         edges = tuple((new_index[p], new_index[c], (plan.ranks[p], plan.ranks[c]))
                       for c, p in enumerate(rt.parent) if p >= 0)
-        packed.append(_Packed(new_index[rt.root], edges, t.rate))
+        packed.append(PackedTree(new_index[rt.root], edges, t.rate))
     size = plan.size_bytes
     if plan.kind in ("allgather", "gather"):
         item = DTYPE_SIZES[plan.dtype]
