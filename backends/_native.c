@@ -410,6 +410,35 @@ static req_t *take_posted(peer_t *p, uint32_t tag) {
     return NULL;
 }
 
+/* a tag's space: bits 24-30 when bit 31 is clear (backends/sockets.py SPACE_SHIFT), 0 for none */
+static inline uint32_t tag_space(uint32_t tag) { return (tag >> 31) ? 0 : (tag >> 24) & 0x7Fu; }
+
+/* the peer of a posted receive (held == 0) or of an early message not yet taken (held == 1)
+ * that is in `tag`'s nonzero space but of a plan other than `plan` (its plan in *other), or
+ * NULL: within one space every rank runs one plan, so such a pair means the ranks issued
+ * different calls in one position of their order (hcc/collectives.py) */
+static peer_t *space_clash(Engine *e, uint32_t tag, uint32_t plan, int held, uint32_t *other) {
+    uint32_t sp = tag_space(tag);
+    if (!sp) return NULL;
+    for (int k = 0; k < e->npeers; k++) {
+        peer_t *q = &e->peers[k];
+        if (held) {
+            for (held_t *h = q->held; h; h = h->next)
+                if (!h->waiter && tag_space(h->tag) == sp && h->plan != plan) {
+                    *other = h->plan;
+                    return q;
+                }
+        } else {
+            for (req_t *r = q->posted; r; r = r->next)
+                if (tag_space(r->tag) == sp && r->plan != plan) {
+                    *other = r->plan;
+                    return q;
+                }
+        }
+    }
+    return NULL;
+}
+
 /* consume the pieces waiting in p's inbound ring; returns how many */
 static int drain_in(Engine *e, peer_t *p) {
     int moved = 0;
@@ -465,6 +494,17 @@ static int drain_in(Engine *e, peer_t *p) {
                 p->cur = r;
                 p->cur_held = NULL;
             } else {
+                uint32_t other = 0;
+                peer_t *q = space_clash(e, h.tag, h.plan, 0, &other);
+                if (q) { /* both peers fail: the one a receive waits on ends the run at once */
+                    snprintf(e->err, sizeof e->err,
+                             "from rank %d: message tag %u belongs to plan %08x, this rank runs plan %08x in its "
+                             "tag space %u: the ranks are running different plans as one call",
+                             p->rank, h.tag, h.plan, other, tag_space(h.tag));
+                    p->broken = 1;
+                    q->broken = 1;
+                    break;
+                }
                 if (h.msg_len > e->max_held) {
                     snprintf(e->err, sizeof e->err,
                              "from rank %d: early message of %llu bytes exceeds the bound of %zu bytes", p->rank,
@@ -604,6 +644,17 @@ static void post_recv(Engine *e, req_t *r) {
     peer_t *p = &e->peers[r->peer];
     p->outstanding++;
     r->next = NULL;
+    uint32_t other = 0;
+    peer_t *from = space_clash(e, r->tag, r->plan, 1, &other);
+    if (from) {
+        snprintf(e->err, sizeof e->err,
+                 "from rank %d: a message of plan %08x arrived in tag space %u, where this rank receives "
+                 "for plan %08x: the ranks are running different plans as one call",
+                 from->rank, other, tag_space(r->tag), r->plan);
+        p->broken = 1;
+        from->broken = 1;
+        return;
+    }
     held_t **pp = &p->held;
     while (*pp) {
         held_t *hd = *pp;

@@ -23,6 +23,12 @@ Terms
   ranks run different plans) and have exactly the posted length; an early one must not exceed
   the largest message of its plan when it is the plan being run, else ``max_message`` — a
   violation is a :class:`ProtocolError` before anything is allocated. Never pickle.
+- tag space: bits 24-30 of a tag whose bit 31 is clear (:data:`SPACE_SHIFT`), where a communicator that runs several
+  plans at once puts each run (hcc/collectives.py: the call's sequence number); 0 for a plan
+  run alone. Within one nonzero space every rank must run one plan: a frame whose space holds
+  a posted receive of another plan, or a receive posted in a space that holds an early frame
+  of another plan, is a :class:`ProtocolError` at once (the ranks issued different calls in
+  the same order position), not only when the two happen to use the same tag.
 - receive path: a reader thread per connection ``recv_into``'s each frame straight into the
   posted destination memoryview (the numpy buffer); a frame that arrives before its receive is
   posted goes to a holding buffer of exactly its length, taken from the process's
@@ -95,6 +101,36 @@ STORE_POLL = 0.5  # s between looks at the launcher's list of dead ranks while a
 
 class ProtocolError(RuntimeFault):
     """A peer sent a frame this rank did not expect (bad magic/session/kind/length)."""
+
+
+SPACE_SHIFT = 24  # a tag's bits 24-30 name its tag space (module docstring); 0: no space
+
+
+def _space(tag: int) -> int:
+    # bit 31 set: the adaptive runtime's own tag layout (backends/adaptive/flows.py), no space
+    return 0 if tag >> 31 else (tag >> SPACE_SHIFT) & 0x7F
+
+
+def _space_clash(index: dict, tag: int, plan: int) -> tuple[int, int] | None:
+    """``(space, other plan)`` when ``index`` (space -> plan -> count) holds a plan other than
+    ``plan`` in ``tag``'s nonzero tag space."""
+    space = _space(tag)
+    if space:
+        for other, count in index.get(space, {}).items():
+            if count > 0 and other != plan:
+                return space, other
+    return None
+
+
+def _bump(index: dict, tag: int, plan: int, by: int) -> None:
+    space = _space(tag)
+    if space:
+        per = index.setdefault(space, {})
+        left = per.get(plan, 0) + by
+        if left > 0:
+            per[plan] = left
+        else:
+            per.pop(plan, None)
 
 
 class _Req(Request):
@@ -184,6 +220,9 @@ class SocketTransport(Transport):
         self._pending: dict[socket.socket, float] = {}  # in the handshake, oldest first: since
         self._posted: dict[tuple[int, int], deque] = {}
         self._held: dict[tuple[int, int], deque] = {}
+        # per tag space: plan -> receives posted and waiting / early frames not yet taken
+        self._space_posted: dict[int, dict[int, int]] = {}
+        self._space_held: dict[int, dict[int, int]] = {}
         self._dead: dict[int, str] = {}  # rank -> how we learnt it died
         self._aborted: dict[int, int] = {}  # peer -> the dead rank it reported (it stops too)
         self._errors: dict[int, RuntimeFault] = {}  # peer -> protocol/authentication error
@@ -407,6 +446,11 @@ class SocketTransport(Transport):
                             bad = f"message tag {tag} has {length} bytes, the posted receive expects {req.nbytes}"
                         else:
                             q.popleft()
+                            _bump(self._space_posted, tag, plan, -1)
+                    elif clash := _space_clash(self._space_posted, tag, plan):
+                        bad = (f"message tag {tag} belongs to plan {plan:08x}, this rank runs plan "
+                               f"{clash[1]:08x} in its tag space {clash[0]}: the ranks are running different "
+                               "plans as one call")
                     elif length > (bound := self._plan_max if plan == self._plan else self.max_message):
                         # checked before anything is allocated
                         bad = (f"frame length {length} exceeds the bound of {bound} bytes"
@@ -414,6 +458,7 @@ class SocketTransport(Transport):
                     else:
                         held = _Held(length, plan)
                         self._held.setdefault(key, deque()).append(held)
+                        _bump(self._space_held, tag, plan, 1)
                 if bad:
                     return self._protocol_error(conn, bad)
                 if req is not None and req.fold is not None:
@@ -534,6 +579,11 @@ class SocketTransport(Transport):
         ready = None
         with self._lock:
             self._get_conn(peer)
+            if clash := _space_clash(self._space_held, tag, req.plan):
+                raise ProtocolError(
+                    f"rank {self.rank}: a receive of plan {req.plan:08x} (tag {tag}) is posted in tag space "
+                    f"{clash[0]}, where a peer already sent a message of plan {clash[1]:08x}: the ranks are "
+                    "running different plans as one call")
             for held in self._held.get(key, ()):
                 if held.waiter is None:
                     if held.plan != req.plan:
@@ -545,6 +595,7 @@ class SocketTransport(Transport):
                             f"rank {self.rank}: rank {peer} sent {held.data.nbytes} bytes with tag {tag}, "
                             f"the receive expects {req.nbytes}")
                     self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
+                    _bump(self._space_held, tag, held.plan, -1)
                     if held.complete:
                         self._held[key].remove(held)
                         ready = held
@@ -554,6 +605,7 @@ class SocketTransport(Transport):
             else:
                 self._outstanding[peer] = self._outstanding.get(peer, 0) + 1
                 self._posted.setdefault(key, deque()).append(req)
+                _bump(self._space_posted, tag, req.plan, 1)
         if ready is not None:  # copied or folded outside the lock: the readers keep going
             _deliver(req, memoryview(ready.data))
             STAGING.give(ready.data)

@@ -18,7 +18,10 @@ Terms
   same ``seq`` get a ``ProtocolError`` naming both plans instead of a wrong result.
 - lane: a worker thread. Calls wait in one FIFO queue and :data:`DEFAULT_LANES` lanes take them
   in issue order, so up to that many runs are in flight on the communicator (DDP's bucket
-  all-reduces overlap each other and the backward pass). No deadlock: on every rank the oldest
+  all-reduces overlap each other and the backward pass). When every rank is on this host one
+  lane is the default: the native core runs one program at a time and needs no GIL, so the
+  backward pass still overlaps the run (a second lane's run would go through the Python
+  executor over the same channels; it takes the core only when it is free). No deadlock: on every rank the oldest
   unfinished call is running (lanes take calls in order), so the globally oldest call always
   has every rank that has not finished it working on it.
 - plan key: ``(kind, count, dtype, op, root)``. A plan is compiled the first time its key is
@@ -26,11 +29,24 @@ Terms
   topology, the rank mapping, the cost model and hcc's version.
 - topology: the ``topology`` of an ``.hcl`` file (``HCC_TOPOLOGY=path.hcl``; ``HCC_RANKS=a,b,..``
   names the vertex of each rank, default the topology's nodes in declaration order), or the
-  default :func:`star_topology`: every rank joined to one switch by a 10 Gbit/s, 20 us link,
-  which is what ranks on one host or on one top-of-rack switch look like to the compiler.
+  default :func:`star_topology`: every rank joined to one switch. Its links are those of the
+  path the ranks take: 8 GB/s, 20 us when every rank is on one host (the shared-memory
+  channels, below), else 10 Gbit/s, 20 us (ranks on one top-of-rack switch).
+- placement: after the sockets transport is up, the ranks on this host get shared-memory
+  channels (backends/shm.py, ``HCC_SHM=auto|on|off``, argument ``shm``) and a run whose every
+  peer is on them runs in the native core without the GIL (backends/native.py). The plans
+  are compiled with the cost model of that path (hcc/runner.py ``RUN_MODELS``: ``shm`` when
+  every rank is on this host, else ``sockets``); both are part of the cache's digest. The
+  placement is the same on every rank (ranks share a host or not: an equivalence), so every
+  rank compiles the same plans.
 
 Failures: a run that fails (a dead peer, a deadline, ranks running different plans) fails its
-Handle; the failing rank publishes what it called under ``hcc/diag/<seq>/<rank>`` in the
+Handle and the rank tells its peers (a FAIL frame naming itself, or its shared-memory bell),
+whose runs then fail at once too. Ranks that issued different calls as one ``seq`` are
+found by the plan id on the wire: within one slot every rank must run one plan, so a frame
+of another plan in a slot where this rank has a receive posted, or a receive posted where
+such a frame waits, fails the run at once (backends/sockets.py and the native core, "tag
+space"), whichever tags the two plans use. The failing rank publishes what it called under ``hcc/diag/<seq>/<rank>`` in the
 store and reads the others' for a few seconds, so the error names every rank's call ("rank 0
 called allreduce float32 count 100, rank 1 allreduce float32 count 101") or the ranks that
 never called. The communicator is then broken: later calls fail at once with the first error
@@ -60,6 +76,7 @@ __all__ = [
 ]
 
 SLOTS = 127  # tag spaces (bits 24-30 of a tag); a run's slot is 1 + seq % SLOTS
+SLOT_SHIFT = 24
 # Two lanes: DDP keeps a bucket's all-reduce in flight while the next bucket fills; a third
 # lane on 2 cores only adds GIL contention (the executor's Python runs under the GIL).
 DEFAULT_LANES = 2
@@ -108,12 +125,21 @@ class CallInfo:
 
 STAR_BPS = 1.25e9  # 10 Gbit/s: a common NIC, and a rate loopback TCP reaches between two cores
 STAR_LATENCY_S = 20e-6
+# Every rank on one host, over the shared-memory channels: 8 GB/s per rank, the single stream
+# of a memory copy between two local ranks rounded down (MPICH's shared memory measured 10-12
+# GB/s for 1-16 MiB; 4 ranks share the host's memory bandwidth), and 20 us, the native
+# runner's cost per message (hcc/runner.py SHM_PER_MESSAGE_S); benchmarks/runtime_bench.py
+# compiles its shared-memory plans on the same star.
+SHM_STAR_BPS = 8e9
+SHM_STAR_LATENCY_S = 20e-6
 
 
-def star_topology(world: int) -> str:
-    """HCL source of the default topology: ``rank0 .. rank{world-1}`` around one switch."""
+def star_topology(world: int, shm: bool = False) -> str:
+    """HCL source of the default topology: ``rank0 .. rank{world-1}`` around one switch
+    (``shm``: the links of ranks that share one host's memory)."""
+    link = "8 GB/s, 20 us" if shm else "10 Gbit/s, 20 us"
     return (f"topology hcc_star {{\n    node rank[0..{world - 1}]\n    switch hub\n"
-            f"    rank[0..{world - 1}] <-> hub : 10 Gbit/s, 20 us\n}}\n")
+            f"    rank[0..{world - 1}] <-> hub : {link}\n}}\n")
 
 
 def warm_imports() -> threading.Thread:
@@ -133,26 +159,28 @@ def warm_imports() -> threading.Thread:
     return t
 
 
-def _star_program(world: int):
+def _star_program(world: int, shm: bool = False):
     """The Program of :func:`star_topology` without the parser (tests check they agree)."""
     from .compiler.program import Program
     from .ir.topology import Link, Topology
 
     nodes = tuple(f"rank{i}" for i in range(world))
+    bps, lat = (SHM_STAR_BPS, SHM_STAR_LATENCY_S) if shm else (STAR_BPS, STAR_LATENCY_S)
     links = []
     for v in nodes:
-        links += [Link(v, "hub", STAR_BPS, STAR_LATENCY_S), Link("hub", v, STAR_BPS, STAR_LATENCY_S)]
+        links += [Link(v, "hub", bps, lat), Link("hub", v, bps, lat)]
     topo = Topology(name="hcc_star", nodes=nodes, switches=("hub",), links=tuple(links))
     return Program(path="<default star>", topologies={topo.name: topo}, collectives=())
 
 
 def resolve_topology(world: int, topology: str | os.PathLike | None = None,
-                     ranks: str | list[str] | None = None):
+                     ranks: str | list[str] | None = None, shm: bool = False):
     """``(Program, topology name, rank vertex names)`` for a job of ``world`` ranks.
 
     ``topology``: a path to an ``.hcl`` file or HCL source; None reads ``HCC_TOPOLOGY`` and
-    falls back to :func:`star_topology`. ``ranks``: the vertex of each rank (a list, or a
-    comma-separated string; None reads ``HCC_RANKS``), default the topology's nodes in order."""
+    falls back to :func:`star_topology` (``shm``: every rank on this host). ``ranks``: the
+    vertex of each rank (a list, or a comma-separated string; None reads ``HCC_RANKS``),
+    default the topology's nodes in order."""
     from .api import load
 
     if topology is None:
@@ -161,7 +189,7 @@ def resolve_topology(world: int, topology: str | os.PathLike | None = None,
         ranks = os.environ.get("HCC_RANKS") or None
     # the default star is built directly: it is what its source parses to, and building the
     # parser costs a rank 0.6 s at start-up
-    program = _star_program(world) if topology is None else load(topology)
+    program = _star_program(world, shm) if topology is None else load(topology)
     if not program.topologies:
         raise CollectiveError(f"{program.path}: declares no topology")
     want = os.environ.get("HCC_TOPOLOGY_NAME")
@@ -303,14 +331,32 @@ class PlanCache:
 
 class SlotComm(Transport):
     """One run's view of the shared transport: its tags moved into the run's slot, its plan id
-    stamped per message (so runs in flight at once never read each other's frames)."""
+    stamped per message (so runs in flight at once never read each other's frames). Over
+    shared-memory channels the run goes to the native core when ``engine`` (the
+    communicator's lock on it) is free, else through the Python executor."""
 
     name = "sockets"
 
-    def __init__(self, base, slot: int):
+    def __init__(self, base, slot: int, engine: threading.Lock | None = None):
         self.base, self.rank, self.world = base, base.rank, base.world
-        self.shift = slot << 24
+        self.shift = slot << SLOT_SHIFT
         self.plan_id = 0
+        self._engine = engine
+        # the executor looks these optional primitives up with getattr: offer what the base has
+        if getattr(base, "irecv_fold", None) is None:
+            self.irecv_fold = None
+        if getattr(base, "native_run", None) is None:
+            self.native_run = None
+
+    def native_run(self, ex) -> bool:
+        lock = self._engine
+        if lock is not None and not lock.acquire(blocking=False):
+            return False  # another lane's run has the core
+        try:
+            return self.base.native_run(ex, plan=self.plan_id, tag_shift=self.shift)
+        finally:
+            if lock is not None:
+                lock.release()
 
     def bind_plan(self, plan_id: int, max_message: int) -> None:
         self.plan_id = plan_id
@@ -399,6 +445,7 @@ class Communicator:
         self.transport, self.store, self.cache = transport, store, cache
         self.rank, self.world = transport.rank, transport.world
         self.timeout, self.prefix = float(timeout), prefix
+        self._engine = threading.Lock()  # the native core runs one program at a time
         self._seq = 0
         self._issue = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -415,19 +462,20 @@ class Communicator:
     def connect(cls, rank: int, world: int, store: KeyStore, *, timeout: float = 1800.0,
                 topology: str | os.PathLike | None = None, ranks: str | list[str] | None = None,
                 host: str | None = None, token: bytes | None = None, prefix: str = "hcc",
-                lanes: int | None = None, cache_dir: str | None = None) -> "Communicator":
+                lanes: int | None = None, cache_dir: str | None = None, shm: str | None = None) -> "Communicator":
         """Join a job: listen on ``host`` (default ``HCC_HOST``, else the address that routes to
         ``MASTER_ADDR``, else 127.0.0.1), publish the address and exchange the others' through
         ``store``, and authenticate every connection with ``token`` (default ``HCC_TOKEN``, else
-        a random token rank 0 publishes in the store: as safe as the store itself)."""
+        a random token rank 0 publishes in the store: as safe as the store itself). ``shm``:
+        shared-memory channels to the ranks on this host, ``auto`` (default, or ``HCC_SHM``),
+        ``on`` or ``off`` (module docstring, placement)."""
         from .backends.sockets import SocketTransport
         from .backends.rendezvous import parse_address
+        from .runner import RUN_MODELS
 
         if not 0 <= rank < world:
             raise CollectiveError(f"rank {rank} outside a world of {world}")
         warm_imports()
-        program, name, names = resolve_topology(world, topology, ranks)
-        cache = PlanCache(program, name, names, cache_dir)
         if token is None:
             env = os.environ.get("HCC_TOKEN")
             if env:
@@ -449,8 +497,17 @@ class Communicator:
             listener.close()
             raise
         transport = SocketTransport(rank, world, token, addresses, listener, timeout=min(timeout, 60.0))
+        try:
+            transport = _enable_shm(transport, store, prefix, shm, min(timeout, 60.0))
+            on_host = len(getattr(transport, "local_peers", ())) == world - 1
+            program, name, names = resolve_topology(world, topology, ranks, shm=on_host)
+        except BaseException:
+            transport.close()
+            raise
+        cache = PlanCache(program, name, names, cache_dir, model=RUN_MODELS["shm" if on_host else "sockets"])
         if lanes is None:
-            lanes = int(os.environ.get("HCC_LANES", DEFAULT_LANES))
+            env = os.environ.get("HCC_LANES")
+            lanes = int(env) if env else (1 if on_host and _native_runner() else DEFAULT_LANES)
         return cls(transport, store, cache, timeout=timeout, lanes=lanes, prefix=prefix)
 
     # -- issuing ------------------------------------------------------------------------
@@ -477,10 +534,18 @@ class Communicator:
         biggest = plan.largest_message_bytes()
         if biggest > getattr(self.transport, "max_message", biggest):
             self.transport.max_message = biggest
-        comm = SlotComm(self.transport, 1 + seq % SLOTS)
+        comm = SlotComm(self.transport, 1 + seq % SLOTS, self._engine)
         try:
             _run_plan(plan, comm, array, out, self.timeout)
         except RuntimeFault as e:
+            # the communicator is broken from here on: tell the peers now (they fail their run
+            # and report their call at once, instead of waiting for their deadline)
+            tell = getattr(self.transport, "announce_failure", None)
+            if tell is not None:
+                try:
+                    tell(str(e))
+                except Exception:  # the run's error is the one to report
+                    pass
             raise self._diagnose(seq, info or CallInfo(kind, count, dtype, op, root), e) from None
 
     def _lane(self) -> None:
@@ -554,6 +619,39 @@ class Communicator:
         for t in self._lanes:
             t.join(timeout=max(5.0, min(self.timeout, 30.0)))
         self.transport.close()
+
+
+def _native_runner() -> bool:
+    from .backends import native
+
+    return native.runner_enabled()
+
+
+class _ShmStore:
+    """The store as backends/shm.py's set-up reads it (``get(key, timeout)`` -> str)."""
+
+    def __init__(self, store: KeyStore):
+        self.store = store
+
+    def set(self, key: str, value) -> None:
+        self.store.set(key, value if isinstance(value, bytes) else str(value).encode())
+
+    def get(self, key: str, timeout: float) -> str:
+        return _store_get(self.store, key, timeout).decode()
+
+
+def _enable_shm(transport, store: KeyStore, prefix: str, mode: str | None, timeout: float):
+    """Shared-memory channels to the ranks on this host (backends/shm.py ``enable``: collective,
+    every rank calls it once); the transport keeps no store afterwards."""
+    from .backends.shm import enable
+
+    transport.store, transport.group = _ShmStore(store), prefix
+    try:
+        return enable(transport, mode, timeout)
+    except RuntimeFault as e:
+        raise CollectiveError(f"rank {transport.rank}: shared-memory set-up failed: {e}") from e
+    finally:
+        transport.store = None
 
 
 def _ranks(rs: list[int]) -> str:

@@ -22,8 +22,10 @@ topology two {
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
-def test_default_star_is_what_its_source_parses_to(world):
-    assert _star_program(world).topologies["hcc_star"] == hcc.load(star_topology(world)).topologies["hcc_star"]
+@pytest.mark.parametrize("shm", [False, True])
+def test_default_star_is_what_its_source_parses_to(world, shm):
+    assert (_star_program(world, shm).topologies["hcc_star"]
+            == hcc.load(star_topology(world, shm)).topologies["hcc_star"])
 
 
 def test_rank_mapping_default_and_named(monkeypatch):
@@ -106,3 +108,123 @@ def test_shared_packing_gives_the_plans_the_whole_pipeline_gives(tmp_path):
         want = compile_unit(replace(program, collectives=(spec,)), "c", model=RUN_MODELS["sockets"]).plan
         assert got.digest() == want.digest(), (kind, count)
     assert sorted(cache._packings) == [("allreduce", -1), ("broadcast", 1)]
+
+
+# ---------------------------------------------------------------- order checks on the wire
+
+
+def _two_ranks(fn0, fn1, shm: str, timeout: float = 10.0):
+    """Run ``fn0`` / ``fn1`` on ranks 0 / 1 of a real sockets job in two threads (loopback;
+    ``shm="on"``: their data goes through the native core's shared-memory channels)."""
+    import threading
+
+    from hcc.backends import sockets
+    from hcc.backends.rendezvous import StoreServer
+
+    server = StoreServer("tok")
+    res, errs = [None, None], [None, None]
+
+    def body(r, fn):
+        try:
+            with sockets.connect(r, 2, server.address, "tok", timeout=timeout, serve_store=False, shm=shm) as c:
+                res[r] = fn(c)
+        except Exception as e:  # collected for the assertions
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate((fn0, fn1))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(3 * timeout)
+    server.close()
+    return res, errs
+
+
+def _shm_modes():
+    from hcc.backends import native
+
+    return ["off", "on"] if native.available() else ["off"]
+
+
+@pytest.mark.parametrize("shm", _shm_modes())
+@pytest.mark.parametrize("receive_first", [True, False])
+def test_another_plan_in_a_tag_space_fails_at_once_whatever_its_tags(shm, receive_first):
+    """Tag space 1 (bits 24-30, where a Communicator puts its call #0): rank 1 receives tag 5
+    for plan A, rank 0 sends tag 7 of plan B. No tag matches, yet rank 1 fails with a protocol
+    error naming both plans — before the frame is held (posted first) or when the receive is
+    posted (frame first) — instead of waiting for its deadline."""
+    import numpy as np
+
+    from hcc.backends.sockets import ProtocolError
+
+    space = 1 << 24
+
+    def sender(c):
+        if receive_first:
+            c.barrier("posted")
+        req = c.isend(1, space | 7, memoryview(np.ones(4)), plan=0xB0B0B0B0)
+        c.wait_any([req], 5)
+        if not receive_first:
+            c.barrier("sent")
+        c.barrier("end", 10)
+
+    def receiver(c):
+        buf = np.zeros(4)
+        try:
+            if not receive_first:
+                c.barrier("sent")
+                import time
+
+                time.sleep(0.3)  # the frame is held by now
+            req = c.irecv(0, space | 5, memoryview(buf), plan=0xA0A0A0A0)
+            if receive_first:
+                c.barrier("posted")
+            c.wait_any([req], 8)
+        finally:
+            c.barrier("end", 10)
+
+    _, errs = _two_ranks(sender, receiver, shm)
+    assert isinstance(errs[1], ProtocolError), errs
+    assert "different plans as one call" in str(errs[1]) and "b0b0b0b0" in str(errs[1]) \
+        and "a0a0a0a0" in str(errs[1]), errs[1]
+
+
+@pytest.mark.parametrize("shm", _shm_modes())
+def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
+    """The same plan with other tags in one space, and another plan in space 0 (a plan run
+    alone), are ordinary early frames: no error, the data arrives."""
+    import numpy as np
+
+    space = 3 << 24
+    sent = [np.full(4, float(k)) for k in range(3)]
+
+    def sender(c):
+        reqs = [c.isend(1, space | 9, memoryview(sent[0]), plan=0xA),
+                c.isend(1, space | 5, memoryview(sent[1]), plan=0xA),
+                c.isend(1, 11, memoryview(sent[2]), plan=0xB)]
+        left = set(range(3))
+        for _ in range(100):
+            left -= set(c.wait_any(reqs, 5))
+            if not left:
+                break
+        c.barrier("end", 10)
+
+    def receiver(c):
+        got = [np.zeros(4) for _ in range(3)]
+        reqs = [c.irecv(0, space | 5, memoryview(got[1]), plan=0xA),
+                c.irecv(0, 11, memoryview(got[2]), plan=0xB)]
+        import time
+
+        time.sleep(0.3)
+        reqs.append(c.irecv(0, space | 9, memoryview(got[0]), plan=0xA))
+        left = set(range(3))
+        for _ in range(100):
+            left -= set(c.wait_any(reqs, 5))
+            if not left:
+                break
+        c.barrier("end", 10)
+        return got
+
+    res, errs = _two_ranks(sender, receiver, shm)
+    assert errs == [None, None], errs
+    assert all(np.array_equal(a, b) for a, b in zip(res[1], sent))

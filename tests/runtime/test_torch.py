@@ -1,7 +1,10 @@
 """The torch.distributed backend "hcc" between real processes (tests/runtime/torch_worker.py):
 every op with odd sizes and each dtype against numpy, two async all-reduces in flight, DDP on
 4 processes over "hcc" and "gloo" from one seed, torchrun and tcp://, and the errors a user
-gets for mismatched calls, an absent rank and a tensor not on the CPU."""
+gets for mismatched sizes, mismatched op order, an absent rank and a tensor not on the CPU.
+
+One job of 4 processes (:func:`job4`) runs the ops, DDP, op-order and size checks (each
+breaking check on a process group of its own), so they share one start-up."""
 from __future__ import annotations
 
 import json
@@ -78,8 +81,21 @@ def ok(results) -> list[dict]:
     return [payload for _, _, payload, _ in results]
 
 
-def test_every_op_each_dtype_odd_sizes(tmp_path):
-    res = ok(launch("ops", 4, tmp_path / "cache"))
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory) -> list[dict]:
+    """One 4-rank job (default group "hcc", env://): ops, ddp, order, sizes; per rank a dict
+    mode -> result."""
+    return ok(launch("ops,ddp,order,sizes", 4, tmp_path_factory.mktemp("job4") / "cache", timeout=420))
+
+
+def _mode(job: list[dict], mode: str) -> list[dict]:
+    for r in job:
+        assert "error" not in r[mode] or mode in ("order", "sizes"), r[mode]
+    return [r[mode] for r in job]
+
+
+def test_every_op_each_dtype_odd_sizes(job4):
+    res = _mode(job4, "ops")
     assert all(r["checked"] == res[0]["checked"] for r in res) and res[0]["checked"] > 250
     for r in res:  # a tensor not on the CPU is refused with a message that says so
         assert "CPU tensors only" in r["not_cpu"], r
@@ -97,20 +113,18 @@ def test_async_in_flight_three_ranks_tcp_init_and_disk_cache(tmp_path):
     assert sorted(p.name for p in cache.rglob("*.json")) == files
 
 
-def test_ddp_hcc_matches_gloo(tmp_path):
-    hcc_res = ok(launch("ddp", 4, tmp_path / "cache", "hcc"))
-    gloo_res = ok(launch("ddp", 4, tmp_path / "cache", "gloo"))
+def test_ddp_hcc_matches_gloo(job4):
+    """The same model, seed and batches trained 20 steps with DDP over "hcc" and over "gloo"
+    in one job of 4 processes: every rank's parameters agree across ranks and backends."""
     import numpy as np
 
-    ref = np.array(gloo_res[0]["params"])
-    for r in hcc_res + gloo_res:  # every rank of both runs holds the same parameters
-        assert np.allclose(np.array(r["params"]), ref, rtol=1e-5, atol=1e-6)
+    res = _mode(job4, "ddp")
+    ref = np.array(res[0]["gloo"])
+    for r in res:
+        assert np.allclose(np.array(r["gloo"]), ref, rtol=1e-5, atol=1e-6)
+        assert np.allclose(np.array(r["hcc"]), ref, rtol=1e-5, atol=1e-6)
     # and training moved them: the comparison is not between two untouched models
-    torch.manual_seed(0)
-    init = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    start = torch.cat([p.detach().reshape(-1) for p in init.parameters()]).numpy()
-    assert np.abs(start - ref).max() > 1e-2
+    assert np.abs(np.array(res[0]["init"]) - ref).max() > 1e-2
 
 
 def test_torchrun(tmp_path):
@@ -122,12 +136,24 @@ def test_torchrun(tmp_path):
     assert p.stdout.count("RESULT ") == 2
 
 
-def test_mismatched_sizes_name_ranks_and_shapes(tmp_path):
-    res = launch("mismatch", 3, tmp_path / "cache", extra={"HCC_TEST_TIMEOUT": "20"}, timeout=120)
-    msgs = [payload.get("message", "") for code, kind, payload, _ in res if kind == "ERROR"]
-    assert len(msgs) == 3, [r[3][-2000:] for r in res]
-    assert any("rank 1 called allreduce float32 count 101" in m and "ranks 0, 2 called allreduce float32 count 100" in m
-               for m in msgs), msgs
+def test_mismatched_sizes_name_ranks_and_shapes(job4):
+    msgs = [r.get("error", "") for r in _mode(job4, "sizes")]
+    assert all(msgs), msgs
+    assert any("rank 1 called allreduce float32 count 101" in m
+               and "ranks 0, 2, 3 called allreduce float32 count 100" in m for m in msgs), msgs
+
+
+def test_mismatched_op_order_is_found_on_the_wire(job4):
+    """Ranks 0, 1 issue all_reduce then broadcast, ranks 2, 3 the reverse: every rank's first
+    call fails long before the group's 120 s deadline, and the error names both groups' ops."""
+    res = _mode(job4, "order")
+    for r in res:
+        assert "error" in r, r
+        assert "timed out" not in r["error"] and r["elapsed_s"] < 60, r
+    named = [r["error"] for r in res if "ranks 0, 1 called allreduce float32 count 1000" in r["error"]
+             and "ranks 2, 3 called broadcast float32 count 77" in r["error"]]
+    assert named, [r["error"] for r in res]
+    assert any("different plans" in r["error"] for r in res), [r["error"] for r in res]
 
 
 def test_absent_rank_is_named(tmp_path):

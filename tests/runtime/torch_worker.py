@@ -1,8 +1,11 @@
-"""One rank of the torch backend tests (tests/runtime/test_torch*.py): ``python torch_worker.py MODE``.
+"""One rank of the torch backend tests (tests/runtime/test_torch*.py): ``python torch_worker.py MODE[,MODE..]``.
 
 Joins with ``init_process_group`` (env:// from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or
 ``tcp://`` with explicit rank and world size when HCC_TEST_INIT=tcp), runs MODE, prints one
-JSON line ``RESULT {...}`` and exits 0, or prints the error and exits 1.
+JSON line ``RESULT {...}`` and exits 0, or prints the error and exits 1. Several modes in one
+job (one process start-up for several tests): ``RESULT {"mode": {...}, ...}``, a mode that
+raised as ``{"error": ..., "type": ...}``; modes that break a communicator on purpose
+(``order``, ``sizes``) run on a process group of their own.
 
 Every expected value is computed here with numpy from the inputs of all ranks, which each rank
 can rebuild (they are functions of the rank): never read back from hcc.
@@ -193,31 +196,66 @@ def mode_async(rank: int, n: int) -> dict:
     return {"ok": True}
 
 
-def mode_ddp(rank: int, n: int) -> dict:
-    """A small MLP trained 25 steps with DDP from seed 0 (identical on every backend); returns
-    the final parameters."""
+def ddp_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    # small buckets: several all-reduces per step, in flight together
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    steps = int(os.environ.get("HCC_TEST_STEPS", "25"))
-    for _ in range(steps):
-        x = torch.randn(16, 32, generator=gen)
-        y = torch.randn(16, 4, generator=gen)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return {"params": params.tolist(), "loss": float(loss)}
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def mode_mismatch(rank: int, n: int) -> dict:
-    t = torch.ones(100 + (1 if rank == 1 else 0))
-    dist.all_reduce(t)
+def mode_ddp(rank: int, n: int) -> dict:
+    """One small MLP (1,732 parameters) trained 20 steps with DDP from seed 0 twice in this job:
+    over the default group (hcc) and over a gloo group, on the same batches; returns both
+    final parameter vectors and the initial one."""
+    gloo = dist.new_group(backend="gloo")
+    steps = int(os.environ.get("HCC_TEST_STEPS", "20"))
+    out: dict = {"init": torch.cat([p.detach().reshape(-1) for p in ddp_model().parameters()]).tolist()}
+    for name, group in (("hcc", None), ("gloo", gloo)):
+        model = ddp_model()
+        # 2 KB buckets: four all-reduces per step, in flight together
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.002)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(1000 + rank)
+        for _ in range(steps):
+            x = torch.randn(16, 16, generator=gen)
+            y = torch.randn(16, 4, generator=gen)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+        out[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+        out[f"{name}_loss"] = float(loss.detach())
+    return out
+
+
+def _own_group(timeout_s: float):
+    return dist.new_group(backend="hcc", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def mode_order(rank: int, n: int) -> dict:
+    """Ranks 0 and 1 issue all_reduce then broadcast, the others broadcast then all_reduce, on a
+    group of their own with a 120 s deadline: the error, and how long it took to come."""
+    group = _own_group(120.0)
+    a, b = torch.ones(1000), torch.ones(77)
+    t0 = time.monotonic()
+    try:
+        if rank < 2:
+            dist.all_reduce(a, group=group)
+            dist.broadcast(b, src=0, group=group)
+        else:
+            dist.broadcast(b, src=0, group=group)
+            dist.all_reduce(a, group=group)
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        return {"error": str(e), "type": type(e).__name__, "elapsed_s": time.monotonic() - t0}
+    return {"unexpected": "completed"}
+
+
+def mode_sizes(rank: int, n: int) -> dict:
+    """Rank 1 all-reduces 101 elements, the others 100, on a group of their own."""
+    group = _own_group(20.0)
+    try:
+        dist.all_reduce(torch.ones(100 + (1 if rank == 1 else 0)), group=group)
+    except Exception as e:  # noqa: BLE001
+        return {"error": str(e), "type": type(e).__name__}
     return {"unexpected": "completed"}
 
 
@@ -246,7 +284,16 @@ def main() -> int:
     rank = -1
     try:
         rank, n = init(backend, timeout)
-        out = globals()[f"mode_{mode}"](rank, n)
+        if "," in mode:
+            out = {}
+            for m in mode.split(","):
+                try:
+                    out[m] = globals()[f"mode_{m}"](rank, n)
+                except Exception as e:  # noqa: BLE001 - reported per mode; the next still runs
+                    traceback.print_exc()
+                    out[m] = {"error": str(e), "type": type(e).__name__}
+        else:
+            out = globals()[f"mode_{mode}"](rank, n)
         print("RESULT " + json.dumps(out), flush=True)
         dist.destroy_process_group()
         return 0
