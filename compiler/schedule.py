@@ -54,6 +54,21 @@ PORT_WINDOW = 4
 # chunk periods of key credit per hop still ahead (0 pure WFQ): NVLink-only DGX-1 allgather
 # at 2 MiB chunks 0.909 with 0, 0.917 with 0.25, 0.889 with 2
 HOP_SLACK = 0.25
+# gate the sends of ranks that have a link to another rank: with a window above 1 the plan
+# lets a send go as soon as its data and window allow, and the simulator (and an executor)
+# then reserves a switch hop in that order, not the schedule's; gated, such a send starts
+# only when one of its rank's ops completes and depends on that op, so it is posted exactly
+# when scheduled (the schedule's own time is then the simulated one on DGX-1 fragments).
+# Allgather at 1 GB, 2 MiB chunks: DGX-1 0.861 -> 0.865, 2 x MI250 0.659 -> 0.775 of the
+# bound; ranks reached only through switches (A100 nodes, samples/nvswitch.hcl) are not
+# gated: their rarer completions idled their uplinks (2 x A100 0.653 -> 0.473, nvswitch
+# 0.854 -> 0.658)
+PORT_GATE = True
+# the smallest chunk of a thin tree, as a share of the chunk size (1: one size for every
+# tree; see _job_chunks): scaling chunks by tree rate lost on 2 x A100 allgather at 1 GB
+# (0.663 -> 0.584 at 4 MiB with 0.25) and on DGX-1 split allreduce, where the per-message
+# cost of the thin trees' small chunks outweighs their shorter fill
+TREE_MIN_CHUNK = 1.0
 # rounds of share rebalancing after the first schedule (see _lower_timed), stopped early
 # once every tree finishes within REBALANCE_TOLERANCE of its group's mean
 REBALANCE_ROUNDS = 2
@@ -103,6 +118,10 @@ class _Timed:
         self.upsend: dict[tuple[int, int, int], int] = {}
         self.rootrecv: dict[tuple[int, int], list[int]] = {}
         self.pieces: list[tuple[int, int, int]] = []
+        # per job, the chunk number of its first chunk on its up / down tree (a tree's chunks
+        # are numbered across the jobs that share it)
+        self.ubase: list[int] = [0] * len(ush)
+        self.dbase: list[int] = [0] * len(ush)
 
     def _path(self, verts: Sequence[str]) -> tuple[int, ...]:
         ids = self.links.id
@@ -176,7 +195,12 @@ class _Timed:
                 per[c] = (self._path(verts), self._path(tuple(reversed(verts))))
             self.shape_info[id(sh)] = (per, height, depth)
 
-    def schedule(self, window: int) -> list[int]:
+    def gated_ranks(self) -> set[int]:
+        """The ranks whose sends are gated (see PORT_GATE): those with a link to another rank."""
+        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
+        return {rank_of[u] for u, v in self.links.ends if u in rank_of and v in rank_of}
+
+    def schedule(self, window: int, gate: bool = False) -> list[int]:
         """Messages in the order the WFQ list schedule starts them (see the section
         comment); also fills ``self.pred``: per message, the message ``window`` places
         earlier on its port (or -1)."""
@@ -199,6 +223,7 @@ class _Timed:
         names = set(self.L.spec.ranks)
         relay = {i for i, (_, v) in enumerate(self.links.ends) if v not in names}
         self.end = [0.0] * nm
+        self.start = [0.0] * nm
         self.makespan = 0.0
         order: list[int] = []
         ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
@@ -215,6 +240,10 @@ class _Timed:
             heappush(ev, (max(t, nxt.get(port, 0.0)), 1, seq, port))
             seq += 1
 
+        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
+        port_rank = {m_port: rank_of[self.links.ends[m_port][0]] for m_port in {p[0] for p in path}}
+        comp: list[list[float]] = [[] for _ in range(self.L.n)]  # per rank: future completions
+        gated = self.gated_ranks() if gate else set()
         for m in range(nm):
             if remaining[m] == 0:
                 ready(m, 0.0)
@@ -229,6 +258,16 @@ class _Timed:
             q = queue.get(x)
             if not q or t < nxt.get(x, 0.0) - 1e-15:
                 continue
+            if gate and t > 0.0 and port_rank[x] in gated:
+                # start only when an op of the sending rank completes (see emit's gate): the
+                # plan can then post the send at exactly this time
+                c = comp[port_rank[x]]
+                while c and c[0] < t - 1e-12:
+                    heappop(c)
+                if c and c[0] > t + 1e-12:
+                    heappush(ev, (c[0], 1, seq, x))
+                    seq += 1
+                    continue
             m = heappop(q)[3]
             win = started.setdefault(x, deque())
             w = window if relay else 1
@@ -247,7 +286,11 @@ class _Timed:
                 if t_hop + per_msg + stream > end:
                     end = t_hop + per_msg + stream
             order.append(m)
+            self.start[m] = t
             self.end[m] = end
+            if gate:
+                heappush(comp[self.src[m]], end)
+                heappush(comp[self.dst[m]], end)
             if len(win) == w:
                 win.popleft()
             win.append((m, end))
@@ -264,7 +307,7 @@ class _Timed:
             raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
         return order
 
-    def emit(self, order: list[int], kind: str, dst_of) -> None:
+    def emit(self, order: list[int], kind: str, dst_of, gate: bool = False) -> None:
         """Write the scheduled messages as ops, in schedule order (so every dependency,
         data or port window, names an earlier op). ``dst_of(r, t, a, b)``: the range rank
         ``r`` reduces chunk ``[a, b)`` of job ``t`` into (reducing kinds)."""
@@ -286,12 +329,38 @@ class _Timed:
                 root = ush[t].root
                 if not ush[t].children[root]:
                     B.add(root, Copy(ChunkRef("in", a, b - a), dst_of(root, t, a, b)))
+        import heapq
+
+        pending_ops: list[list[tuple[float, int]]] = [[] for _ in range(L.n)]  # per rank: (end, op)
+        last_done: list[tuple[float, int]] = [(-1.0, -1)] * L.n
+        gated = self.gated_ranks() if gate else set()
+        port_last: dict[int, tuple[float, int]] = {}  # port -> the latest-ending dep of its last send
         for m in order:
             s, d, t, k, a, b = self.src[m], self.dst[m], self.tree[m], self.chunk[m], self.lo[m], self.hi[m]
             cnt = b - a
             deps = [recv_op[x] for x in self.deps[m]]
             if self.pred[m] >= 0:
                 deps.append(send_op[self.pred[m]])
+            if gate and s in gated:
+                # the rank's op that last completed before this send's scheduled start: the
+                # send is then posted near that start, not as soon as its data and window allow
+                q = pending_ops[s]
+                while q and q[0][0] <= self.start[m] + 1e-15:
+                    done = heapq.heappop(q)
+                    if done > last_done[s]:
+                        last_done[s] = done
+                own = [(self.end[x], recv_op[x]) for x in self.deps[m]]
+                if self.pred[m] >= 0:
+                    own.append((self.end[self.pred[m]], send_op[self.pred[m]]))
+                if last_done[s][1] >= 0:
+                    own.append(last_done[s])
+                port = self.path[m][0]
+                if port in port_last:
+                    own.append(port_last[port])
+                if own:
+                    latest = max(own)
+                    port_last[port] = latest
+                    deps.append(latest[1])
             if self.down[m]:
                 sh = dsh[t]
                 if s == sh.root:
@@ -308,7 +377,7 @@ class _Timed:
                     up = self.upsend.get((t, k, d))
                     rdeps = (up,) if up is not None else ()
                 sid, rid = B.message(s, d, src, ChunkRef("out", a, cnt), send_deps=_deps(*deps),
-                                     recv_deps=rdeps, tree=self.dtree[t], chunk=k)
+                                     recv_deps=rdeps, tree=self.dtree[t], chunk=self.dbase[t] + k)
             else:
                 sh = ush[t]
                 src = ChunkRef("in", a, cnt) if not sh.children[s] else dst_of(s, t, a, b)
@@ -317,9 +386,12 @@ class _Timed:
                 if ck not in copies:
                     copies[ck] = B.add(d, Copy(ChunkRef("in", a, cnt), acc))
                 sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps), recv_deps=(copies[ck],),
-                                     reduce=True, tree=self.utree[t], chunk=k)
+                                     reduce=True, tree=self.utree[t], chunk=self.ubase[t] + k)
                 self.upsend[(t, k, s)] = sid
             send_op[m], recv_op[m] = sid, rid
+            if gate:
+                heapq.heappush(pending_ops[s], (self.end[m], sid))
+                heapq.heappush(pending_ops[d], (self.end[m], rid))
             if not self.down[m] and d == sh.root:
                 left = pending.get((t, k), len(sh.children[d])) - 1
                 pending[(t, k)] = left
@@ -354,6 +426,27 @@ def _even_chunks(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     return out
 
 
+def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], min_chunk: float) -> list[int]:
+    """Per job, its chunk in elements: ``ce`` scaled by its weight over the heaviest of its
+    group, at least ``min_chunk x ce`` (1: every job cuts at ``ce``). A job of 1/J of the
+    links' rate under weighted fair queueing moves one chunk per J chunk times, so with one
+    chunk size its pipeline fills and drains J times slower than the heaviest's; scaled,
+    every job of a group cuts its share into about the same number of chunks and all fill
+    and drain together.
+
+    >>> _job_chunks(100, [4.0, 1.0, 0.01], {0: [0, 1, 2]}, 0.1)
+    [100, 25, 10]
+    """
+    out = [ce] * len(weight)
+    if min_chunk >= 1.0:
+        return out
+    for ts in groups.values():
+        top = max(weight[t] for t in ts)
+        for t in ts:
+            out[t] = max(1, int(ce * max(min_chunk, weight[t] / top)))
+    return out
+
+
 TIMED_KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "reduce_scatter"})
 
 
@@ -370,13 +463,14 @@ def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, in
     for t, sh in enumerate(shapes):
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     ids = list(range(len(shapes)))
-    return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window)
+    return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window,
+                      TREE_MIN_CHUNK)
 
 
 def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
-               window: int) -> list[tuple[int, int]] | None:
+               window: int, min_chunk: float = 1.0) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -411,12 +505,18 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         except KeyError:
             return None
         itemsize = T.itemsize
+        sizes = _job_chunks(L.ce, weight, groups, min_chunk)
+        count: dict[tuple[str, int], int] = {}
         for t, (lo, hi) in enumerate(spans):
-            atoms = _even_chunks(lo, hi, L.ce)
+            atoms = _even_chunks(lo, hi, sizes[t])
             T.pieces.extend((t, a, b) for a, b in atoms)
+            T.ubase[t], T.dbase[t] = count.get(("u", utree[t]), 0), count.get(("d", dtree[t]), 0)
+            count[("u", utree[t])] = T.ubase[t] + len(atoms)
+            count[("d", dtree[t])] = T.dbase[t] + len(atoms)
             for k, (a, b) in enumerate(atoms):
                 T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
-        order = T.schedule(window)
+        gate = PORT_GATE and window > 1
+        order = T.schedule(window, gate)
         if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
             best = (T, order, list(spans))
         finish = [0.0] * njobs
@@ -442,5 +542,6 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     else:
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             return ChunkRef("out", a, b - a)
-    T.emit(order, kind, dst_of)
+    T.emit(order, kind, dst_of, gate=gate)
+    L.timed_makespan = T.makespan  # the schedule's own time (tests compare it with cost.simulate)
     return spans

@@ -1,0 +1,136 @@
+"""Split-tree allreduce (compiler/splitpack.py) and the timed scheduler's jobs and gated
+sends (compiler/schedule.py). Structural: rates against an independent link-load count and
+the allreduce floor, plans through the verifier, predicted times from the cost model. No
+timing."""
+from __future__ import annotations
+
+import pytest
+
+from hcc.compiler import splitpack
+from hcc.compiler.bounds import allreduce_floor
+from hcc.compiler.cost import least_latency, simulate
+from hcc.compiler.lower import _Lowering, TreeShape
+from hcc.compiler.schedule import PORT_WINDOW, lower_timed
+from hcc.compiler.treepack import pack_allgather
+from hcc.ir.topology import Link, Topology
+from hcc.ir.verify import verify
+
+from test_schedule_efficiency import random_graph, spec
+
+
+def _loads(trees, reverse_of):
+    """Bytes/s each directed link carries: out-trees along their paths, in-trees (edges
+    listed parent -> child) along the reversed paths."""
+    load: dict[tuple[str, str], float] = {}
+    for t, rev in trees:
+        for p, c, path in t.edges:
+            hops = list(zip(path, path[1:]))
+            if rev:
+                hops = [(b, a) for a, b in hops]
+            for h in hops:
+                load[h] = load.get(h, 0.0) + t.rate
+    return load
+
+
+def _caps(topo: Topology, ranks) -> dict[tuple[str, str], float]:
+    caps: dict[tuple[str, str], float] = {}
+    for l in topo.restricted(tuple(ranks)).links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+    return caps
+
+
+def asymmetric_ring() -> Topology:
+    v = ("a", "b", "c", "d")
+    links = []
+    for i in range(4):
+        x, y = v[i], v[(i + 1) % 4]
+        links += [Link(x, y, 8e9, 1e-6), Link(y, x, 1e9, 1e-6)]
+    return Topology("aring", v, (), tuple(links))
+
+
+@pytest.mark.parametrize("topo", [asymmetric_ring(), random_graph(6, 0, 1e-6), random_graph(6, 1, 1e-6)],
+                         ids=["aring", "rand0", "rand1"])
+def test_split_packing_is_feasible_balanced_and_below_the_floor(topo):
+    ranks = topo.vertices
+    p = splitpack.pack_split(topo, ranks)
+    caps = _caps(topo, ranks)
+    load = _loads([(t, True) for t in p.ins] + [(t, False) for t in p.outs], None)
+    for h, x in load.items():
+        assert x <= caps[h] * (1 + 1e-6), h
+    # a rank broadcasts no more than it reduced
+    for r in ranks:
+        assert sum(t.rate for t in p.outs if t.root == r) <= sum(t.rate for t in p.ins if t.root == r) * (1 + 1e-6)
+    floor_rate = 1.0 / allreduce_floor(topo, ranks, 1.0)
+    assert p.rate <= floor_rate * (1 + 1e-6)
+    # at least what reduce-scatter + allgather over one allgather packing sustains: its trees
+    # reversed for the reduction, each root's block 1/n of the buffer
+    ag = pack_allgather(topo, ranks)
+    both = _loads([(t, True) for t in ag.trees] + [(t, False) for t in ag.trees], None)
+    n = len(ranks)
+    rsag = min(caps[h] / x for h, x in both.items()) * ag.rate * n
+    assert p.rate >= rsag * (1 - 1e-6)
+
+
+def test_split_packing_reaches_the_floor_on_a_one_way_fast_ring():
+    # 8 GB/s one way, 1 GB/s back: reversed trees use the slow way; the split ones do not
+    topo = asymmetric_ring()
+    p = splitpack.pack_split(topo, topo.vertices)
+    assert p.rate == pytest.approx(1.0 / allreduce_floor(topo, topo.vertices, 1.0), rel=1e-6)
+
+
+def test_split_jobs_cover_each_roots_rate_once():
+    topo = random_graph(6, 1, 1e-6)
+    p = splitpack.pack_split(topo, topo.vertices)
+    jobs = splitpack.split_jobs(topo.vertices, p.ins, p.outs)
+    assert sum(x for _, _, x in jobs) == pytest.approx(p.rate, rel=1e-9)
+    for o, t in enumerate(p.outs):
+        assert sum(x for _, oo, x in jobs if oo == o) == pytest.approx(t.rate, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_split_plan_verifies_and_runs_near_the_floor_on_random_graphs(seed):
+    topo = random_graph(6, seed, 1e-6)
+    s = spec("allreduce", topo.vertices, 64 << 20)
+    p = splitpack.pack_split(topo, topo.vertices)
+    plan = splitpack.split_plan(s, topo, p, 256 << 10)
+    verify(plan)
+    assert plan.algorithm == "treepack-split"
+    t = simulate(plan).time
+    floor = allreduce_floor(topo, topo.vertices, s.size_bytes) + least_latency(topo, topo.vertices)
+    assert t >= floor  # the floor is a bound of every plan
+    # here 0.937 / 0.955; RS+AG over the allgather packing, timed, 0.25 / 0.34 of the floor
+    assert floor / t >= 0.9
+
+
+def _fragment() -> Topology:
+    """DGX-1's gpu[0,3,4,5,7] with the PCIe switches and the socket link (samples/dgx1.hcl)."""
+    g = {i: f"gpu{i}" for i in (0, 3, 4, 5, 7)}
+    nv = [(0, 3, 25), (0, 4, 50), (3, 7, 25), (4, 5, 50), (4, 7, 25), (5, 7, 50)]
+    links = []
+    for a, b, c in nv:
+        links += [Link(g[a], g[b], c * 1e9, 1e-6), Link(g[b], g[a], c * 1e9, 1e-6)]
+    for i in (0, 3):
+        links += [Link(g[i], "pcie0", 12e9, 2e-6), Link("pcie0", g[i], 12e9, 2e-6)]
+    for i in (4, 5, 7):
+        links += [Link(g[i], "pcie1", 12e9, 2e-6), Link("pcie1", g[i], 12e9, 2e-6)]
+    links += [Link("pcie0", "pcie1", 10e9, 3e-6), Link("pcie1", "pcie0", 10e9, 3e-6)]
+    return Topology("frag", tuple(g.values()), ("pcie0", "pcie1"), tuple(links))
+
+
+def test_gated_sends_make_the_schedule_time_the_simulated_time():
+    # ranks with NVLinks and PCIe switch paths: with a window of 4 the plan's sends are gated
+    # on their rank's completions, so the simulator replays the schedule exactly
+    topo = _fragment()
+    ranks = topo.vertices
+    s = spec("allgather", ranks, 64 << 20)
+    packing = pack_allgather(topo, ranks)
+    L = _Lowering(s, (1 << 20) // 4)
+    shapes = [TreeShape.of(t, ranks, i) for i, t in enumerate(packing.trees)]
+    from hcc.compiler.lower import _root_spans, assemble
+
+    spans = lower_timed(L, shapes, _root_spans(L, shapes), False, topo, 1e-6, PORT_WINDOW)
+    assert spans is not None
+    plan = assemble(s, topo, L.B, tuple(sh.to_tree(i, spans[i]) for i, sh in enumerate(shapes)), "treepack",
+                    L.ce)
+    verify(plan)
+    assert simulate(plan).time == pytest.approx(L.timed_makespan, rel=1e-9)
