@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..ir.plan import Plan
 from ..ir.topology import Topology
 from .lower import lower
@@ -143,6 +141,8 @@ def solve_master(loads: list[dict[int, int]], capn: list[float]) -> tuple[list[f
     (treepack_master.py, one root): ``(weights, link duals)``. Each load is a column's uses
     of each link index; the master is built cold per call, with GLOP's presolve (the rounds
     here are few: DGX-1 converges in 15)."""
+    import numpy as np
+
     from .treepack_master import _Col, _Master
 
     master = _Master(np.asarray(capn, dtype=float), [0], presolve=True)

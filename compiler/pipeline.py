@@ -41,12 +41,21 @@ from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
-from . import progress
-from . import registry
-from .bounds import allreduce_floor
+from . import progress, registry
 from .cost import DEFAULT_MODEL, ChunkChoice, CostModel, chunk_candidates, choose_chunk, least_latency
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
+
+
+
+def __getattr__(name: str):
+    """``allreduce_floor`` moved to compiler/bounds.py; the old name still resolves there
+    (lazily: bounds loads ortools' max-flow)."""
+    if name == "allreduce_floor":
+        from .bounds import allreduce_floor
+
+        return allreduce_floor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CompileError(HccError):
@@ -91,7 +100,7 @@ class Unit:
     bound_s: float = 0.0
     bound_rate_Bps: float = 0.0
     bandwidth_bound_s: float = 0.0  # the cut bound alone, without the latency term
-    packings: tuple[tuple[str, object], ...] = ()  # (role, treepack.Packing)
+    packings: tuple[tuple[str, object], ...] = ()  # (role, packing): registry.Algorithm.role
     candidates: tuple[Candidate, ...] = ()
     chosen: Candidate | None = None
     plan: Plan | None = None
@@ -128,7 +137,7 @@ class Bounds:
     name: str = "bounds"
 
     def apply(self, u: Unit) -> Unit:
-        from . import bounds
+        from . import bounds  # ortools' max-flow: loaded when a compile starts, not on import
 
         spec = u.spec
         size = _bound_size(spec)
@@ -137,7 +146,7 @@ class Bounds:
         t = float(bounds.time_bound(spec.kind, u.topology, spec.ranks, spec.root, size,
                                     peers=spec.peers or "ring"))
         if spec.kind == "allreduce":
-            t = min(t, allreduce_floor(u.topology, spec.ranks, size))
+            t = min(t, bounds.allreduce_floor(u.topology, spec.ranks, size))
         # every byte crosses at least one link after its last reserved byte (cost.py): adding
         # the smallest latency keeps t a lower bound of any simulated plan
         total = t + least_latency(u.topology, spec.ranks)
@@ -309,12 +318,12 @@ class FiguresPass:
     @staticmethod
     def _cut(u: Unit):
         """The cut that sets the bandwidth bound, checked against it (bounds.binding_cut)."""
-        from .bounds import binding_cut
+        from . import bounds
 
         spec = u.spec
         if len(spec.ranks) < 2 or not u.bandwidth_bound_s > 0:
             return None
-        cut = binding_cut(spec.kind, u.topology, spec.ranks, spec.root, _bound_size(spec),
+        cut = bounds.binding_cut(spec.kind, u.topology, spec.ranks, spec.root, _bound_size(spec),
                           peers=spec.peers or "ring")
         if cut is not None and abs(cut.time(_bound_size(spec)) - u.bandwidth_bound_s) > 1e-6 * u.bandwidth_bound_s:
             raise CompileError(f"{spec.name}: the named cut gives {cut.time(_bound_size(spec)):.6g} s, "

@@ -14,7 +14,7 @@ import pytest
 
 from hcc.commands import explain
 from hcc.compiler import bounds
-from hcc.compiler.pipeline import allreduce_floor, compile_unit
+from hcc.compiler.pipeline import compile_unit
 from hcc.compiler.program import CollectiveSpec, Program
 from hcc.ir.plan import Figures
 from hcc.ir.serialize import loads, summary
@@ -134,7 +134,7 @@ def test_allreduce_cut_is_the_pipelines_bound(seed):
     ranks = topo.nodes
     M = 1e9
     cut = bounds.binding_cut("allreduce", topo, ranks, None, M)
-    want = min(bounds.time_bound("allreduce", topo, ranks, None, M), allreduce_floor(topo, ranks, M))
+    want = min(bounds.time_bound("allreduce", topo, ranks, None, M), bounds.allreduce_floor(topo, ranks, M))
     assert cut.time(M) == pytest.approx(want, rel=1e-9)
     if cut.kind != "all-ranks":
         check_named(topo, cut)
