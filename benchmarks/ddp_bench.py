@@ -18,8 +18,10 @@ after a barrier on the gloo group; a step's time is the slowest rank's.
   cache (the compile) and again in a second job that finds the plan on disk.
 - ratio: gloo time / hcc time (> 1: hcc faster), median over the alternated iterations.
 
-Topology: loopback, hcc's default (a star of 10 Gbit/s links around one switch: every rank is a
-process on this host). ``--topology FILE.hcl`` passes ``HCC_TOPOLOGY`` instead. ``--netem b|c``
+Topology: loopback, hcc's default (every rank is a process on this host: shared-memory channels
+and the native core, plans compiled on a star of 8 GB/s, 20 us links with the ``shm`` cost
+model; hcc/collectives.py). gloo runs as torchrun starts it (``LOCAL_WORLD_SIZE``,
+``LOCAL_RANK``, ``GROUP_RANK``, ... set). ``--topology FILE.hcl`` passes ``HCC_TOPOLOGY`` instead. ``--netem b|c``
 (root) builds BENCHMARKS.md's emulated topology (b) (a ring, one link 10x slower) or (c) (two
 hosts joined by one slow link) with ``hcc netem``, runs every rank in its namespace (gloo bound
 to the rank's link, hcc listening on the rank's address) and removes the emulation afterwards.
@@ -59,6 +61,10 @@ def worker(args) -> int:
     join_s = time.perf_counter() - t0
     gloo_pg = dist.new_group(backend="gloo")
     out: dict = {"rank": rank, "n": n, "join_s": join_s}
+    comm = hcc_pg.comm  # the group is hcc.torch.ProcessGroupHCC itself
+    out["hcc_path"] = (f"{len(getattr(comm.transport, 'local_peers', ()))} of {n - 1} peers over shared memory, "
+                       f"{len(comm._lanes)} lane(s), plans for {comm.cache.topo_name} with "
+                       f"{comm.cache.model.per_message_s * 1e6:g} us per message")
 
     def timed(fn) -> float:
         dist.barrier()  # on the default (gloo) group: both systems start from the same line
@@ -139,7 +145,12 @@ def launch(args, cache: str, net=None, ranks: tuple[str, ...] = ()) -> dict:
     port = free_port()
     procs = []
     for r in range(args.ranks):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(r),
+        # as torchrun starts a worker (a gloo with a shared-memory path keys on LOCAL_WORLD_SIZE);
+        # under --netem every rank is a host of its own
+        local = 1 if net is not None else args.ranks
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(r % local),
+                   LOCAL_WORLD_SIZE=str(local), GROUP_RANK=str(r // local), ROLE_RANK=str(r),
+                   ROLE_WORLD_SIZE=str(args.ranks), GROUP_WORLD_SIZE=str(args.ranks // local),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HCC_CACHE_DIR=cache, OMP_NUM_THREADS="1")
         if args.topology:
             env["HCC_TOPOLOGY"] = args.topology
@@ -237,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ddp_bench: {n} ranks on {topo}, {res.get('params', 0) / 1e6:.1f} M parameters "
           f"({res.get('params', 0) * 4 / 2**20:.0f} MiB of gradients), {args.steps} steps per backend, "
           f"{wall:.0f} s")
+    print(f"hcc: {res['hcc_path']}")
     print(f"hcc first all_reduce of {args.probe_elems} floats right after joining: {res['first_call_s']:.3f} s "
           f"with an empty plan cache, {warm['first_call_s']:.3f} s with the plan on disk; "
           f"{res['second_call_s']:.4f} s the second time; joining the hcc group: {res['join_s']:.2f} s")

@@ -27,6 +27,14 @@ Terms
 - plan key: ``(kind, count, dtype, op, root)``. A plan is compiled the first time its key is
   used, then kept in memory and on disk (:class:`PlanCache`) under the digest of the
   topology, the rank mapping, the cost model and hcc's version.
+- reference size: a call of ``b`` bytes (at least :data:`SPECIALISE_MIN_BYTES`) is planned
+  from the full compile of its octave's reference, the largest power of two ``R <= b``: the
+  compiler's search (every algorithm at every chunk size) runs once per (kind, dtype, op,
+  root, octave), and a size of that octave is *specialised* from it: R's algorithm, lowered
+  at R's chunk scaled to the size (the same number of chunks) and at R's chunk as is, the
+  faster of the two by the cost model. A plan depends on its key only, never on which
+  sizes a process saw before (the ranks of a job may have different caches on disk and must
+  still run one plan). ``HCC_PLAN_SEARCH=full`` runs the whole search for every size.
 - topology: the ``topology`` of an ``.hcl`` file (``HCC_TOPOLOGY=path.hcl``; ``HCC_RANKS=a,b,..``
   names the vertex of each rank, default the topology's nodes in declaration order), or the
   default :func:`star_topology`: every rank joined to one switch. Its links are those of the
@@ -82,6 +90,9 @@ SLOT_SHIFT = 24
 DEFAULT_LANES = 2
 MAX_QUEUED = 64  # calls issued but not finished before issue blocks (bounds a slot's reuse)
 DIAG_WAIT_S = 5.0  # how long a failing rank waits for the others' description of a call
+# Below this a size is compiled in full: few chunk sizes to try (a 64 KiB buffer has 5), so
+# the search is already short, and small calls are where algorithms change fastest with size.
+SPECIALISE_MIN_BYTES = 256 << 10
 
 
 class CollectiveError(HccError, RuntimeError):
@@ -237,8 +248,9 @@ class PlanCache:
         self.program, self.topo_name, self.ranks = program, topo_name, ranks
         self.model = model or RUN_MODELS["sockets"]
         topo = program.topologies[topo_name]
+        self.search = "full" if os.environ.get("HCC_PLAN_SEARCH", "").lower() == "full" else "octave"
         ident = json.dumps({"topology": topo.to_dict(), "ranks": list(ranks), "hcc": _version(),
-                            "model": repr(self.model)}, sort_keys=True)
+                            "model": repr(self.model), "search": self.search}, sort_keys=True)
         self.digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
         base = directory or os.environ.get("HCC_CACHE_DIR") or os.path.join(
             os.path.expanduser("~"), ".cache", "hcc", "plans")
@@ -247,6 +259,7 @@ class PlanCache:
         self._packings: dict[tuple, Any] = {}  # (kind, root) -> the pack pass's packings
         self._lock = threading.Lock()
         self.compiled = 0  # plans compiled by this process (the rest came from disk or memory)
+        self.specialised = 0  # of which specialised from their octave's reference
         self.compile_s = 0.0
         self.loaded = 0
 
@@ -290,12 +303,27 @@ class PlanCache:
                 pass
             return plan
 
+    def reference(self, key: tuple) -> tuple | None:
+        """The key of the plan ``key`` is specialised from (module docstring), or None when
+        ``key`` is compiled in full."""
+        from .ir.plan import DTYPE_SIZES
+
+        kind, count, dtype, op, root = key
+        size = count * DTYPE_SIZES[dtype]
+        if self.search == "full" or kind == "alltoall" or size < SPECIALISE_MIN_BYTES:
+            return None
+        ref = 1 << (size.bit_length() - 1)
+        if ref == size or ref % DTYPE_SIZES[dtype]:
+            return None
+        return (kind, ref // DTYPE_SIZES[dtype], dtype, op, root)
+
     def _compile(self, key: tuple):
         """The compiler's passes for one key, with the packing shared across sizes: the
         ``pack`` pass is a function of the topology, the ranks, the kind and the root only
         (never of the size, dtype or op), so a process packs each (kind, root) once and a new
         size pays only for lowering it. Measured on BENCHMARKS.md's slow4 (4 ranks, 4 MB
-        allreduce): pack 0.9 s of a 2.2 s compile."""
+        allreduce): pack 0.9 s of a 2.2 s compile. A key with a :meth:`reference` is lowered
+        with its reference plan's algorithm only, at two chunk sizes (:meth:`_specialise`)."""
         from dataclasses import replace
 
         from .compiler.pipeline import PASSES, Unit
@@ -303,27 +331,63 @@ class PlanCache:
         from .ir.plan import DTYPE_SIZES, REDUCING_KINDS
 
         kind, count, dtype, op, root = key
+        rkey = self.reference(key)
+        ref = None
+        if rkey is not None:  # under self._lock already (get): the reference's own load or compile
+            ref = self._plans.get(rkey)
+            if ref is None:
+                ref = self._plans[rkey] = self._load_or_compile(rkey)
         spec = CollectiveSpec(name="c", kind=kind, topology=self.topo_name, ranks=self.ranks,
                               root=root, size_bytes=count * DTYPE_SIZES[dtype], dtype=dtype,
                               op=(op or "sum") if kind in REDUCING_KINDS else None, adaptive=False)
         t0 = time.perf_counter()
+        if ref is not None:
+            spec = replace(spec, algorithm=ref.algorithm)
         program = replace(self.program, collectives=(spec,))
         unit = Unit(program=program, spec=spec, topology=program.topology_of(spec), model=self.model)
         for p in PASSES:
             if p.name == "pack":
                 packings = self._packings.get((kind, root))
                 if packings is None:
-                    unit = p.apply(unit)
+                    # the full set (algorithm auto): a specialised key shares it with its reference
+                    unit = p.apply(replace(unit, spec=replace(spec, algorithm="auto")))
+                    unit = replace(unit, spec=spec)
                     self._packings[kind, root] = unit.packings
                 else:
                     unit = replace(unit, packings=packings)
+            elif p.name == "lower" and ref is not None:
+                unit = self._specialise(unit, ref)
             else:
                 unit = p.apply(unit)
+        if ref is not None:
+            self.specialised += 1
         elapsed = time.perf_counter() - t0
         plan = replace(unit.plan, figures=replace(unit.plan.figures, compile_s=elapsed))
         self.compile_s += elapsed
         self.compiled += 1
         return plan
+
+    @staticmethod
+    def _specialise(unit, ref):
+        """The lower pass for a key with a reference plan ``ref``: ``ref``'s algorithm alone,
+        priced at ``ref``'s chunk scaled to this size (as many chunks) and at ``ref``'s chunk
+        as is (both multiples of the item size, at most the size); no baselines."""
+        from dataclasses import replace
+
+        from .compiler import registry
+        from .compiler.cost import choose_chunk
+        from .compiler.pipeline import Candidate, CompileError
+
+        spec = unit.spec
+        size, item = spec.size_bytes, max(1, ref.itemsize)
+        ref_size = ref.elems * ref.itemsize
+        scaled = ref.chunk_bytes * size // ref_size if ref.chunk_bytes < ref_size else size
+        cands = sorted({max(item, min(size, c - c % item)) for c in (scaled, ref.chunk_bytes)}, reverse=True)
+        build = registry.builder(ref.algorithm, unit)
+        if build is None:
+            raise CompileError(f"{spec.name}: {ref.algorithm} has no lowering for a {spec.kind} of {size} bytes")
+        choice = choose_chunk(build, tuple(cands), model=unit.model)
+        return replace(unit, candidates=(Candidate(ref.algorithm, choice),))
 
 
 # ---------------------------------------------------------------------------- transport view

@@ -228,3 +228,33 @@ def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
     res, errs = _two_ranks(sender, receiver, shm)
     assert errs == [None, None], errs
     assert all(np.array_equal(a, b) for a, b in zip(res[1], sent))
+
+
+def test_a_size_is_specialised_from_its_octave_and_depends_on_its_key_only(tmp_path, monkeypatch):
+    """100003 and 70001 floats (391 and 273 KiB) share the octave of 256 KiB: one full compile
+    of 65536 floats, each size lowered from its algorithm and chunk. Two caches that saw the
+    sizes in different orders hold the same plans (ranks with different histories must run
+    one plan); HCC_PLAN_SEARCH=full compiles every size with the whole search instead."""
+    from hcc.collectives import SPECIALISE_MIN_BYTES
+
+    monkeypatch.delenv("HCC_PLAN_SEARCH", raising=False)
+    program, name, ranks = resolve_topology(3, TOPO, ["a", "b", "c"])
+    a = PlanCache(program, name, ranks, str(tmp_path / "a"))
+    b = PlanCache(program, name, ranks, str(tmp_path / "b"))
+    assert a.reference(("allreduce", 100003, "float32", "sum", -1)) == ("allreduce", 65536, "float32", "sum", -1)
+    assert a.reference(("allreduce", 65536, "float32", "sum", -1)) is None  # the reference itself
+    assert a.reference(("allreduce", SPECIALISE_MIN_BYTES // 4 - 1, "float32", "sum", -1)) is None
+    pa = a.get("allreduce", 100003, "float32", "sum", -1)
+    b.get("allreduce", 70001, "float32", "sum", -1)
+    pb = b.get("allreduce", 100003, "float32", "sum", -1)
+    assert pa.digest() == pb.digest()
+    ref = a.get("allreduce", 65536, "float32", "sum", -1)
+    assert (a.compiled, a.specialised) == (2, 1) and pa.algorithm == ref.algorithm and pa.elems == 100003
+    assert b.specialised == 2
+    monkeypatch.setenv("HCC_PLAN_SEARCH", "full")
+    full = PlanCache(program, name, ranks, str(tmp_path / "a"))
+    assert full.digest != a.digest  # never mixed on disk with the specialised plans
+    pf = full.get("allreduce", 100003, "float32", "sum", -1)
+    assert full.specialised == 0 and pf.elems == 100003
+    # the whole search can only be as fast or faster, by the same cost model
+    assert pf.figures.predicted_s <= pa.figures.predicted_s * (1 + 1e-9)
