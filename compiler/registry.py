@@ -30,6 +30,8 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
+    treepack-split   allreduce reducing over in-trees and broadcasting over out-trees packed
+                     together by one LP (splitpack.py), up to splitpack.SPLIT_MAX_RANKS ranks
     ring             the single ring (baselines.py)
     rings            NCCL's multi-channel rings (channels.py)
     tree             the double binary tree (baselines.py; a ring for kinds NCCL runs on rings)
@@ -47,6 +49,7 @@ from .bidir import BIDIR_MAX_RANKS
 from .lower_relax import relax_plan
 from .program import CollectiveSpec
 from .ringpack import RINGS_MAX_RANKS
+from .splitpack import SPLIT_MAX_RANKS
 
 __all__ = ["Algorithm", "BASELINES", "REGISTRY", "algorithm", "candidates_for"]
 
@@ -225,6 +228,25 @@ def _bidir_rate(u, trees) -> float:
     return sum(t.rate for t in trees) if trees else 0.0
 
 
+def _pack_split(u):
+    from .splitpack import pack_split
+
+    return pack_split(u.topology, u.spec.ranks)
+
+
+def _lower_split(u, spec, p) -> Builder | None:
+    if p is None:
+        return None
+    from .splitpack import split_plan
+
+    return lambda c: split_plan(spec, u.topology, p, c, model=u.model)
+
+
+def _split_rate(u, p) -> float:
+    """The out-trees' total rate: an allreduce rate already (bytes/s of buffer)."""
+    return p.rate if p is not None else 0.0
+
+
 def _pack_rings(u):
     from .ringpack import ring_packing
 
@@ -310,6 +332,9 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("treepack-bidir", frozenset({"allreduce"}), _lower_bidir, eligible=_allreduce_upto(BIDIR_MAX_RANKS),
               role="bidir", pack=_pack_bidir, pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate),
               treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack-split", frozenset({"allreduce"}), _lower_split, eligible=_allreduce_upto(SPLIT_MAX_RANKS),
+              role="split", pack=_pack_split, pack_rate=_split_rate, steady_rate=_capped(_split_rate),
+              treepack=True),
     Algorithm("ring", TREE_KINDS, _plain(baselines.ring_plan), baseline=True),
     Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_pack_channels, baseline=True),
     # the double binary tree where NCCL runs trees (baselines.dbtree_plan falls back to the

@@ -133,7 +133,17 @@ class _Timed:
             out.append(i)
         return tuple(out)
 
+    def _maybe_path(self, verts: Sequence[str]) -> tuple[int, ...] | None:
+        """The link path, or None when a hop is missing (an in-tree over one-way links has
+        no path parent -> child; only the direction a message takes must exist)."""
+        try:
+            return self._path(verts)
+        except KeyError:
+            return None
+
     def add(self, s: int, d: int, t: int, k: int, a: int, b: int, down: bool, deps, path, key) -> int:
+        if path is None:
+            raise KeyError((s, d))
         self.src.append(s)
         self.dst.append(d)
         self.tree.append(t)
@@ -192,7 +202,7 @@ class _Timed:
                 if c == sh.root:
                     continue
                 verts = sh.paths[c] or (ranks[sh.parent[c]], ranks[c])
-                per[c] = (self._path(verts), self._path(tuple(reversed(verts))))
+                per[c] = (self._maybe_path(verts), self._maybe_path(tuple(reversed(verts))))
             self.shape_info[id(sh)] = (per, height, depth)
 
     def gated_ranks(self) -> set[int]:
@@ -507,14 +517,17 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         itemsize = T.itemsize
         sizes = _job_chunks(L.ce, weight, groups, min_chunk)
         count: dict[tuple[str, int], int] = {}
-        for t, (lo, hi) in enumerate(spans):
-            atoms = _even_chunks(lo, hi, sizes[t])
-            T.pieces.extend((t, a, b) for a, b in atoms)
-            T.ubase[t], T.dbase[t] = count.get(("u", utree[t]), 0), count.get(("d", dtree[t]), 0)
-            count[("u", utree[t])] = T.ubase[t] + len(atoms)
-            count[("d", dtree[t])] = T.dbase[t] + len(atoms)
-            for k, (a, b) in enumerate(atoms):
-                T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
+        try:
+            for t, (lo, hi) in enumerate(spans):
+                atoms = _even_chunks(lo, hi, sizes[t])
+                T.pieces.extend((t, a, b) for a, b in atoms)
+                T.ubase[t], T.dbase[t] = count.get(("u", utree[t]), 0), count.get(("d", dtree[t]), 0)
+                count[("u", utree[t])] = T.ubase[t] + len(atoms)
+                count[("d", dtree[t])] = T.dbase[t] + len(atoms)
+                for k, (a, b) in enumerate(atoms):
+                    T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
+        except KeyError:  # a message's direction of a tree path is not a link
+            return None
         gate = PORT_GATE and window > 1
         order = T.schedule(window, gate)
         if best is None or T.makespan < best[0].makespan * (1 - 1e-9):

@@ -41,8 +41,12 @@ from ..ir.errors import PlanError
 from ..ir.plan import Plan
 from ..ir.topology import Topology
 
-__all__ = ["SplitPacking", "pack_split", "split_jobs", "split_plan"]
+__all__ = ["SPLIT_MAX_RANKS", "SplitPacking", "pack_split", "split_jobs", "split_plan"]
 
+# the pipeline offers the split allreduce up to this many ranks: at 16 (1 x MI250, 2 x A100,
+# 1 GB) its packing and chunk search added 12 s to the compile and reached 0.75 / 0.63 of the
+# bound, behind the plans auto already had (0.81 / 0.66)
+SPLIT_MAX_RANKS = 8
 # pricing rounds of the column generation (a count, so the result depends on the input only):
 # DGX-1 fragments and 6-rank random graphs converge in 10-40
 SPLIT_MAX_ROUNDS = 200
@@ -239,8 +243,8 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
                      {0: list(range(len(jobs)))}, spans, topo, (model or DEFAULT_MODEL).per_message_s,
                      port_window or PORT_WINDOW, min_chunk)
     if got is None:
-        raise PlanError(f"allreduce {spec.name!r}: too many messages for the split-tree schedule at "
-                        f"{chunk_bytes} B chunks")
+        raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {chunk_bytes} B "
+                        f"chunks (a tree hop outside the collective's links, or too many messages)")
     cover: dict[int, tuple[int, int]] = {}
     for (i, o, _), (a, b) in zip(jobs, got):
         for t in (i, len(ins) + o):
