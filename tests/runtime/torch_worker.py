@@ -287,11 +287,13 @@ def main() -> int:
         if "," in mode:
             out = {}
             for m in mode.split(","):
+                t0 = time.monotonic()
                 try:
                     out[m] = globals()[f"mode_{m}"](rank, n)
                 except Exception as e:  # noqa: BLE001 - reported per mode; the next still runs
                     traceback.print_exc()
                     out[m] = {"error": str(e), "type": type(e).__name__}
+                out[m]["mode_s"] = time.monotonic() - t0  # what each check costs the job
         else:
             out = globals()[f"mode_{mode}"](rank, n)
         print("RESULT " + json.dumps(out), flush=True)
