@@ -45,11 +45,14 @@ from typing import Any, Callable
 
 from ..ir.plan import Plan
 from . import baselines
-from .bidir import BIDIR_MAX_RANKS
+from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
+from .channels import ring_channels
+from .channels import rings_plan as channels_plan
+from .hier import hier_plan, two_level_cut
 from .lower_relax import relax_plan
 from .program import CollectiveSpec
-from .ringpack import RINGS_MAX_RANKS
-from .splitpack import SPLIT_MAX_RANKS
+from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
+from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
 
 __all__ = ["Algorithm", "BASELINES", "REGISTRY", "algorithm", "candidates_for"]
 
@@ -209,18 +212,21 @@ def _allreduce_upto(most: int, least: int = 2):
     return ok
 
 
-def _pack_bidir(u):
-    from .bidir import bidir_packing
+def _packed(pack: Callable[[Any, tuple[str, ...]], Any]):
+    """An Algorithm's ``pack``: ``pack(topology, ranks)``, an empty packing as none."""
+    return lambda u: pack(u.topology, u.spec.ranks) or None
 
-    return bidir_packing(u.topology, u.spec.ranks)
 
+def _over(plan: Callable[..., Plan], *, model: bool = False):
+    """An Algorithm's ``lower`` for ``plan(spec, topology, packing, chunk)`` (``model``: the
+    unit's cost model too); no builder without a packing."""
+    def build(u, spec, p) -> Builder | None:
+        if p is None:
+            return None
+        kw = {"model": u.model} if model else {}
+        return lambda c: plan(spec, u.topology, p, c, **kw)
 
-def _lower_bidir(u, spec, trees) -> Builder | None:
-    if trees is None:
-        return None
-    from .bidir import bidir_plan
-
-    return lambda c: bidir_plan(spec, u.topology, trees, c, model=u.model)
+    return build
 
 
 def _bidir_rate(u, trees) -> float:
@@ -228,37 +234,9 @@ def _bidir_rate(u, trees) -> float:
     return sum(t.rate for t in trees) if trees else 0.0
 
 
-def _pack_split(u):
-    from .splitpack import pack_split
-
-    return pack_split(u.topology, u.spec.ranks)
-
-
-def _lower_split(u, spec, p) -> Builder | None:
-    if p is None:
-        return None
-    from .splitpack import split_plan
-
-    return lambda c: split_plan(spec, u.topology, p, c, model=u.model)
-
-
 def _split_rate(u, p) -> float:
     """The out-trees' total rate: an allreduce rate already (bytes/s of buffer)."""
     return p.rate if p is not None else 0.0
-
-
-def _pack_rings(u):
-    from .ringpack import ring_packing
-
-    return ring_packing(u.topology, u.spec.ranks)
-
-
-def _lower_rings(u, spec, rings) -> Builder | None:
-    if rings is None:
-        return None
-    from .ringpack import rings_plan
-
-    return lambda c: rings_plan(spec, u.topology, rings, c)
 
 
 def _rings_rate(u, rings) -> float:
@@ -269,8 +247,7 @@ def _rings_rate(u, rings) -> float:
 
 def _pack_hier(u):
     """The narrowest rank cut, where it nearly binds the allreduce floor (HIER_CUT_SHARE)."""
-    from .bounds import allreduce_floor
-    from .hier import two_level_cut
+    from .bounds import allreduce_floor  # ortools' max-flow: loaded when a compile packs
 
     cut = two_level_cut(u.topology, u.spec.ranks)
     floor = allreduce_floor(u.topology, u.spec.ranks, 1.0)
@@ -282,8 +259,6 @@ def _pack_hier(u):
 def _lower_hier(u, spec, cut) -> Builder | None:
     if cut is None:
         return None
-    from .hier import hier_plan
-
     return lambda c: hier_plan(spec, u.topology, c, model=u.model)
 
 
@@ -296,18 +271,10 @@ def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
     return build
 
 
-def _pack_channels(u):
-    from .channels import ring_channels
-
-    return ring_channels(u.topology, u.spec.ranks) or None
-
-
 def _lower_channels(u, spec, channels) -> Builder | None:
     if channels is None or len(channels) < 2:
         return None  # one channel is the single ring, priced as ``ring`` already
-    from .channels import rings_plan
-
-    return lambda c: rings_plan(spec, u.topology, channels, c)
+    return lambda c: channels_plan(spec, u.topology, channels, c)
 
 
 def _compressed(spec: CollectiveSpec) -> bool:
@@ -320,30 +287,35 @@ REGISTRY: tuple[Algorithm, ...] = (
     # the rings and the two-level exchange first: their searches are short (a ring plan has
     # few messages per chunk size) and, when they win, the costlier tree searches after them
     # stop early against them (Lower: DGX-1 at netem scale, bidir's search 15 s -> <1 s)
-    Algorithm("treepack-rings", frozenset({"allreduce"}), _lower_rings, eligible=_allreduce_upto(RINGS_MAX_RANKS, 3),
-              role="rings", pack=_pack_rings, pack_rate=_rings_rate, steady_rate=_capped(_rings_rate),
-              treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
-    Algorithm("treepack-hier", frozenset({"allreduce"}), _lower_hier, eligible=_allreduce_upto(BIDIR_MAX_RANKS),
-              role="hier", pack=_pack_hier, treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack-rings", frozenset({"allreduce"}), _over(rings_plan),
+              eligible=_allreduce_upto(RINGS_MAX_RANKS, 3), role="rings", pack=_packed(ring_packing),
+              pack_rate=_rings_rate, steady_rate=_capped(_rings_rate), treepack=True,
+              max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack-hier", frozenset({"allreduce"}), _lower_hier,
+              eligible=_allreduce_upto(BIDIR_MAX_RANKS), role="hier", pack=_pack_hier, treepack=True,
+              max_chunks=NEW_FORMS_MAX_CHUNKS),
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
-    Algorithm("treepack-bidir", frozenset({"allreduce"}), _lower_bidir, eligible=_allreduce_upto(BIDIR_MAX_RANKS),
-              role="bidir", pack=_pack_bidir, pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate),
-              treepack=True, max_chunks=NEW_FORMS_MAX_CHUNKS),
-    Algorithm("treepack-split", frozenset({"allreduce"}), _lower_split, eligible=_allreduce_upto(SPLIT_MAX_RANKS),
-              role="split", pack=_pack_split, pack_rate=_split_rate, steady_rate=_capped(_split_rate),
-              treepack=True),
+    Algorithm("treepack-bidir", frozenset({"allreduce"}), _over(bidir_plan, model=True),
+              eligible=_allreduce_upto(BIDIR_MAX_RANKS), role="bidir", pack=_packed(bidir_packing),
+              pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate), treepack=True,
+              max_chunks=NEW_FORMS_MAX_CHUNKS),
+    Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
+              eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
+              pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True),
     Algorithm("ring", TREE_KINDS, _plain(baselines.ring_plan), baseline=True),
-    Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_pack_channels, baseline=True),
+    Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels),
+              baseline=True),
     # the double binary tree where NCCL runs trees (baselines.dbtree_plan falls back to the
     # ring for the other kinds)
     Algorithm("tree", frozenset({"broadcast", "reduce", "allreduce"}), _plain(baselines.dbtree_plan),
               baseline=True),
     Algorithm("rd", frozenset({"allgather", "reduce_scatter"}), _plain(baselines.rd_plan), baseline=True),
     Algorithm("direct", TREE_KINDS, _plain(baselines.direct_plan),
-              eligible=lambda spec: len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS, sole_kinds=frozenset({"alltoall"})),
+              eligible=lambda spec: len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS,
+              sole_kinds=frozenset({"alltoall"})),
 )
 BY_NAME: dict[str, Algorithm] = {a.name: a for a in REGISTRY}
 BASELINES: tuple[str, ...] = tuple(a.name for a in REGISTRY if a.baseline)
