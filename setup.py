@@ -17,4 +17,12 @@ if not os.environ.get("HCC_NO_NATIVE"):
         extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"],
     ))
 
+    # the simulator's event loop (compiler/cost.py runs its Python reference without it);
+    # no fused multiply-add, so its sums round exactly as the reference's do
+    ext_modules.append(Extension(
+        "hcc.compiler._simcore",
+        sources=["compiler/_simcore.c"],
+        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-Wall"],
+    ))
+
 setup(ext_modules=ext_modules)

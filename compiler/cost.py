@@ -282,6 +282,7 @@ class _Network:
             links = _links(plan.topology, tuple(plan.ranks))
         except TypeError:  # an unhashable Topology (lists for tuples): no sharing
             links = _Links(plan.topology, tuple(plan.ranks))
+        self.links = links
         self.cap, self.lat, self.ends, self.id, self.adj = links.cap, links.lat, links.ends, links.id, links.adj
         self._routes = links.routes
         self.names = plan.ranks
@@ -364,13 +365,43 @@ def simulate(plan: Plan, *, detail: bool = False, model: CostModel = DEFAULT_MOD
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(plan, detail, model)
+        if not detail:
+            from . import compact
+
+            if compact.available():
+                try:
+                    return _simulate_native(plan, model)
+                except compact.Unsupported:
+                    pass  # the reference loop reports the plan's error in its own words
+        return _simulate_py(plan, detail, model)
     finally:
         if enabled:
             gc.enable()
 
 
-def _simulate(plan: Plan, detail: bool, model: CostModel) -> Simulation:
+def _simulate_native(plan: Plan, model: CostModel) -> Simulation:
+    """:func:`_simulate_py`'s loop run natively over the plan's arrays (compiler/compact.py):
+    the same events in the same order, bit for bit the same figures, without the trace."""
+    from . import compact
+
+    net = _Network(plan)
+    done, base, lk, messages, wire = compact.run(plan, net, model)
+    done_l = done.tolist()
+    rank_finish = tuple(max(done_l[base[r]:base[r + 1]], default=0.0) for r in range(len(base) - 1))
+    time = max(rank_finish, default=0.0)
+    free, busy, nbytes, first = (lk[k].tolist() for k in ("free", "busy", "bytes", "first"))
+    links = [
+        LinkUse(net.ends[e][0], net.ends[e][1], net.cap[e], nbytes[e], busy[e],
+                busy[e] / time if time > 0 else 0.0, first[e], free[e])
+        for e in range(len(net.cap)) if nbytes[e] > 0
+    ]
+    links.sort(key=lambda l: (-l.busy_s, l.src, l.dst))
+    return Simulation(time, rank_finish, tuple(links), messages, wire, ())
+
+
+def _simulate_py(plan: Plan, detail: bool, model: CostModel) -> Simulation:
+    """The reference simulator (module docstring), in Python: every op as an object, every
+    event in a Python loop; the trace (``detail``) and every error message come from here."""
     net = _Network(plan)
     itemsize = plan.itemsize
     if plan.compress == "none":
