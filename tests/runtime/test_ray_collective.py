@@ -38,9 +38,18 @@ class Member:
             hray.init_collective_group(world, self.rank, backend="hcc", group_name=group)
             return "module"
         col.init_collective_group(world, self.rank, backend="hcc", group_name=group)
+        from hcc.backends import native
+        from hcc.backends.sockets import SocketTransport
+        from hcc.runner import RUN_MODELS
+
         g = col.get_group_handle(group)
         t = g.comm.transport
-        return f"{type(g).__name__} {type(t).__name__}"
+        # actors of one node share a host: their data goes through shared memory when the
+        # native core is built, and the plans are compiled for it
+        local = len(getattr(t, "local_peers", ())) == world - 1
+        want_local = native.available()
+        return (f"{type(g).__name__} {isinstance(t, SocketTransport)} local={local == want_local} "
+                f"model={g.comm.cache.model == RUN_MODELS['shm' if local else 'sockets']}")
 
     def work(self, world: int, group: str, via_module: bool) -> dict:
         import torch
@@ -106,7 +115,7 @@ def test_collectives_in_user_actors(cluster, via_module):
     members = [Member.remote(r) for r in range(WORLD)]
     kinds = ray.get([m.setup.remote(WORLD, group, via_module) for m in members], timeout=180)
     if not via_module:
-        assert kinds == ["HccGroup SocketTransport"] * WORLD
+        assert kinds == ["HccGroup True local=True model=True"] * WORLD
     results = ray.get([m.work.remote(WORLD, group, via_module) for m in members], timeout=300)
     want = expected(WORLD)
     for r, res in enumerate(results):
