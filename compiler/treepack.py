@@ -66,7 +66,9 @@ Modules (this one is the entry: the two packs and their results)
 - treepack_master.py: columns, the GLOP master, minimum-arborescence pricing, column generation;
 - treepack_seeds.py: ring chains, greedy shallow trees and binary trees as first columns;
 - treepack_few.py: the CP-SAT few-trees search;
-- treepack_symmetry.py: the host-symmetric allgather master.
+- treepack_symmetry.py: the host-symmetric allgather master;
+- treepack_shallow.py: the second phase of an allgather pack: the same rate over trees of
+  bounded depth (DGX-1 7 -> 2 levels), then fewer trees by reweighted l1.
 
 >>> from hcc.ir.topology import Topology, Link
 >>> tri = Topology("tri", ("a", "b", "c"),
@@ -91,6 +93,7 @@ from .switches import Indexed
 from .treepack_few import _FEW_ALLGATHER_BUDGET_S, _FEW_BROADCAST_BUDGET_S, _few_trees
 from .treepack_few import _quanta  # noqa: F401  (re-exported: tests check the quanta)
 from .treepack_master import PackError, _Col, _colgen, _Pricer, min_arborescence
+from .treepack_shallow import shallow_packing
 from .treepack_seeds import _btree_columns, _ring_columns, _seed_columns
 from .treepack_symmetry import _SYMMETRY_MIN_RANKS, _colgen_symmetric, _host_symmetry, _translate
 from .trees import PackedTree
@@ -108,6 +111,13 @@ _WALL_SAFETY_S = 120.0
 # fat trees' chains meet their bound without any round
 _LARGE_BROADCAST_RANKS = 128
 _LARGE_BROADCAST_ROUNDS = 12
+# allgather packs of at most this many ranks (not symmetric, converged) run the depth-bounded
+# second phase (treepack_shallow.py) after the first phase's optimum: DGX-1 7 -> 2 levels,
+# two A100 servers 8 -> 2, four 17 -> 2 (93 -> 53 trees), the MI250 mesh 13 -> 6. A round
+# prices every root, so its budget is a count of pricings: _SHALLOW_PHASE_PRICINGS / n
+# rounds (40 at 16 ranks, 20 at 32, where a round costs 0.1-0.3 s of CPU)
+_SHALLOW_PHASE_MAX_RANKS = 32
+_SHALLOW_PHASE_PRICINGS = 640
 
 
 @dataclass(frozen=True)
@@ -230,37 +240,47 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
 
 def _equalise(pairs, roots, x: float):
     """Trim each root's trees (largest first) to exactly rate x: the LP and CP-SAT may leave
-    a root some slack, and the packing promises every root the same rate."""
+    a root some slack, and the packing promises every root the same rate. A root short of x
+    by at most 1e-6 relative (the second phase holds the rate to 1e-9) has its trees scaled
+    up to x; :func:`_fit` then scales every rate down together if a link is overloaded."""
     per_root: dict[int, list[tuple[_Col, float]]] = {r: [] for r in roots}
     for c, w in pairs:
         per_root[c.root].append((c, w))
     out = []
     for r in roots:
         left = x
+        mine = []
         for c, w in sorted(per_root[r], key=lambda p: -p[1]):
             take = min(w, left)
             if take > x * 1e-12:
-                out.append((c, take))
+                mine.append((c, take))
             left -= take
+        if 0 < left <= x * 1e-6:
+            up = x / (x - left)
+            mine = [(c, w * up) for c, w in mine]
+        out += mine
     return out
 
 
 def pack_allgather(topo: Topology, ranks, *, reverse: bool = False, few_trees: bool = True,
                    tolerance: float = 0.0, time_limit: float = _WALL_SAFETY_S,
-                   few_trees_time: float = _FEW_ALLGATHER_BUDGET_S) -> Packing:
+                   few_trees_time: float = _FEW_ALLGATHER_BUDGET_S, shallow: bool = True) -> Packing:
     """Out-trees rooted at every rank, every root the same rate x, sharing link capacity
     (ForestColl); ``reverse=True`` packs in-trees for reduce-scatter. ``Packing.rate`` is x.
     With ``few_trees`` (up to 8 ranks) CP-SAT looks, for at most ``few_trees_time``
     deterministic seconds, for fewer trees giving every root at least (1 - tolerance) x the
-    LP's rate. Memoised like
+    LP's rate. With ``shallow`` (up to _SHALLOW_PHASE_MAX_RANKS ranks) a second phase looks
+    for a packing of the same rate over shallower trees (treepack_shallow.py; ``method``
+    says "shallow(depth D)" when it finds one). Memoised like
     :func:`pack_broadcast` (allreduce and allgather of one program share the packing)."""
-    args = (topo, tuple(ranks), reverse, few_trees, float(tolerance), float(time_limit), float(few_trees_time))
+    args = (topo, tuple(ranks), reverse, few_trees, float(tolerance), float(time_limit), float(few_trees_time),
+            bool(shallow))
     return _memo(_pack_allgather, args)
 
 
 @functools.lru_cache(maxsize=64)
 def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_trees: bool, tolerance: float,
-                    time_limit: float, few_trees_time: float) -> Packing:
+                    time_limit: float, few_trees_time: float, shallow: bool) -> Packing:
     t0 = time.perf_counter()
     ix = Indexed.build(topo, ranks, reverse=reverse)
     n = len(ranks)
@@ -275,6 +295,7 @@ def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_t
     roots = list(range(n))
     deadline = t0 + time_limit
     sym = _host_symmetry(topo, ranks, ix) if n >= _SYMMETRY_MIN_RANKS else None
+    shallow_depth = None  # the second phase's depth bound, when it found one
     if sym is not None:
         slots = list(sym.slots)
         seeds = _ring_columns(ix, pricer, slots) + _btree_columns(ix, pricer, slots)
@@ -289,6 +310,12 @@ def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_t
         weights, cols, obj, scale, stop = _colgen(ix, pricer, roots, deadline, bound, seeds)
         method = f"colgen({stop})" if stop else "colgen"
         lp_x = obj * scale
+        if shallow and n <= _SHALLOW_PHASE_MAX_RANKS and obj > 0 and not stop:
+            got = shallow_packing(ix, pricer, roots, cols, weights, obj, scale, max(1, _SHALLOW_PHASE_PRICINGS // n))
+            if got is not None:
+                weights, cols, _, depth = got
+                method += f"+shallow(depth {depth})"
+                shallow_depth = depth
         pairs = _equalise([(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_x * 1e-12],
                           roots, lp_x)
     lp_trees = len(pairs)
@@ -298,7 +325,9 @@ def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_t
         at_bound = exact is not None and lp_x >= bound * (1 - 1e-9)
         target = exact * Fraction(1.0 - tolerance) if at_bound else (1.0 - tolerance) * lp_x
         got, note = _few_trees(ix, pricer, roots, cols, weights, target, exact if at_bound else None,
-                               deadline, scale, few_trees_time)
+                               deadline, scale, few_trees_time, shallow_depth)
+        if got is not None and shallow_depth is not None:
+            note += f"+shallow(depth {shallow_depth})"
         if got is not None:
             x = min(sum(w for c, w in got if c.root == r) for r in roots)
             pairs = _equalise(got, roots, x)

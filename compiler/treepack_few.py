@@ -63,13 +63,17 @@ def _quanta(cap: np.ndarray, rate: Fraction | None = None) -> list[Fraction]:
 
 
 def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, target_rate: float,
-               exact_rate: Fraction | None, deadline: float, scale: float, budget: float):
+               exact_rate: Fraction | None, deadline: float, scale: float, budget: float,
+               max_depth: int | None = None):
     """CP-SAT: the fewest arborescences (of its own making) such that every root in ``roots``
     gets at least ``target_rate`` bytes/s (one root: broadcast; every rank: allgather).
 
     Each root has tree slots; slot k is a set of binary rank edges with in-degree 1 at every
     non-root rank and a single-commodity flow from the root (so it is a spanning arborescence
     when used), with an integer weight in quanta; link rows bound the summed weights.
+    With ``max_depth`` every slot also carries a level per rank (an edge a -> b forces
+    level(b) >= level(a) + 1, levels <= max_depth), so the trees found are no deeper than
+    the depth-bounded phase's (treepack_shallow.py).
     Returns ``([(col, rate bytes/s), ...], method)`` or ``(None, reason)``.
     """
     from ortools.sat.python import cp_model
@@ -150,6 +154,11 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
                     else:
                         m.Add(sum(xs[i] for i in into[v]) == used)
                         m.Add(sum(fl[i] for i in into[v]) - sum(fl[i] for i in outof[v]) == used)
+                if max_depth is not None:
+                    lv = [m.NewIntVar(0, max_depth, "") for _ in range(n)]
+                    m.Add(lv[r] == 0)
+                    for i, (a, b, _) in enumerate(edges):
+                        m.Add(lv[b] >= lv[a] + 1).OnlyEnforceIf(xs[i])
                 if prev is not None:  # a root's slots are interchangeable: order them
                     m.Add(used <= prev[0])
                     m.Add(wt <= prev[1])

@@ -38,6 +38,9 @@ _EPS = 1e-9
 _MAX_ROUNDS = 500
 # extra improving columns per single-root pricing round (see _more_columns)
 _EXTRA_COLUMNS = 3
+# matrices up to this many vertices run Chu-Liu/Edmonds on Python lists (faster than numpy
+# below it: 240 against 550 us a call at 16 vertices, 650 against 980 at 24; at 32 numpy wins)
+_LIST_EDMONDS_MAX = 24
 
 
 class PackError(ValueError):
@@ -69,35 +72,46 @@ def min_arborescence(cost, root: int) -> list[int] | None:
     return None if par is None else [int(p) for p in par]
 
 
-def _edmonds(w: np.ndarray, root: int):
-    n = w.shape[0]
-    par = np.argmin(w, axis=0)
-    inw = w[par, np.arange(n)]
-    par[root] = -1
-    inw[root] = 0.0
-    if not np.all(np.isfinite(inw)):
-        return None
+def _edmonds_lists(w: list[list[float]], root: int) -> list[int] | None:
+    """:func:`_edmonds` on nested lists, the same steps and the same tie-breaks (first
+    minimum in row order), for small matrices: at 16 ranks each numpy call's overhead
+    outweighs its O(n^2) work: random 16-vertex matrices took 550 us a call with the
+    original numpy code, 240 us here."""
+    n = len(w)
+    inf = _INF
+    par = [-1] * n
+    inw = [0.0] * n
+    for v in range(n):
+        if v == root:
+            continue
+        best, arg = inf, 0
+        for u in range(n):
+            x = w[u][v]
+            if x < best:
+                best, arg = x, u
+        if best == inf:
+            return None
+        par[v], inw[v] = arg, best
     color = [-1] * n
-    cyc_id = np.full(n, -1)
+    cyc_id = [-1] * n
     cycles: list[list[int]] = []
     for s in range(n):
-        v, seen = s, []
+        v = s
         while v != -1 and color[v] == -1:
             color[v] = s
-            seen.append(v)
-            v = int(par[v])
+            v = par[v]
         if v != -1 and color[v] == s:
             cyc, u = [], v
             while True:
                 cyc.append(u)
                 cyc_id[u] = len(cycles)
-                u = int(par[u])
+                u = par[u]
                 if u == v:
                     break
             cycles.append(cyc)
     if not cycles:
         return par
-    group = np.empty(n, dtype=int)
+    group = [0] * n
     gid = 0
     for v in range(n):
         if cyc_id[v] == -1:
@@ -107,20 +121,101 @@ def _edmonds(w: np.ndarray, root: int):
         for v in cyc:
             group[v] = gid
         gid += 1
-    members = [[] for _ in range(gid)]
+    members: list[list[int]] = [[] for _ in range(gid)]
     for v in range(n):
         members[group[v]].append(v)
-    adj = w - np.where(cyc_id >= 0, inw, 0.0)[None, :]
-    adj[group[:, None] == group[None, :]] = _INF
-    order = np.argsort(group, kind="stable")
-    starts = np.searchsorted(group[order], np.arange(gid))
-    small = np.minimum.reduceat(np.minimum.reduceat(adj[order][:, order], starts, axis=0), starts, axis=1)
-    sub = _edmonds(small, int(group[root]))
+    disc = [inw[v] if cyc_id[v] >= 0 else 0.0 for v in range(n)]
+    adj = [[inf if group[u] == group[v] else w[u][v] - disc[v] for v in range(n)] for u in range(n)]
+    small = [[inf] * gid for _ in range(gid)]
+    for u in range(n):
+        row, srow = adj[u], small[group[u]]
+        for v in range(n):
+            x = row[v]
+            if x < srow[group[v]]:
+                srow[group[v]] = x
+    sub = _edmonds_lists(small, group[root])
     if sub is None:
         return None
-    result = par.copy()
+    result = list(par)
     for b in range(gid):
-        a = int(sub[b])
+        a = sub[b]
+        if a == -1:
+            continue
+        best, bu, bv = inf, -1, -1
+        for u in members[a]:
+            row = adj[u]
+            for v in members[b]:
+                if row[v] < best:
+                    best, bu, bv = row[v], u, v
+        if bu < 0:  # every arc inf: take the first pair, as argmin does
+            bu, bv = members[a][0], members[b][0]
+        result[bv] = bu
+    result[root] = -1
+    return result
+
+
+def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
+    """Chu-Liu/Edmonds on a dense matrix whose column ``root`` and diagonal are inf: every
+    vertex takes its cheapest in-arc; each cycle of those arcs contracts to one vertex, arcs
+    into it discounted by the cycle arc they would replace; recurse; expand. The Python
+    loops run on lists (numpy scalar indexing made it most of a pack's time), the O(n^2)
+    contraction on arrays; below _LIST_EDMONDS_MAX vertices all of it on
+    lists (:func:`_edmonds_lists`)."""
+    n = w.shape[0]
+    if n <= _LIST_EDMONDS_MAX:
+        return _edmonds_lists(w.tolist(), root)
+    par_a = np.argmin(w, axis=0)
+    inw = w[par_a, np.arange(n)]
+    inw[root] = 0.0
+    if not np.isfinite(inw).all():
+        return None
+    par = par_a.tolist()
+    par[root] = -1
+    color = [-1] * n
+    cyc_id = [-1] * n
+    cycles: list[list[int]] = []
+    for s in range(n):
+        v = s
+        while v != -1 and color[v] == -1:
+            color[v] = s
+            v = par[v]
+        if v != -1 and color[v] == s:
+            cyc, u = [], v
+            while True:
+                cyc.append(u)
+                cyc_id[u] = len(cycles)
+                u = par[u]
+                if u == v:
+                    break
+            cycles.append(cyc)
+    if not cycles:
+        return par
+    group = [0] * n
+    gid = 0
+    for v in range(n):
+        if cyc_id[v] == -1:
+            group[v] = gid
+            gid += 1
+    for cyc in cycles:
+        for v in cyc:
+            group[v] = gid
+        gid += 1
+    members: list[list[int]] = [[] for _ in range(gid)]
+    for v in range(n):
+        members[group[v]].append(v)
+    g = np.array(group)
+    on_cycle = np.array(cyc_id) >= 0
+    adj = w - np.where(on_cycle, inw, 0.0)[None, :]
+    adj[g[:, None] == g[None, :]] = _INF
+    order = np.argsort(g, kind="stable")
+    starts = np.searchsorted(g[order], np.arange(gid))
+    small = np.minimum.reduceat(np.minimum.reduceat(adj[order][:, order], starts, axis=0), starts, axis=1)
+    sub = _edmonds(small, group[root])
+    if sub is None:
+        return None
+    result = list(par)
+    for b in range(gid):
+        a = sub[b]
         if a == -1:
             continue
         ma, mb = members[a], members[b]
@@ -228,12 +323,17 @@ class _Master:
     by the largest one, so every coefficient is a small integer and every bound is <= 1.
     """
 
-    def __init__(self, capn: np.ndarray, roots: list[int], *, presolve: bool = False):
+    def __init__(self, capn: np.ndarray, roots: list[int], *, presolve: bool = False,
+                 feasibility: float | None = None):
         self.capn = capn
         self.roots = roots
         self.presolve = presolve  # GLOP's presolve: only for masters built cold per solve
+        # GLOP's primal feasibility tolerance when given (its default let a link carry 7e-9
+        # above its capacity, which the result then gives back in rate)
+        self.feasibility = feasibility
         self.equal = len(roots) > 1
         self.cols: list[_Col] = []
+        self.allowed: list[bool] = []  # per column: may take weight (see allow)
         self.keys: set = set()
         self._build()
 
@@ -246,8 +346,11 @@ class _Master:
         # presolve on warm re-solves of these degenerate masters ended ABNORMAL 20 times in
         # 170 rounds on the 32-rank cluster; without it, twice (bidir.solve_master builds
         # its master cold per solve and keeps presolve, whose optimal vertex it was tuned on)
-        if not self.presolve:
-            solver.SetSolverSpecificParametersAsString("use_preprocessing: false")
+        params = [] if self.presolve else ["use_preprocessing: false"]
+        if self.feasibility is not None:
+            params.append(f"primal_feasibility_tolerance: {self.feasibility:g}")
+        if params:
+            solver.SetSolverSpecificParametersAsString(" ".join(params))
         inf = solver.infinity()
         self.solver = solver
         self.rows = [solver.Constraint(-inf, float(c)) for c in self.capn]
@@ -266,8 +369,17 @@ class _Master:
         for col in self.cols:
             self._var(col)
 
+    def allow(self, mask) -> None:
+        """Let only the columns whose ``mask`` entry is true take weight (the others are held
+        at zero until allowed again); columns added later are allowed."""
+        self.allowed = [bool(m) for m in mask]
+        for v, ok in zip(self.vars, self.allowed):
+            v.SetUb(self.solver.infinity() if ok else 0.0)
+
     def _var(self, col: _Col) -> None:
-        v = self.solver.NumVar(0.0, self.solver.infinity(), "")
+        k = len(self.vars)
+        ok = k >= len(self.allowed) or self.allowed[k]
+        v = self.solver.NumVar(0.0, self.solver.infinity() if ok else 0.0, "")
         for li, k in col.usage:
             self.rows[li].SetCoefficient(v, float(k))
         if self.equal:
@@ -311,8 +423,8 @@ class _Master:
     def objective(self) -> float:
         return self.x.solution_value() if self.equal else sum(self.weights())
 
-    def settle(self, rate: float, cost) -> bool:
-        """Among the packings over these columns of rate >= ``rate`` (1e-9 relative; x per
+    def settle(self, rate: float, cost, slack: float = 1e-9) -> bool:
+        """Among the packings over these columns of rate >= ``rate`` (``slack`` relative; x per
         root with several roots, the total with one), one of least sum_T cost[T] w_T, by a
         warm GLOP re-solve. True when solved; otherwise the master is back at its own
         maximum-rate solution and False. The rate stays held until :meth:`release`."""
@@ -320,7 +432,7 @@ class _Master:
 
         if rate <= 0:
             return False
-        held = rate * (1.0 - 1e-9)
+        held = rate * (1.0 - slack)
         if self.equal:
             self.x.SetLb(held)
         else:
