@@ -5,14 +5,18 @@ to the cut bound and to the latency-aware bound, priced by the project's cost mo
     .venv/bin/python benchmarks/schedule_bench.py --only dgx1,mi250x1 --sizes 256MB,1GB
 
 Per topology, collective kind and size: the packing's trees, then the chunk-size search of
-the pipeline (cost.choose_chunk) over the treepack lowering, once with the plain chunk-major
+the pipeline (cost.choose_chunk, patience 2 as the pipeline gives the treepack candidates) over
+the treepack lowering, once with the plain chunk-major
 order (``fifo``) and once with the timed schedule (``timed``, what ``hcc compile`` uses).
 Columns: ``fifo``/``timed`` = cut bound / predicted (the bound ``hcc compile`` reports;
 allreduce: min(2 x allgather, pipeline.allreduce_floor)); ``lat`` = the latency-aware bound / predicted for the timed plan
 (bounds.latency_aware_bound, largest over the trees; only where no link carries two trees,
 broadcast and reduce packings, where it is a bound; "-" elsewhere); ``depth`` = the deepest
-tree (twice for allreduce). Allreduce
-is the reduce-scatter + allgather form (``treepack-rsag``). Writes
+tree (twice for allreduce). Allreduce's fifo/timed columns are the reduce-scatter + allgather
+form (``treepack-rsag``); ``split`` = cut bound / predicted for the split-tree allreduce
+(compiler/splitpack.py, ``treepack-split``; "-" above splitpack.SPLIT_MAX_RANKS ranks);
+``msg`` = bounds.message_bound / predicted for the timed plan: the bound of every plan whose
+messages carry at most its chunk (the cut bound plus the per-message cost on the cut's links). Writes
 benchmarks/results/schedule.csv. Topologies: DGX-1 (samples/dgx1.hcl, 8 GPUs and fragments
 of 4-7), A100 servers (8 GPUs on an NVSwitch at 300 GB/s, one 25 GB/s NIC per GPU, NICs on
 two IB switches by parity) and MI250 nodes (16 GCDs, xGMI mesh of 50 GB/s links, 16 GB/s
@@ -32,10 +36,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import hcc
-from hcc.compiler.bounds import latency_aware_bound
+from hcc.compiler.bounds import latency_aware_bound, message_bound
 from hcc.compiler.cost import DEFAULT_MODEL, choose_chunk, chunk_candidates
 from hcc.compiler.lower import lower
 from hcc.compiler.pipeline import Bounds, Pack, Unit, run_passes
+from hcc.compiler.splitpack import split_plan
 from hcc.ir.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,19 +181,34 @@ def measure(u: Unit, kind: str, size: int) -> dict:
     row = {}
     for sched in ("fifo", "timed"):
         ch = choose_chunk(lambda c: lower(spec, u.topology, p.trees, c, algorithm=alg, schedule=sched,
-                                          model=u.model), cands, model=u.model)
+                                          model=u.model), cands, model=u.model, patience=2)
         row[sched] = ch
     plan = row["timed"].plan
     depth = max(t.depth() for t in plan.trees) * (2 if kind == "allreduce" else 1)
     lat = latency_bound(u, p.trees, b.bound_s) if kind in ("broadcast", "reduce") else None
     t_fifo, t_timed = row["fifo"].simulation.time, row["timed"].simulation.time
+    split = ""
+    sp = u.packing("split") if kind == "allreduce" else None
+    if sp is not None:
+        ch = choose_chunk(lambda c: split_plan(spec, u.topology, sp, c, model=u.model), cands, model=u.model,
+                          patience=2)
+        split = round(b.bound_s / ch.simulation.time, 3)
+    mb = msg_bound(u, kind, size, row["timed"].chunk_bytes)
     return {
         "trees": len(p.trees), "rate_over_bound": round(p.rate / p.bound, 4) if p.bound else "",
         "bound_s": b.bound_s, "latency_bound_s": lat, "depth": depth,
         "fifo_eff": round(b.bound_s / t_fifo, 3), "timed_eff": round(b.bound_s / t_timed, 3),
         "timed_lat": round(lat / t_timed, 3) if lat else "", "chunk_bytes": row["timed"].chunk_bytes,
-        "predicted_s": t_timed,
+        "predicted_s": t_timed, "split_eff": split, "msg_bound_s": mb,
+        "timed_msg": round(mb / t_timed, 3),
     }
+
+
+def msg_bound(u: Unit, kind: str, size: int, chunk_bytes: int) -> float:
+    """bounds.message_bound at the timed plan's chunk size (its messages carry at most one
+    chunk), with the pipeline's bound size and the model's per-message cost."""
+    root = u.spec.ranks[u.spec.root] if kind in ("broadcast", "reduce") else None
+    return message_bound(kind, u.topology, u.spec.ranks, root, size, chunk_bytes, u.model.per_message_s)
 
 
 def main(argv=None) -> int:
@@ -202,7 +222,7 @@ def main(argv=None) -> int:
     sizes = [(s, parse_size(s)) for s in args.sizes.split(",")]
     rows = []
     head = f"{'topology':16s} {'kind':15s} {'trees':>5s} {'depth':>5s}" + "".join(
-        f" | {s:>6s} fifo  timed   lat" for s, _ in sizes)
+        f" | {s:>6s} fifo  timed   msg   lat split" for s, _ in sizes)
     print(head, flush=True)
     for label, src, name, ranks in topologies():
         if only and label not in only:
@@ -216,7 +236,8 @@ def main(argv=None) -> int:
                 rows.append({"topology": label, "kind": kind, "size": text, **r})
                 depth, trees = r["depth"], r["trees"]
                 lat = f"{r['timed_lat']:5.3f}" if r["timed_lat"] != "" else "    -"
-                cells.append(f" | {'':6s} {r['fifo_eff']:5.3f}  {r['timed_eff']:5.3f} {lat}")
+                split = f"{r['split_eff']:5.3f}" if r["split_eff"] != "" else "    -"
+                cells.append(f" | {'':6s} {r['fifo_eff']:5.3f}  {r['timed_eff']:5.3f} {r['timed_msg']:5.3f} {lat} {split}")
             print(f"{label:16s} {kind:15s} {trees:5d} {depth:5d}" + "".join(cells)
                   + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     if rows:

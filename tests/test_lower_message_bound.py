@@ -1,0 +1,81 @@
+"""bounds.message_bound against plans priced by the cost model: never above any plan's
+simulated time at that plan's largest message (brute force over chunk sizes and lowerings),
+never below the cut bound, and met exactly by a pipeline over one link. No timing."""
+from __future__ import annotations
+
+import pytest
+
+from hcc.compiler import treepack
+from hcc.compiler.baselines import ring_plan
+from hcc.compiler.bounds import binding_cut, message_bound
+from hcc.compiler.cost import CostModel, simulate
+from hcc.compiler.lower import lower
+from hcc.ir.plan import Send
+from hcc.ir.topology import Link, Topology
+
+from test_schedule_efficiency import random_graph, spec
+
+KINDS = ("broadcast", "reduce", "allgather", "reduce_scatter", "allreduce")
+
+
+def path_graph(n: int) -> Topology:
+    v = tuple(f"p{i}" for i in range(n))
+    links = []
+    for i in range(n - 1):
+        cap, lat = (4e9, 1e-6) if i % 2 else (2e9, 3e-6)
+        links += [Link(v[i], v[i + 1], cap, lat), Link(v[i + 1], v[i], cap, lat)]
+    return Topology(f"path{n}", v, (), tuple(links))
+
+
+def largest_message(plan) -> int:
+    return max(op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)) * plan.itemsize
+
+
+def plans(kind, topo, s, chunk):
+    ranks = topo.vertices
+    if kind in ("broadcast", "reduce"):
+        trees = treepack.pack_broadcast(topo, ranks, ranks[0], reverse=kind == "reduce").trees
+    else:
+        trees = treepack.pack_allgather(topo, ranks, reverse=kind == "reduce_scatter").trees
+    alg = "treepack-rsag" if kind == "allreduce" else "treepack"
+    yield lower(s, topo, trees, chunk, algorithm=alg, schedule="timed")
+    yield lower(s, topo, trees, chunk, algorithm=alg)
+    yield ring_plan(s, topo, chunk)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("topo", [path_graph(4), random_graph(5, 3, 2e-6)], ids=["path4", "rand5"])
+def test_no_plan_beats_the_message_bound(kind, topo):
+    ranks = topo.vertices
+    size = 8 << 20
+    s = spec(kind, ranks, size, root=0 if kind in ("broadcast", "reduce") else -1)
+    root = ranks[0] if kind in ("broadcast", "reduce") else None
+    cut = binding_cut(kind, topo, ranks, root, size).time(size)
+    for pm in (0.0, 1e-6, 20e-6):
+        model = CostModel(per_message_s=pm)
+        for chunk in (64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20):
+            for plan in plans(kind, topo, s, chunk):
+                t = simulate(plan, model=model).time
+                b = message_bound(kind, topo, ranks, root, size, largest_message(plan), pm)
+                assert cut <= b <= t * (1 + 1e-9), (plan.algorithm, chunk, pm)
+
+
+def test_a_pipeline_over_one_link_meets_the_bound_exactly():
+    topo = Topology("pair", ("a", "b"), links=(Link("a", "b", 5e9, 2e-6), Link("b", "a", 5e9, 2e-6)))
+    size, chunk = 8 << 20, 1 << 20
+    s = spec("broadcast", ("a", "b"), size, root=0)
+    trees = treepack.pack_broadcast(topo, ("a", "b"), "a").trees
+    plan = lower(s, topo, trees, chunk, schedule="timed")
+    model = CostModel(per_message_s=1e-6)
+    t = simulate(plan, model=model).time
+    # 8 messages of 1 MiB, each holding the link 2 us + 1 us + 1 MiB / 5 GB/s, back to back
+    assert t == pytest.approx(8 * (3e-6 + (1 << 20) / 5e9), rel=1e-12)
+    assert message_bound("broadcast", topo, ("a", "b"), "a", size, chunk, 1e-6) == pytest.approx(t, rel=1e-12)
+
+
+def test_larger_messages_lower_the_bound_toward_the_cut():
+    topo = path_graph(3)
+    ranks = topo.vertices
+    cut = binding_cut("allgather", topo, ranks, None, 1 << 30).time(1 << 30)
+    got = [message_bound("allgather", topo, ranks, None, 1 << 30, m, 1e-6) for m in (1 << 16, 1 << 20, 1 << 24)]
+    assert got[0] > got[1] > got[2] > cut
