@@ -316,9 +316,26 @@ class FiguresPass:
             cut_capacity_Bps=cut.capacity_Bps if cut else 0.0,
             cut_direction=cut.direction if cut else "",
             cut_note=cut.what if cut else "",
+            message_bound_s=self._message_bound(u, plan, cut),
             **parts,
         )
         return replace(u, plan=replace(plan, figures=figures))
+
+    @staticmethod
+    def _message_bound(u: Unit, plan: Plan, cut) -> float:
+        """bounds.message_bound at the plan's largest message, at least bound_s (0: no cut,
+        or a compressed plan, whose wire bytes the bound does not count)."""
+        from ..ir.plan import Send
+        from .bounds import message_bound
+
+        spec = u.spec
+        if cut is None or plan.compress != "none":
+            return 0.0
+        largest = max((op.src.count for prog in plan.programs for op in prog if type(op) is Send),
+                       default=0) * plan.itemsize
+        root = spec.ranks[spec.root] if spec.root >= 0 else None
+        return max(u.bound_s, message_bound(spec.kind, u.topology, spec.ranks, root, _bound_size(spec), largest,
+                                            u.model.per_message_s, peers=spec.peers or "ring"))
 
     @staticmethod
     def _cut(u: Unit):

@@ -311,6 +311,9 @@ class Figures:
     message_s: float = 0.0  # per-message costs: its links' latency per message + software cost
     contention_s: float = 0.0  # bottleneck link idle between its first and last message
     bottleneck_link: tuple[str, ...] = ()  # (src, dst) of the bottleneck link
+    # compiler.bounds.message_bound at the plan's largest message: no plan whose messages are
+    # that small runs faster (the cut bound plus the per-message cost on the cut's links)
+    message_bound_s: float = 0.0
 
 
 _FIGURE_NAMES = frozenset(Figures.__dataclass_fields__)

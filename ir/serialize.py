@@ -487,6 +487,7 @@ def summary(plan: Plan) -> dict:
         "bound_rate_Bps": f.bound_rate_Bps,
         "predicted_s": f.predicted_s,
         "bound_s": f.bound_s,
+        "message_bound_s": f.message_bound_s,
         "efficiency": f.efficiency,
         "ring_predicted_s": f.ring_predicted_s,
         "tree_predicted_s": f.tree_predicted_s,

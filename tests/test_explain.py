@@ -217,3 +217,43 @@ def test_figures_round_trip_and_old_files_load():
     assert old.figures == replace(plan.figures, **{k: Figures.__dataclass_fields__[k].default for k in new})
     s = summary(plan)
     assert s["cut"]["links"] and s["breakdown"]["bottleneck_link"] and s["baseline"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", ["broadcast", "reduce", "allgather", "reduce_scatter", "allreduce"])
+def test_message_bound_sits_between_the_cut_bound_and_the_prediction(seed, kind):
+    """The latency-aware figure (bounds.message_bound at the plan's largest message) is printed
+    beside the cut bound: never below it, never above the predicted time, and recomputed here
+    from the plan's own messages and the cut's links."""
+    from hcc.ir.plan import Send
+
+    topo = random_topology(seed)
+    unit = compile_unit(program(topo, spec(kind, topo)))
+    plan, f = unit.plan, unit.plan.figures
+    assert f.bound_s <= f.message_bound_s <= f.predicted_s * (1 + 1e-9)
+    largest = max(op.src.count for prog in plan.programs for op in prog if type(op) is Send) * plan.itemsize
+    cap: dict = {}
+    lat: dict = {}
+    for l in topo.links:
+        cap[(l.src, l.dst)] = cap.get((l.src, l.dst), 0.0) + l.capacity
+        lat[(l.src, l.dst)] = max(lat.get((l.src, l.dst), 0.0), l.latency)
+    k = min(cap[e] * (lat[e] + unit.model.per_message_s) for e in f.cut_links)
+    want = max(f.bound_s, f.bandwidth_bound_s * (1 + k / largest))
+    assert f.message_bound_s == pytest.approx(want, rel=1e-9)
+    row = summary(plan)
+    assert row["message_bound_s"] == f.message_bound_s
+
+
+def test_compile_table_prints_the_message_bound_beside_the_bound(tmp_path, capsys):
+    from hcc.cli import main
+
+    src = tmp_path / "p.hcl"
+    src.write_text("topology t {\n  node a, b\n  a <-> b : 10 GB/s, 2 us\n}\n"
+                   "collective c = broadcast on t {\n  size = 64 MB\n  root = a\n}\n")
+    assert main(["compile", str(src)]) == 0
+    head, _, row = capsys.readouterr().out.splitlines()[:3]
+    cols = head.split()
+    assert cols[cols.index("bound") + 1] == "msg"
+    assert main(["compile", str(src), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    assert got["bound_s"] <= got["message_bound_s"] <= got["predicted_s"]
