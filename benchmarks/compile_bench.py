@@ -7,6 +7,7 @@ time for the same allgather beside hcc's.
     .venv/bin/python benchmarks/compile_bench.py --quick         # DGX-1, 2xA100, 1xMI250, allgather
     .venv/bin/python benchmarks/compile_bench.py --no-scale      # without the 512/1024-rank samples
     .venv/bin/python benchmarks/compile_bench.py --no-forestcoll
+    .venv/bin/python benchmarks/compile_bench.py --only a100x2,a100x4,mi250x1,mi250x2 --kinds allgather --append
 
 Topologies: DGX-1 (samples/dgx1.hcl); 2 and 4 A100 servers and 1 and 2 MI250 nodes as
 ForestColl (Zhao et al. 2024) describes them, written here in hcc's language (A100: 8 GPUs on
@@ -220,6 +221,8 @@ def run(args) -> list[dict]:
         for c in program.collectives:
             if names is not None and c.name not in names:
                 continue
+            if args.kinds and c.kind not in args.kinds.split(","):
+                continue
             row = {"topology": label, "collective": c.name, "kind": c.kind, "ranks": len(c.ranks)}
             # the 512- and 1024-rank samples at the sizes their targets name (>= 256 MiB): a
             # compile there takes a minute
@@ -323,6 +326,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forestcoll-child", help=argparse.SUPPRESS)
     ap.add_argument("-o", "--output", default=str(RESULTS))
     ap.add_argument("--only", help="comma-separated topology labels (dgx1, a100x2, ..., sample names)")
+    ap.add_argument("--kinds", help="comma-separated collective kinds to compile (default: every one of a case)")
     ap.add_argument("--append", action="store_true",
                     help="keep the CSV's rows of other topologies (replace the ones measured again)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")

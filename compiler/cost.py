@@ -38,6 +38,13 @@ Terms (design.md "Cost model")
 - local ops (Copy, Reduce, Scale, and the combine of a RecvReduce) are free by default
   (``reduce_Bps = copy_Bps = 0``); give them a rate to charge ``bytes / rate``.
 
+Two implementations of one loop: :func:`_simulate_py`, the reference in Python (the trace of
+``detail=True`` and every error message come from it), and the same loop in C over the plan's
+flat arrays (compiler/compact.py, compiler/_simcore.c), which :func:`simulate` runs when it is
+built: the same events in the same order and the same floating-point operations, so both give
+bit-identical simulations (tests/test_compact.py) at a fraction of the cost (the 1024-rank ring
+allgather's 2 million ops: 40 s in Python, 6 s native, most of it reading the op objects).
+
 Why the bound stays a bound in this model: every link carries at most ``c(e)`` bytes per
 second (reservations are at least ``b / c(e)`` long and never overlap) and every message
 ends no earlier than the end of each of its reservations, each of which includes its link's

@@ -115,3 +115,19 @@ def test_malformed_plans_keep_the_reference_errors():
             cost.simulate(plan)
         with pytest.raises(compact.Unsupported):
             cost._simulate_native(plan, cost.DEFAULT_MODEL)
+
+
+@pytest.mark.parametrize("sample,name", [("dgx1.hcl", "allgather"), ("hetero.hcl", None)])
+def test_compile_chooses_the_same_plan_as_the_reference_simulator(monkeypatch, sample, name):
+    """A whole compile (every candidate, every chunk size priced) on the native loop and on the
+    reference loop: the same algorithm, chunk size, programs and figures."""
+    program = load_program(str(SAMPLES / sample))
+    names = [name] if name else [c.name for c in program.collectives if c.kind != "neighbor_average"][:2]
+    for n in names:
+        fast = compile_unit(program, n).plan
+        monkeypatch.setattr(compact, "_simcore", None)
+        slow = compile_unit(program, n).plan
+        monkeypatch.undo()
+        assert (fast.algorithm, fast.chunk_bytes) == (slow.algorithm, slow.chunk_bytes)
+        assert fast.digest() == slow.digest()
+        assert replace(fast.figures, compile_s=0.0) == replace(slow.figures, compile_s=0.0)
