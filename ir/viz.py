@@ -298,6 +298,28 @@ def to_dot(plan: Plan) -> str:
             lines.append(f"  {_q(f'p{k}:_top')} -> {_q(f'p{k}:{sid}')} [style=invis, weight=0];")
         for sid in drawn[k - cols] or ["_top"]:
             lines.append(f"  {_q(f'p{k - cols}:{sid}')} -> {_q(f'p{k}:_top')} [style=invis, weight=0];")
+    # a stable order: the hosts of the topology panel in their declared order (dot's
+    # crossing minimisation otherwise may swap them: a two-server plan drew s1 left of s0),
+    # through the panel's top with ``ordering=out`` (its out-edges' heads left to right as
+    # written; a flat edge between the hosts' first vertices is not kept across clusters);
+    # and the panels of a row left to right in their order (topology, tree 0, tree 1, ...):
+    # a flat invisible edge between two vertices of one rank is drawn left to right
+    # (not for the aggregated drawing: under rankdir=LR dot 2.43 kept neither order)
+    if not scene.aggregated:
+        firsts: dict[str, str] = {}
+        for sid, vx in scene.verts.items():
+            if vx.host:
+                firsts.setdefault(vx.host, sid)
+        if len(firsts) > 1:
+            lines.append(f"  {_q('p0:_top')} [ordering=out];")
+            for sid in firsts.values():
+                lines.append(f"  {_q('p0:_top')} -> {_q(f'p0:{sid}')} [style=invis];")
+        for start in range(0, len(drawn), cols):
+            row = [f"p{k}:_top" for k in range(start, min(start + cols, len(drawn)))]
+            if len(row) > 1:
+                lines.append("  {rank=same; " + " ".join(_q(i) for i in row) + "}")
+                for a, b in zip(row, row[1:]):
+                    lines.append(f"  {_q(a)} -> {_q(b)} [style=invis];")
     if not scene.panels:
         _dot_traffic(lines, plan)
     lines.append("}")
