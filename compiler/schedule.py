@@ -253,7 +253,9 @@ class _Timed:
         rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
         port_rank = {m_port: rank_of[self.links.ends[m_port][0]] for m_port in {p[0] for p in path}}
         comp: list[list[float]] = [[] for _ in range(self.L.n)]  # per rank: future completions
-        gated = self.gated_ranks() if gate else set()
+        # without a switch every port is a direct link with a window of 1: each send starts at
+        # a completion already, and gating would only add dependencies
+        self.gated = gated = self.gated_ranks() if gate and relay else set()
         for m in range(nm):
             if remaining[m] == 0:
                 ready(m, 0.0)
@@ -298,7 +300,7 @@ class _Timed:
             order.append(m)
             self.start[m] = t
             self.end[m] = end
-            if gate:
+            if gated:
                 heappush(comp[self.src[m]], end)
                 heappush(comp[self.dst[m]], end)
             if len(win) == w:
@@ -343,7 +345,7 @@ class _Timed:
 
         pending_ops: list[list[tuple[float, int]]] = [[] for _ in range(L.n)]  # per rank: (end, op)
         last_done: list[tuple[float, int]] = [(-1.0, -1)] * L.n
-        gated = self.gated_ranks() if gate else set()
+        gated = self.gated if gate else set()
         port_last: dict[int, tuple[float, int]] = {}  # port -> the latest-ending dep of its last send
         for m in order:
             s, d, t, k, a, b = self.src[m], self.dst[m], self.tree[m], self.chunk[m], self.lo[m], self.hi[m]
@@ -399,7 +401,7 @@ class _Timed:
                                      reduce=True, tree=self.utree[t], chunk=self.ubase[t] + k)
                 self.upsend[(t, k, s)] = sid
             send_op[m], recv_op[m] = sid, rid
-            if gate:
+            if gated:
                 heapq.heappush(pending_ops[s], (self.end[m], sid))
                 heapq.heappush(pending_ops[d], (self.end[m], rid))
             if not self.down[m] and d == sh.root:
