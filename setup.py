@@ -24,5 +24,12 @@ if not os.environ.get("HCC_NO_NATIVE"):
         sources=["compiler/_simcore.c"],
         extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-Wall"],
     ))
+    # a plan's op fields read into arrays in one pass (ir/opscan.py: the simulator and the
+    # verifier's fast path; both keep a Python path without it)
+    ext_modules.append(Extension(
+        "hcc.ir._opscan",
+        sources=["ir/_opscan.c"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall"],
+    ))
 
 setup(ext_modules=ext_modules)
