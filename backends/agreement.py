@@ -52,7 +52,8 @@ Worst case (docs/fault-tolerance.md): a death is known to everybody one detectio
 kernel's EOF on a loopback TCP connection: microseconds after SIGKILL; a hung, not dead, peer:
 only the per-wait deadline) plus two store round trips after it happens; ``f`` deaths during
 a run cost at most ``f`` generations, each at most one re-send of every chunk. If the store
-itself dies (it lives in the launcher, the Ray driver, or rank 0 for embedded sockets jobs),
+itself dies (it lives in the launcher, the Ray driver, or for sockets jobs without a launcher
+a process rank 0 starts that outlives it: rendezvous.spawn_store),
 agreement is lost and every rank raises within its deadline.
 """
 from __future__ import annotations

@@ -841,7 +841,9 @@ def connect(rank: int, world: int, rendezvous: str = "127.0.0.1:29500", token: s
 
     ``token``: the shared secret (default: the ``HCC_TOKEN`` environment variable). Rank 0
     serves the rendezvous store at ``rendezvous`` unless ``serve_store=False`` (a launcher
-    runs it). ``host``: the address this rank listens on. Blocks until every rank has joined
+    runs it) — from a process of its own that outlives rank 0 (rendezvous.spawn_store); with
+    the default, every rank also has the store list it in ``<group>/dead`` should its process
+    die, as a launcher would. ``host``: the address this rank listens on. Blocks until every rank has joined
     (at most ``timeout`` seconds). ``pace_Bps > 0`` paces every connection to that many
     bytes/s (an emulated link, for measurements that must not be CPU-bound; 0 = full speed).
     ``shm``: shared-memory channels to the ranks on this host (backends/shm.py): ``auto``
