@@ -170,6 +170,13 @@ class StagingPool:
                 return free.pop().view(dtype)
         return np.empty(nbytes, dtype=np.uint8).view(dtype)
 
+    def release(self) -> None:
+        """Drop every kept array (a launched rank calls it between collectives: the pool may
+        hold up to ``limit`` bytes that the next collective does not need)."""
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
+
     def give(self, arr: np.ndarray) -> None:
         raw = arr.view(np.uint8)
         with self._lock:

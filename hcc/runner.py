@@ -295,6 +295,9 @@ def _checked_row(plan, backend: str, iters: int, seed: int, res, outputs) -> dic
     except RuntimeFault as e:
         row.update(verified=False, error=str(e))
         return row
+    rss = [m for m in res.detail.get("rank_maxrss", ()) if m]
+    if rss:  # the largest rank's peak resident set by the end of this collective (--json)
+        row["rank_peak_rss_bytes"] = max(rss)
     med, best = statistics.median(res.times), min(res.times)
     algbw = plan.size_bytes / med if med > 0 else 0.0
     row.update(
