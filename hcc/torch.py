@@ -18,8 +18,9 @@ Terms
   is AND, as NCCL does), int16/uint16 in int32 and uint32 in int64 (sums and products modulo
   2**bits are the same in the wider type, then narrowed), complex as pairs of reals (SUM and
   AVG only). Anything else is a ``TypeError`` at the call.
-- the topology: ``HCC_TOPOLOGY=path.hcl`` (and ``HCC_RANKS``), or ``pg_options``-free default:
-  a star of 10 Gbit/s links around one switch (hcc/collectives.py).
+- the topology: ``HCC_TOPOLOGY=path.hcl`` (and ``HCC_RANKS``), or the default star around one
+  switch, whose links are those of the path the ranks take (shared memory on one host, else
+  10 Gbit/s TCP), with that path's cost model (hcc/collectives.py, "placement").
 
 Semantics are torch's: in-place ops fill their tensor (a non-contiguous tensor is run through
 a contiguous copy and written back), ``reduce`` leaves non-destination tensors unchanged,
