@@ -25,6 +25,13 @@ found into the plan: each send depends on the send ``window`` places before it o
 port. The plan then runs in that order on every backend and in cost.simulate (with a
 window of 1 on direct links the simulated time equals the schedule's own, exactly).
 
+Gated sends (PORT_GATE). With a window above 1 a send could go as soon as its data and its
+window allow, and a switch hop would then be reserved in that order rather than the
+schedule's. On a rank with a link to another rank the schedule therefore starts a send
+only when one of the rank's ops completes, and the plan makes the send depend on that op:
+it is posted exactly when scheduled, and on DGX-1's fragments (NVLinks plus PCIe switches)
+the simulated time equals the schedule's own (tests/test_timed_split.py).
+
 Jobs. The scheduler moves *jobs*: a job reduces its chunks up one tree (its *up tree*) and
 broadcasts them down another (its *down tree*), both rooted at the same rank. A tree kind's
 jobs are its trees (up = down); the split allreduce (compiler/splitpack.py) pairs in-trees
