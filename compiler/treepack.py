@@ -113,9 +113,9 @@ _LARGE_BROADCAST_RANKS = 128
 _LARGE_BROADCAST_ROUNDS = 12
 # allgather packs of at most this many ranks (not symmetric, converged) run the depth-bounded
 # second phase (treepack_shallow.py) after the first phase's optimum: DGX-1 7 -> 2 levels,
-# two A100 servers 8 -> 2, four 17 -> 2 (93 -> 53 trees), the MI250 mesh 13 -> 6. A round
-# prices every root, so its budget is a count of pricings: _SHALLOW_PHASE_PRICINGS / n
-# rounds (40 at 16 ranks, 20 at 32, where a round costs 0.1-0.3 s of CPU)
+# two A100 servers 8 -> 2, four 17 -> 2 (93 -> about 55 trees), one MI250 node 13 -> 5-6.
+# A round prices every root, so its budget is a count of pricings: _SHALLOW_PHASE_PRICINGS / n
+# rounds (40 at 16 ranks, 20 at 32, where a round took about 0.2 s of CPU on four A100s)
 _SHALLOW_PHASE_MAX_RANKS = 32
 _SHALLOW_PHASE_PRICINGS = 640
 

@@ -50,17 +50,19 @@ _L1_DELTA = 1e-3
 # target over the last _STALL_ROUNDS pricing rounds (counts: results depend on the input only)
 _STALL_ROUNDS = 3
 _STALL_SHARE = 0.25
-# re-parenting passes of the bounded pricer's local search (each O(n^2)); on the 16-GCD
-# MI250 mesh the second pass rarely moves a vertex, the third never did
+# re-parenting passes of the bounded pricer's local search, at most (each O(n^2) and it stops
+# at the first pass that moves nothing); a cap on work, not a tuned figure
 _IMPROVE_PASSES = 3
 
 
 def bounded_parents(w: np.ndarray, root: int, depth: int) -> list[int] | None:
     """Parent list (``-1`` at ``root``) of a cheap spanning arborescence of depth <= ``depth``
-    on the complete digraph with arc costs ``w`` (inf = absent), or None if the greedy finds
-    none. The minimum arborescence when it is shallow enough (then optimal), else a greedy
-    that attaches the cheapest reachable vertex to a parent above the depth cap, followed
-    by re-parenting moves that lower the cost and keep the cap.
+    on the complete digraph with arc costs ``w`` (inf = absent), or None when no arborescence
+    is that shallow (``depth`` below the root's eccentricity). The minimum arborescence when
+    it is shallow enough (then optimal); else the cheaper of the minimum arborescence cut
+    down to the cap (:func:`_repair`) and a greedy that attaches the cheapest reachable
+    vertex to a parent above the cap, each followed by re-parenting moves that lower the
+    cost and keep the cap; a breadth-first tree when both fail.
 
     >>> inf = float("inf")
     >>> w = np.array([[inf, 1, 5, 9], [inf, inf, 1, inf], [inf, inf, inf, 1], [inf] * 4])
