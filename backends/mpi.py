@@ -282,9 +282,13 @@ class MPIBackend(Transport):
         any byte moved): tell every other rank now (a message on :attr:`fail_tag` naming this
         rank) instead of leaving them to their deadline."""
         me = np.array([self.rank], dtype=np.int32)
-        for p in range(self.world):
-            if p != self.rank:
-                self._fail_sends.append((self.comm.Isend([me, self._MPI.INT], p, self.fail_tag), me))
+        reqs = [self.comm.Isend([me, self._MPI.INT], p, self.fail_tag) for p in range(self.world) if p != self.rank]
+        # 4 bytes go eagerly: complete at once; bounded, so a stuck peer cannot hold this rank.
+        # Completed requests are freed (MPICH warns at exit about requests still referenced)
+        end = time.monotonic() + 1.0
+        while not self._MPI.Request.Testall(reqs) and time.monotonic() < end:
+            time.sleep(1e-3)
+        self._fail_sends.append((reqs, me))  # kept (with the buffer) in case one is still in flight
 
     def _heard_failure(self) -> None:
         """Raise :class:`PeerFailed` for a rank that announced it gave up (probed, not
