@@ -398,6 +398,16 @@ def test_new_candidates_are_offered_only_where_they_apply():
     assert unit.packing("hier") is None and unit.candidate("treepack-hier") is None
 
 
+def test_doctests_of_the_algorithm_modules():
+    import doctest
+    import importlib
+
+    for name in ("bidir", "channels", "hier", "ringpack", "routes", "baselines", "bounds"):
+        mod = importlib.import_module(f"hcc.compiler.{name}")
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0, mod.__name__
+
+
 def test_an_algorithm_is_one_registered_object(monkeypatch):
     """Adding an algorithm is one Algorithm in compiler/registry.py: the passes pack for it,
     lower it, offer it to auto and honour it when forced, with no other edit."""
