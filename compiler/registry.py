@@ -50,6 +50,7 @@ from .channels import ring_channels
 from .channels import rings_plan as channels_plan
 from .hier import hier_plan, two_level_cut
 from .lower_relax import relax_plan
+from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
 from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
 from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
@@ -128,17 +129,14 @@ def _pack_trees(u):
         return treepack.pack_broadcast(topo, ranks, _root(spec))
     if kind in ("reduce", "gather"):
         return treepack.pack_broadcast(topo, ranks, _root(spec), reverse=True)
-    if kind == "allgather":
-        return treepack.pack_allgather(topo, ranks)
-    if kind == "reduce_scatter":
-        return treepack.pack_allgather(topo, ranks, reverse=True)
+    if kind in ("allgather", "reduce_scatter"):
+        # the shallow or the deep packing, whichever schedules faster (packing_choice.py)
+        return faster_allgather_packing(u, reverse=kind == "reduce_scatter", algorithm="treepack")
     return treepack.pack_broadcast(topo, ranks, ranks[0])
 
 
 def _pack_rsag(u):
-    from . import treepack
-
-    return treepack.pack_allgather(u.topology, u.spec.ranks)
+    return faster_allgather_packing(u, reverse=False, algorithm="treepack-rsag")
 
 
 def _lower_trees(name: str):
