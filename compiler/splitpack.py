@@ -23,8 +23,9 @@ gpu[0,3,4,5,7]). Here the reduction and the broadcast choose their trees jointly
 
 (a rank broadcasts no more than it has reduced). Each of the three forms above is a feasible
 point of this LP, so its optimum is at least theirs, and it is at most the allreduce floor
-(bounds.allreduce_floor), which holds for every schedule. Column generation as in
-compiler/treepack_master.py: with link duals y and root duals z, an out-tree at ``r`` enters
+(bounds.allreduce_floor), which holds for every schedule. The LP is
+compiler/treepack_master.py's master with its ``balance`` rows, and the column generation is
+as there: with link duals y and root duals z, an out-tree at ``r`` enters
 when its cost under y is below 1 - z_r, an in-tree when below z_r (each a minimum-cost
 arborescence of the rank closure, the in-tree on the reversed graph); it stops when none
 does (LP duality: optimal), when the floor is met, or after SPLIT_MAX_ROUNDS rounds. Trees
@@ -34,8 +35,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-import numpy as np
 
 from ..ir.errors import PlanError
 from ..ir.plan import Plan
@@ -73,33 +72,22 @@ class SplitPacking:
 
 
 def _solve(capn, cols, nroots):
-    """The master LP over ``cols`` = [(is_out, _Col)]: (weights, link duals, root duals, objective)."""
-    from ortools.linear_solver import pywraplp
+    """The master LP over ``cols`` = [(is_out, _Col)], compiler/treepack_master.py's with
+    ``balance`` rows: (weights, link duals, root duals, objective). Built cold per solve
+    without presolve: the column generation below was tuned on the vertices a cold GLOP
+    solve returns, and a warm master may return another optimal vertex of these degenerate
+    LPs (other duals, other columns, other plans)."""
+    from .treepack_master import PackError, _Master
 
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    if solver is None:
-        raise PlanError("OR-Tools GLOP is not available")
-    solver.SetSolverSpecificParametersAsString("use_preprocessing: false")
-    inf = solver.infinity()
-    rows = [solver.Constraint(-inf, float(c)) for c in capn]
-    roots = [solver.Constraint(-inf, 0.0) for _ in range(nroots)]
-    obj = solver.Objective()
-    obj.SetMaximization()
-    xs = []
+    master = _Master(capn, list(range(nroots)), balance=True)
     for is_out, col in cols:
-        v = solver.NumVar(0.0, inf, "")
-        for li, k in col.usage:
-            rows[li].SetCoefficient(v, float(k))
-        roots[col.root].SetCoefficient(v, 1.0 if is_out else -1.0)
-        if is_out:
-            obj.SetCoefficient(v, 1.0)
-        xs.append(v)
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        raise PlanError("GLOP did not solve the split-tree allreduce LP")
-    w = [max(0.0, v.solution_value()) for v in xs]
-    y = np.array([abs(ct.dual_value()) for ct in rows])
-    z = [abs(ct.dual_value()) for ct in roots]
-    return w, y, z, obj.Value()
+        master.add(col, out=is_out)
+    try:
+        master.solve()
+    except PackError as e:
+        raise PlanError(f"GLOP did not solve the split-tree allreduce LP ({e})") from e
+    y, z = master.duals()
+    return master.weights(), y, z, master.objective()
 
 
 def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_MAX_ROUNDS) -> SplitPacking | None:

@@ -6,7 +6,9 @@ Terms
   how many times it crosses each link.
 - *master*: the LP over the columns found so far (:class:`_Master`). Broadcast: max sum_T w_T
   s.t. sum_T usage_T(e) w_T <= c(e). Allgather (ForestColl): max x s.t. the same link rows
-  and sum_{T rooted at r} w_T >= x for every root r.
+  and sum_{T rooted at r} w_T >= x for every root r. Split allreduce (``balance``,
+  compiler/splitpack.py): columns are out-trees or in-trees, max sum_{T out} w_T s.t. the
+  same link rows and sum_{T out at r} w_T - sum_{T in at r} w_T <= 0 for every root r.
 - *pricing*: the link duals y(e) (and per-root duals z_r) price a new column as a
   minimum-cost arborescence (Chu-Liu 1965 / Edmonds 1967, :func:`min_arborescence`) on the
   rank closure under y (:class:`_Pricer`); it enters when it costs less than z_r (1 for a
@@ -14,8 +16,9 @@ Terms
 - *depth*: the levels of a column, the longest parent chain from a rank to its root
   (:func:`_depth`); a route through switches is one level.
 
-The same master serves the host-symmetric packing (treepack_symmetry.py) and the
-depth-bounded second phase (treepack_shallow.py).
+The same master serves the host-symmetric packing (treepack_symmetry.py), the
+depth-bounded second phase (treepack_shallow.py), the bidirectional packing
+(bidir.solve_master) and the split allreduce (splitpack.py).
 """
 from __future__ import annotations
 
@@ -319,20 +322,26 @@ class _Master:
     """The restricted master LP over the columns so far (GLOP), rebuilt cold when needed.
 
     Broadcast: max sum_T w_T s.t. sum_T load_T(e) w_T <= c(e). Allgather: max x s.t. the same
-    link rows and x - sum_{T rooted at r} w_T <= 0 for every root r. Capacities are divided
-    by the largest one, so every coefficient is a small integer and every bound is <= 1.
+    link rows and x - sum_{T rooted at r} w_T <= 0 for every root r. ``balance`` (the split
+    allreduce): every column is an out-tree or an in-tree (:meth:`add`'s ``out``), max
+    sum_{T out} w_T s.t. the link rows and sum_{T out at r} w_T - sum_{T in at r} w_T <= 0
+    for every root r (a rank broadcasts no more than it reduced); the root duals z_r price
+    an out-tree against 1 - z_r and an in-tree against z_r. Capacities are divided by the
+    largest one, so every coefficient is a small integer and every bound is <= 1.
     """
 
     def __init__(self, capn: np.ndarray, roots: list[int], *, presolve: bool = False,
-                 feasibility: float | None = None):
+                 feasibility: float | None = None, balance: bool = False):
         self.capn = capn
         self.roots = roots
+        self.balance = balance
         self.presolve = presolve  # GLOP's presolve: only for masters built cold per solve
         # GLOP's primal feasibility tolerance when given (its default let a link carry 7e-9
         # above its capacity, which the result then gives back in rate)
         self.feasibility = feasibility
-        self.equal = len(roots) > 1
+        self.equal = len(roots) > 1 and not balance
         self.cols: list[_Col] = []
+        self.outs: list[bool] = []  # per column: an out-tree (balance: False for an in-tree)
         self.allowed: list[bool] = []  # per column: may take weight (see allow)
         self.keys: set = set()
         self._build()
@@ -360,14 +369,16 @@ class _Master:
         self.obj.SetMaximization()
         if self.equal:
             self.obj.SetCoefficient(self.x, 1.0)
+        if self.equal or self.balance:
             for r in self.roots:
                 ct = solver.Constraint(-inf, 0.0)
-                ct.SetCoefficient(self.x, 1.0)
+                if self.equal:
+                    ct.SetCoefficient(self.x, 1.0)
                 self.root_rows[r] = ct
-        self.rate_row = None  # single root: sum_T w_T >= a held rate (see settle)
+        self.rate_row = None  # no x: sum_{T out} w_T >= a held rate (see settle)
         self.vars = []
-        for col in self.cols:
-            self._var(col)
+        for col, out in zip(self.cols, self.outs):
+            self._var(col, out)
 
     def allow(self, mask) -> None:
         """Let only the columns whose ``mask`` entry is true take weight (the others are held
@@ -376,7 +387,7 @@ class _Master:
         for v, ok in zip(self.vars, self.allowed):
             v.SetUb(self.solver.infinity() if ok else 0.0)
 
-    def _var(self, col: _Col) -> None:
+    def _var(self, col: _Col, out: bool = True) -> None:
         k = len(self.vars)
         ok = k >= len(self.allowed) or self.allowed[k]
         v = self.solver.NumVar(0.0, self.solver.infinity() if ok else 0.0, "")
@@ -385,18 +396,26 @@ class _Master:
         if self.equal:
             self.root_rows[col.root].SetCoefficient(v, -1.0)
         else:
-            self.obj.SetCoefficient(v, 1.0)
-            if self.rate_row is not None:
-                self.rate_row.SetCoefficient(v, 1.0)
+            if self.balance:
+                self.root_rows[col.root].SetCoefficient(v, 1.0 if out else -1.0)
+            if out:
+                self.obj.SetCoefficient(v, 1.0)
+                if self.rate_row is not None:
+                    self.rate_row.SetCoefficient(v, 1.0)
         self.vars.append(v)
 
-    def add(self, col: _Col) -> bool:
-        key = (col.root, col.parent, col.paths)
+    def add(self, col: _Col, *, out: bool = True) -> bool:
+        """Add ``col`` unless the master has it; ``out=False`` adds it as an in-tree (only
+        with ``balance``)."""
+        if not out and not self.balance:
+            raise ValueError("in-tree columns need a balance master")
+        key = (out, col.root, col.parent, col.paths)
         if key in self.keys:
             return False
         self.keys.add(key)
         self.cols.append(col)
-        self._var(col)
+        self.outs.append(out)
+        self._var(col, out)
         return True
 
     def solve(self) -> None:
@@ -412,8 +431,9 @@ class _Master:
             raise PackError(f"GLOP did not solve the tree packing master LP (status {status})")
 
     def duals(self):
+        """``(y, z)``: the link duals and the root duals per root (one root: z = 1)."""
         y = np.array([max(0.0, abs(ct.dual_value())) for ct in self.rows])
-        if self.equal:
+        if self.equal or self.balance:
             return y, {r: abs(self.root_rows[r].dual_value()) for r in self.roots}
         return y, {self.roots[0]: 1.0}
 
@@ -421,13 +441,18 @@ class _Master:
         return [max(0.0, v.solution_value()) for v in self.vars]
 
     def objective(self) -> float:
-        return self.x.solution_value() if self.equal else sum(self.weights())
+        if self.equal:
+            return self.x.solution_value()
+        if self.balance:
+            return self.obj.Value()
+        return sum(self.weights())
 
     def settle(self, rate: float, cost, slack: float = 1e-9) -> bool:
         """Among the packings over these columns of rate >= ``rate`` (``slack`` relative; x per
-        root with several roots, the total with one), one of least sum_T cost[T] w_T, by a
-        warm GLOP re-solve. True when solved; otherwise the master is back at its own
-        maximum-rate solution and False. The rate stays held until :meth:`release`."""
+        root with several roots, the total with one, the out-trees' total with ``balance``),
+        one of least sum_T cost[T] w_T, by a warm GLOP re-solve. True when solved; otherwise
+        the master is back at its own maximum-rate solution and False. The rate stays held
+        until :meth:`release`."""
         from ortools.linear_solver import pywraplp
 
         if rate <= 0:
@@ -438,8 +463,9 @@ class _Master:
         else:
             if self.rate_row is None:
                 self.rate_row = self.solver.Constraint(held, self.solver.infinity())
-                for v in self.vars:
-                    self.rate_row.SetCoefficient(v, 1.0)
+                for v, out in zip(self.vars, self.outs):
+                    if out:
+                        self.rate_row.SetCoefficient(v, 1.0)
             self.rate_row.SetLb(held)
         self.obj.Clear()
         self.obj.SetMinimization()
@@ -461,8 +487,9 @@ class _Master:
         else:
             if self.rate_row is not None:
                 self.rate_row.SetLb(-self.solver.infinity())
-            for v in self.vars:
-                self.obj.SetCoefficient(v, 1.0)
+            for v, out in zip(self.vars, self.outs):
+                if out:
+                    self.obj.SetCoefficient(v, 1.0)
 
 
 def _more_columns(pricer: _Pricer, master: _Master, y: np.ndarray, col: _Col, threshold: float) -> None:

@@ -134,3 +134,44 @@ def test_gated_sends_make_the_schedule_time_the_simulated_time():
                     L.ce)
     verify(plan)
     assert simulate(plan).time == pytest.approx(L.timed_makespan, rel=1e-9)
+
+
+def test_the_shared_master_holds_each_rank_to_what_it_reduced():
+    # the split LP is treepack_master's _Master with balance rows. Two ranks, link 0 = a->b
+    # (capacity 1), link 1 = b->a (0.5); out@a and in@b use link 0, in@a and out@b link 1.
+    # max oa + ob s.t. oa + ib <= 1, ia + ob <= 0.5, oa <= ia, ob <= ib: oa + ob <= ia + ob
+    # <= 0.5, reached at oa = ia = 0.5 (b reduces into a over b->a, a broadcasts over a->b)
+    import numpy as np
+
+    from hcc.compiler.treepack_master import _Col, _Master
+
+    out_a, in_a = _Col(0, (-1, 0), ((), ("a", "b")), ((0, 1),)), _Col(0, (-1, 0), ((), ("a", "b")), ((1, 1),))
+    out_b, in_b = _Col(1, (1, -1), (("b", "a"), ()), ((1, 1),)), _Col(1, (1, -1), (("b", "a"), ()), ((0, 1),))
+    capn = np.array([1.0, 0.5])
+    m = _Master(capn, [0, 1], balance=True)
+    cols = [(out_a, True), (in_a, False), (out_b, True), (in_b, False)]
+    # out_a and in_a share root, parents and paths: the direction is part of a column's key
+    assert all(m.add(c, out=o) for c, o in cols)
+    assert not m.add(in_a, out=False) and not m.add(out_a)
+    m.solve()
+    assert m.objective() == pytest.approx(0.5, abs=1e-12)
+    w = m.weights()
+    assert w[0] + w[2] == pytest.approx(0.5, abs=1e-12)
+    assert w[0] <= w[1] + 1e-12 and w[2] <= w[3] + 1e-12  # nobody broadcasts more than it reduced
+    # LP duality: no column of an optimal master prices below its threshold (out-tree 1 - z_r,
+    # in-tree z_r), and the ones carrying weight price at it
+    y, z = m.duals()
+    for (c, o), x in zip(cols, w):
+        cost = sum(k * y[li] for li, k in c.usage)
+        limit = 1.0 - z[c.root] if o else z[c.root]
+        assert cost >= limit - 1e-9
+        if x > 1e-9:
+            assert cost == pytest.approx(limit, abs=1e-9)
+    # out-trees alone reduce nothing, so they broadcast nothing
+    alone = _Master(capn, [0, 1], balance=True)
+    alone.add(out_a)
+    alone.add(out_b)
+    alone.solve()
+    assert alone.objective() == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        _Master(capn, [0]).add(in_a, out=False)  # in-trees only in a balance master
