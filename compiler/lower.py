@@ -43,33 +43,21 @@ runs a weighted-fair list schedule of every message under the cost model and wri
 port's order into the plan as send-to-send dependencies, so every tree advances at its packed
 share of the links it crosses (compiler/schedule.py).
 
-Tags are allocated per ordered pair ``(src, dst)`` from 0 upward, so they are unique per pair
-and small (``< 2**24``, ir/plan.py).
+The ops are built by compiler/builder.py (the program builder and its per-chunk tree steps,
+shared with schedule.py): tags are allocated per ordered pair ``(src, dst)`` from 0 upward,
+so they are unique per pair and small (``< 2**24``, ir/plan.py).
 """
 from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
 from ..ir.errors import PlanError
-from ..ir.plan import (
-    DTYPE_SIZES,
-    ROOTED_KINDS,
-    ChunkRef,
-    Copy,
-    Op,
-    Plan,
-    Recv,
-    RecvReduce,
-    Scale,
-    Send,
-    Tree,
-    block_range,
-)
+from ..ir.plan import DTYPE_SIZES, ROOTED_KINDS, ChunkRef, Copy, Plan, Tree
 from ..ir.topology import Topology
 from ..ir.verify import neighbor_peers
+from .builder import ProgramBuilder, _deps, _Lowering, plan_op, split_by_rate
+from .schedule import PORT_WINDOW, TIMED_KINDS, lower_timed
 from .trees import TreeShape
-
-MAX_TAG = 1 << 24
 
 __all__ = [
     "ProgramBuilder",
@@ -95,196 +83,12 @@ def chunk_elems(chunk_bytes: int, dtype: str) -> int:
     return max(1, int(chunk_bytes) // DTYPE_SIZES[dtype])
 
 
-def split_by_rate(lo: int, hi: int, rates: Sequence[float]) -> list[tuple[int, int]]:
-    """Split ``[lo, hi)`` into consecutive ranges proportional to ``rates`` (cumulative floor,
-    so the parts tile the range exactly). Non-positive total rate splits evenly.
-
-    >>> split_by_rate(0, 10, [3.0, 1.0])
-    [(0, 7), (7, 10)]
-    """
-    total = float(sum(rates))
-    weights = list(rates) if total > 0 else [1.0] * len(rates)
-    total = float(sum(weights))
-    out, acc, start = [], 0.0, lo
-    for i, w in enumerate(weights):
-        acc += w
-        end = hi if i == len(weights) - 1 else lo + int((hi - lo) * acc / total)
-        end = max(start, min(hi, end))
-        out.append((start, end))
-        start = end
-    return out
-
-
 def _chunks(lo: int, hi: int, ce: int) -> Iterator[tuple[int, int]]:
     a = lo
     while a < hi:
         b = min(hi, a + ce)
         yield a, b
         a = b
-
-
-def _deps(*xs: int | None) -> tuple[int, ...]:
-    return tuple(sorted({x for x in xs if x is not None}))
-
-
-def plan_op(kind: str, op: str | None) -> str | None:
-    """The plan's reduction op: the spec's (default sum) for reducing kinds, ``avg`` for
-    neighbor_average, ``None`` otherwise."""
-    if kind in ("reduce", "allreduce", "reduce_scatter"):
-        return op or "sum"
-    if kind == "neighbor_average":
-        return "avg"
-    return None
-
-
-_new = object.__new__
-
-
-def _message_op(cls, peer: int, tag: int, ref: ChunkRef, deps: tuple[int, ...], tree: int, chunk: int):
-    """``cls(peer, tag, ref, deps, tree, chunk)`` for Send, Recv and RecvReduce, built by
-    filling the instance dict: a frozen dataclass's ``__init__`` sets each of the six fields
-    through ``object.__setattr__``, and at a million messages per 1024-rank candidate that
-    was a third of the lowering. The value is the same (equality, hash and repr read the
-    fields); the three classes have no ``__post_init__``.
-
-    >>> _message_op(Send, 1, 0, ChunkRef("in", 0, 4), (), -1, -1) == Send(1, 0, ChunkRef("in", 0, 4))
-    True
-    """
-    op = _new(cls)
-    d = op.__dict__
-    d["peer"] = peer
-    d["tag"] = tag
-    d["src" if cls is Send else "dst"] = ref
-    d["deps"] = deps
-    d["tree"] = tree
-    d["chunk"] = chunk
-    return op
-
-
-class ProgramBuilder:
-    """Per-rank op lists under construction, with per-pair tag counters and tmp sizing."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.programs: list[list[Op]] = [[] for _ in range(n)]
-        self.tmp_end = [0] * n
-        self._tags: dict[tuple[int, int], int] = {}
-
-    def add(self, rank: int, op: Op) -> int:
-        prog = self.programs[rank]
-        prog.append(op)
-        for ref in _refs(op):
-            if ref.buf == "tmp" and ref.end > self.tmp_end[rank]:
-                self.tmp_end[rank] = ref.end
-        return len(prog) - 1
-
-    def message(
-        self,
-        src: int,
-        dst: int,
-        src_ref: ChunkRef,
-        dst_ref: ChunkRef,
-        *,
-        send_deps: tuple[int, ...] = (),
-        recv_deps: tuple[int, ...] = (),
-        reduce: bool = False,
-        tree: int = -1,
-        chunk: int = -1,
-    ) -> tuple[int, int]:
-        """Add a matched Send (on ``src``) and Recv/RecvReduce (on ``dst``); return their
-        indices in the two programs."""
-        key = (src, dst)
-        tag = self._tags.get(key, 0)
-        if tag >= MAX_TAG:
-            raise PlanError(f"more than {MAX_TAG} messages from rank {src} to rank {dst}; use larger chunks")
-        self._tags[key] = tag + 1
-        # the hot path of lowering (34 000 messages for a DGX-1 broadcast candidate): append
-        # directly, since the one ref of each op is known here (add() would look it up)
-        tmp_end = self.tmp_end
-        for rank, ref in ((src, src_ref), (dst, dst_ref)):
-            if ref.buf == "tmp" and ref.end > tmp_end[rank]:
-                tmp_end[rank] = ref.end
-        ps, pr = self.programs[src], self.programs[dst]
-        ps.append(_message_op(Send, dst, tag, src_ref, send_deps, tree, chunk))
-        pr.append(_message_op(RecvReduce if reduce else Recv, src, tag, dst_ref, recv_deps, tree, chunk))
-        return len(ps) - 1, len(pr) - 1
-
-    def finish(self) -> tuple[tuple[tuple[Op, ...], ...], tuple[int, ...]]:
-        return tuple(tuple(p) for p in self.programs), tuple(self.tmp_end)
-
-
-def _refs(op: Op) -> tuple[ChunkRef, ...]:
-    if isinstance(op, Send):
-        return (op.src,)
-    if isinstance(op, (Recv, RecvReduce, Scale)):
-        return (op.dst,)
-    return (op.src, op.dst)
-
-
-class _Lowering:
-    """One lowering run: the builder plus the collective's constants."""
-
-    def __init__(self, spec: Any, ce: int):
-        self.spec = spec
-        self.n = len(spec.ranks)
-        self.E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
-        self.ce = ce
-        self.op = plan_op(spec.kind, spec.op)
-        self.B = ProgramBuilder(self.n)
-
-    def block(self, j: int) -> tuple[int, int]:
-        return block_range(self.E, self.n, j)
-
-    # -- out-tree: one chunk from the root to every rank -------------------------------
-    def bcast_chunk(self, t: int, k: int, sh: TreeShape, root_src: ChunkRef, dst: ChunkRef,
-                    root_ready: tuple[int, ...], wait_for: dict[int, int] | None = None
-                    ) -> dict[int, tuple[int, ...]]:
-        """Returns, per rank, the ops after which it holds the chunk."""
-        B = self.B
-        have: dict[int, tuple[int, ...]] = {sh.root: root_ready}
-        src = {sh.root: root_src}
-        for r in sh.order:
-            for c in sh.children[r]:
-                rd = _deps(wait_for.get(c)) if wait_for else ()
-                _, rv = B.message(r, c, src[r], dst, send_deps=have[r], recv_deps=rd,
-                                  tree=t, chunk=k)
-                have[c], src[c] = (rv,), dst
-        return have
-
-    # -- in-tree: one chunk reduced from every rank to the root -------------------------
-    def reduce_chunk(self, t: int, k: int, sh: TreeShape, a: int, b: int, dst_of,
-                     gate: dict[int, tuple[int, ...]] | None = None
-                     ) -> tuple[ChunkRef, tuple[int, ...], dict[int, int]]:
-        """Returns the root's result ref, the ops that complete it, and each non-root's
-        Send-up index. The RecvReduces of one rank's children all depend only on its Copy:
-        reductions into one range commute (ir/verify.py), so a child's chunk is combined as
-        soon as it lands rather than after its siblings'. ``gate[r]``: ops rank ``r`` waits
-        for before it starts this chunk (its Copy, or a leaf's Send): a credit window."""
-        B = self.B
-        cnt = b - a
-        inref = ChunkRef("in", a, cnt)
-        ready: dict[int, tuple[ChunkRef, tuple[int, ...]]] = {}
-        sendup: dict[int, int] = {}
-        for r in reversed(sh.order):  # children before parents
-            kids = sh.children[r]
-            wait = gate.get(r, ()) if gate else ()
-            if not kids and r != sh.root:
-                ready[r] = (inref, wait)  # a leaf sends its input as is
-                continue
-            acc = dst_of(r)
-            copy = B.add(r, Copy(inref, acc, wait))
-            done = []
-            for c in kids:
-                cref, cdeps = ready[c]
-                s, rr = B.message(c, r, cref, acc, send_deps=cdeps, recv_deps=(copy,),
-                                  reduce=True, tree=t, chunk=k)
-                sendup[c] = s
-                done.append(rr)
-            ready[r] = (acc, tuple(done) or (copy,))
-        acc, last = ready[sh.root]
-        if self.op == "avg" and self.n > 1:
-            last = (B.add(sh.root, Scale(acc, self.n, last)),)
-        return acc, last, sendup
 
 
 def _tree_jobs(spans: list[tuple[int, int]], ce: int | Sequence[int]) -> list[list[tuple[int, int]]]:
@@ -374,8 +178,6 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
         per_root = kind == "allreduce" and n > 1 and {s.root for s in shapes} == set(range(n))
     else:
         per_root = per_root and kind == "allreduce" and n > 1
-    from .schedule import TIMED_KINDS, lower_timed
-
     if timed is not None and kind in TIMED_KINDS:
         if kind in ("allgather", "reduce_scatter") or per_root:
             spans = _root_spans(L, shapes)
@@ -505,8 +307,6 @@ def lower(
     if schedule not in ("fifo", "timed"):
         raise PlanError(f"unknown schedule {schedule!r} (fifo or timed)")
     if port_window is None:
-        from .schedule import PORT_WINDOW
-
         port_window = PORT_WINDOW
     if port_window < 1:
         raise PlanError(f"port window must be at least 1, got {port_window}")

@@ -46,7 +46,8 @@ from typing import Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Scale
 from ..ir.topology import Topology
-from .lower import TreeShape, _deps, _Lowering, split_by_rate
+from .builder import _deps, _Lowering, split_by_rate
+from .trees import TreeShape
 
 __all__ = ["PORT_WINDOW", "TIMED_KINDS", "lower_timed", "lower_jobs"]
 

@@ -212,8 +212,10 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     """The allreduce plan over ``packing``'s jobs, scheduled by compiler/schedule.py (each
     job's share of the buffer proportional to its rate, rebalanced by finish time)."""
     from .cost import DEFAULT_MODEL
-    from .lower import TreeShape, _Lowering, assemble, chunk_elems, split_by_rate
+    from .lower import assemble, chunk_elems
+    from .builder import _Lowering, split_by_rate
     from .schedule import PORT_WINDOW, lower_jobs
+    from .trees import TreeShape
 
     if spec.kind != "allreduce":
         raise PlanError(f"split trees lower allreduce only, not {spec.kind}")

@@ -529,11 +529,13 @@ def test_doctests():
     import doctest
 
     import hcc.compiler.baselines
+    import hcc.compiler.builder
     import hcc.compiler.lower
     import hcc.compiler.routes
     import hcc.ir.plan
 
-    for mod in (hcc.compiler.lower, hcc.compiler.baselines, hcc.compiler.routes, hcc.ir.plan):
+    for mod in (hcc.compiler.lower, hcc.compiler.builder, hcc.compiler.baselines, hcc.compiler.routes,
+                hcc.ir.plan):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 

@@ -9,9 +9,10 @@ import pytest
 from hcc.compiler import splitpack
 from hcc.compiler.bounds import allreduce_floor
 from hcc.compiler.cost import least_latency, simulate
-from hcc.compiler.lower import _Lowering, TreeShape
+from hcc.compiler.builder import _Lowering
 from hcc.compiler.schedule import PORT_WINDOW, lower_timed
 from hcc.compiler.treepack import pack_allgather
+from hcc.compiler.trees import TreeShape
 from hcc.ir.topology import Link, Topology
 from hcc.ir.verify import verify
 
