@@ -12,7 +12,7 @@ import hcc
 from hcc.compiler import treepack
 from hcc.compiler.cost import DEFAULT_MODEL, simulate
 from hcc.compiler.lower import lower
-from hcc.compiler.packing_choice import faster_allgather_packing, routes_through_switch
+from hcc.compiler.packing_choice import faster_allgather_packing, one_uplink_ranks, stars_through_switch
 from hcc.compiler.pipeline import Pack, Unit, run_passes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,9 @@ def test_nvswitch_allgather_is_no_slower_than_the_deep_packing():
     shallow = treepack.pack_allgather(topo, spec.ranks)
     deep = treepack.pack_allgather(topo, spec.ranks, shallow=False)
     # the situation the choice exists for: the same rate, stars through the switch against chains
-    assert "shallow(depth 1)" in shallow.method and routes_through_switch(shallow)
+    assert one_uplink_ranks(topo, spec.ranks) == frozenset(spec.ranks)
+    assert "shallow(depth 1)" in shallow.method and stars_through_switch(shallow, topo, spec.ranks)
+    assert not stars_through_switch(deep, topo, spec.ranks)
     assert shallow.rate == deep.rate or abs(shallow.rate / deep.rate - 1) < 1e-7
     assert depth(shallow) == 1 and depth(deep) == len(spec.ranks) - 1
     t_deep, t_shallow = best_timed(spec, topo, deep.trees), best_timed(spec, topo, shallow.trees)
@@ -78,16 +80,25 @@ def test_nvswitch_keeps_the_deep_packing_for_allgather_like_kinds():
         assert depth(p) == len(spec.ranks) - 1
 
 
-def test_direct_links_keep_the_shallow_packing_unpriced():
-    # a ring of 6 ranks over direct links: no tree edge crosses a switch, so the shallow
-    # packing is returned as pack_allgather gives it (the same object: nothing re-packed)
-    src = ("topology r { node g[0..5]\n" + "".join(f" g{i} <-> g{(i + 1) % 6} : 50 GB/s, 1 us\n" for i in range(6))
-           + " g0 <-> g3 : 50 GB/s, 1 us\n g1 <-> g4 : 50 GB/s, 1 us\n}\n"
-           "collective ag = allgather on r { size = 256 MB }\n")
-    program = hcc.load(src)
-    spec = program.collectives[0]
+def test_ranks_with_more_links_keep_the_shallow_packing_unpriced():
+    # DGX-1: every GPU has NVLinks beside its PCIe switch, so no rank is a one-uplink rank and
+    # the shallow packing is returned as pack_allgather gives it (the same object: nothing
+    # re-packed, nothing priced), though its trees route through the PCIe switches
+    program = hcc.load(ROOT / "samples" / "dgx1.hcl")
+    spec = next(c for c in program.collectives if c.kind == "allgather")
     u = Unit(program=program, spec=spec, topology=program.topology_of(spec), model=DEFAULT_MODEL)
     treepack.clear_cache()
-    got = faster_allgather_packing(u, reverse=False, algorithm="treepack")
-    assert not routes_through_switch(got)
-    assert got is treepack.pack_allgather(u.topology, spec.ranks)
+    shallow = treepack.pack_allgather(u.topology, spec.ranks)
+    assert "shallow(" in shallow.method
+    assert any(len(path) > 2 for t in shallow.trees for _, _, path in t.edges)
+    assert one_uplink_ranks(u.topology, spec.ranks) == frozenset()
+    assert faster_allgather_packing(u, reverse=False, algorithm="treepack") is shallow
+
+
+def test_one_uplink_ranks_by_hand():
+    # a switch with three ranks on it, one of which also has a direct link to a fourth rank
+    program = hcc.load("topology t { node a, b, c, d\n switch s\n a <-> s : 10 GB/s\n b <-> s : 10 GB/s\n"
+                       " c <-> s : 10 GB/s\n c <-> d : 10 GB/s\n}\n"
+                       "collective ag = allgather on t { size = 1 MB }\n")
+    spec = program.collectives[0]
+    assert one_uplink_ranks(program.topology_of(spec), spec.ranks) == frozenset({"a", "b"})
