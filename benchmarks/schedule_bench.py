@@ -5,7 +5,7 @@ to the cut bound and to the latency-aware bound, priced by the project's cost mo
     .venv/bin/python benchmarks/schedule_bench.py --only dgx1,mi250x1 --sizes 256MB,1GB
 
 Per topology, collective kind and size: the packing's trees, then the chunk-size search of
-the pipeline (cost.choose_chunk, patience 2 as the pipeline gives the treepack candidates) over
+the pipeline (chunks.choose_chunk, patience 2 as the pipeline gives the treepack candidates) over
 the treepack lowering, once with the plain chunk-major
 order (``fifo``) and once with the timed schedule (``timed``, what ``hcc compile`` uses).
 Columns: ``fifo``/``timed`` = cut bound / predicted (the bound ``hcc compile`` reports;
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import hcc
 from hcc.compiler.bounds import latency_aware_bound, message_bound
-from hcc.compiler.cost import DEFAULT_MODEL, choose_chunk, chunk_candidates
+from hcc.compiler.chunks import choose_chunk, chunk_candidates
+from hcc.compiler.cost import DEFAULT_MODEL
 from hcc.compiler.lower import lower
 from hcc.compiler.pipeline import Bounds, Pack, Unit, run_passes
 from hcc.compiler.splitpack import split_plan

@@ -344,7 +344,7 @@ def lower_priced(spec_like: Any, topo: Topology, trees: Sequence[Any], chunk_byt
     """``(plan, simulation)``: the timed lowering, or the plain chunk-major one where that
     simulates faster (the timed schedule is a heuristic: on a 4-GPU DGX-1 fragment's
     allreduce it lost 0.96 -> 0.93 of the bound to the plain order), for
-    cost.choose_chunk."""
+    chunks.choose_chunk."""
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL

@@ -29,11 +29,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..ir.plan import DTYPE_SIZES
-from .cost import choose_chunk, chunk_candidates
+from .chunks import choose_chunk, chunk_candidates
 
 __all__ = ["faster_allgather_packing", "one_uplink_ranks", "stars_through_switch"]
 
-# chunk sizes the choice tries past the first slower one (cost.choose_chunk's patience): the
+# chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
 # (pipeline.Lower gives them the same second chance)
 _PATIENCE = 2

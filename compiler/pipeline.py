@@ -16,7 +16,7 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
              ringpack.py and NCCL's ring channels (channels.py)
     lower    every candidate the spec allows (registry.candidates_for), each lowered by its
              registered builder at the chunk size that minimises the simulated time
-             (cost.choose_chunk); the NCCL-like baselines (compiler/baselines.py, channels.py:
+             (chunks.choose_chunk); the NCCL-like baselines (compiler/baselines.py, channels.py:
              the single ring, multi-channel rings, double binary tree, recursive doubling)
              are always priced too, for the figures
     select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
@@ -42,7 +42,8 @@ from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
 from . import progress, registry
-from .cost import DEFAULT_MODEL, ChunkChoice, CostModel, chunk_candidates, choose_chunk, least_latency
+from .chunks import ChunkChoice, choose_chunk, chunk_candidates
+from .cost import DEFAULT_MODEL, CostModel, least_latency
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
 

@@ -375,7 +375,7 @@ class PlanCache:
         from dataclasses import replace
 
         from .compiler import registry
-        from .compiler.cost import choose_chunk
+        from .compiler.chunks import choose_chunk
         from .compiler.pipeline import Candidate, CompileError
 
         spec = unit.spec

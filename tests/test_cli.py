@@ -170,7 +170,7 @@ def _chain_time(chunk: int, per_message_s: float, size: int = 4 << 20, hops: int
 
 
 def test_per_message_flag_moves_the_chunk_and_the_prediction(tmp_path):
-    from hcc.compiler.cost import chunk_candidates
+    from hcc.compiler.chunks import chunk_candidates
 
     src = tmp_path / "line.hcl"
     src.write_text(LINE)
@@ -223,7 +223,7 @@ def test_run_compiles_with_the_backends_model_unless_told(tmp_path):
     from hcc import runner
     from hcc.cli import build_parser
     from hcc.commands import cost_model
-    from hcc.compiler.cost import chunk_candidates
+    from hcc.compiler.chunks import chunk_candidates
 
     src = tmp_path / "line.hcl"
     src.write_text(LINE)

@@ -6,10 +6,9 @@ import time
 
 import pytest
 
+from hcc.compiler.chunks import chunk_candidates, choose_chunk
 from hcc.compiler.cost import (
     CostModel,
-    chunk_candidates,
-    choose_chunk,
     least_latency,
     simulate,
     wire_bytes_of,
@@ -223,7 +222,7 @@ def test_doctests_of_the_compiler_modules():
 
 
 def test_extrapolate_fits_the_pipeline_curve_exactly():
-    from hcc.compiler.cost import _extrapolate
+    from hcc.compiler.chunks import _extrapolate
 
     def t(c):
         return 1e-3 + 2e-12 * c + 3e-3 / c

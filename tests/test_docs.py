@@ -52,7 +52,7 @@ def _cited_results() -> set[str]:
     cited: set[str] = set()
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
-        for m in re.finditer(r"[\w{},.*-]*\.(?:csv|json|png|\{[\w,]+\})", text):
+        for m in re.finditer(r"[\w{},.*-]*\.(?:csv|json|png|txt|\{[\w,]+\})", text):
             word = m.group(0)
             names = [word]
             while any("{" in n for n in names):

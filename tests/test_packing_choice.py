@@ -18,7 +18,7 @@ from hcc.compiler.pipeline import Pack, Unit, run_passes
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1 << 30
 # every chunk size from the whole buffer down to 1 MiB, by halves: an exhaustive search of its
-# own (no early stop), so the reference does not share cost.choose_chunk's heuristics
+# own (no early stop), so the reference does not share chunks.choose_chunk's heuristics
 CHUNKS = tuple(GB >> k for k in range(11))
 
 
