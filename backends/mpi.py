@@ -298,7 +298,7 @@ class MPIBackend(Transport):
         while self.comm.Iprobe(MPI.ANY_SOURCE, self.fail_tag, status):
             buf = np.zeros(1, dtype=np.int32)
             self.comm.Recv([buf, MPI.INT], status.Get_source(), self.fail_tag)
-            self._failed[int(buf[0])] = "its own input was refused (announced over MPI)"
+            self._failed[int(buf[0])] = "it gave up and announced it over MPI (its input was refused, or its run failed)"
         if self._failed:
             peer, why = next(iter(self._failed.items()))
             raise PeerFailed(self.rank, peer, why)

@@ -425,7 +425,7 @@ class SocketTransport(Transport):
                     with self._cond:
                         if tag not in self._dead and tag != self.rank:
                             self._dead[tag] = (f"reported by rank {peer}" if tag != peer else
-                                               "it stopped: its own input was refused (announced)")
+                                               "it gave up and announced it (its input was refused, or its run failed)")
                         self._aborted[peer] = tag
                         self._cond.notify_all()
                     self._gossip(tag)
@@ -722,7 +722,7 @@ class SocketTransport(Transport):
                 self._mark_dead(r, "its process died (reported by the launcher)")
         for r in gave:
             if isinstance(r, int) and 0 <= r < self.world and r != self.rank:
-                self._mark_dead(r, "it stopped: its own input was refused (announced in the store)")
+                self._mark_dead(r, "it gave up and announced it in the store (its input was refused, or its run failed)")
 
     def announce_failure(self, reason: str = "") -> None:
         """This rank will not take part in the run it was given (its array was refused before
