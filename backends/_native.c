@@ -26,6 +26,11 @@
  * Everything read from a peer's segment is copied out of the slot header before it is
  * checked: lengths and offsets are bounded before any byte moves (a protocol error, never
  * an overrun).
+ *
+ * One translation unit (~1,800 lines) on purpose: the runner calls the kernels and the ring
+ * engine through static inline functions the compiler inlines into its per-piece loop, and
+ * they share one module state; its sections: dtypes and ops (the kernels), shared layout,
+ * requests (rings and the runner's transfers), the Engine type, module functions.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
