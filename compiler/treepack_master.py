@@ -75,6 +75,47 @@ def min_arborescence(cost, root: int) -> list[int] | None:
     return None if par is None else [int(p) for p in par]
 
 
+def _contract(par: list[int]) -> tuple[list[int], list[int], int, list[list[int]]] | None:
+    """The cycles of the cheapest in-arcs ``par`` (-1 at the root), contracted: per vertex
+    its cycle's index or -1 (``cyc_id``), its group (a vertex off every cycle is a group of
+    its own, numbered first; each cycle is one group), the group count and each group's
+    members. None when ``par`` has no cycle (it is then the arborescence)."""
+    n = len(par)
+    color = [-1] * n
+    cyc_id = [-1] * n
+    cycles: list[list[int]] = []
+    for s in range(n):
+        v = s
+        while v != -1 and color[v] == -1:
+            color[v] = s
+            v = par[v]
+        if v != -1 and color[v] == s:
+            cyc, u = [], v
+            while True:
+                cyc.append(u)
+                cyc_id[u] = len(cycles)
+                u = par[u]
+                if u == v:
+                    break
+            cycles.append(cyc)
+    if not cycles:
+        return None
+    group = [0] * n
+    gid = 0
+    for v in range(n):
+        if cyc_id[v] == -1:
+            group[v] = gid
+            gid += 1
+    for cyc in cycles:
+        for v in cyc:
+            group[v] = gid
+        gid += 1
+    members: list[list[int]] = [[] for _ in range(gid)]
+    for v in range(n):
+        members[group[v]].append(v)
+    return cyc_id, group, gid, members
+
+
 def _edmonds_lists(w: list[list[float]], root: int) -> list[int] | None:
     """:func:`_edmonds` on nested lists, the same steps and the same tie-breaks (first
     minimum in row order), for small matrices: at 16 ranks each numpy call's overhead
@@ -95,38 +136,10 @@ def _edmonds_lists(w: list[list[float]], root: int) -> list[int] | None:
         if best == inf:
             return None
         par[v], inw[v] = arg, best
-    color = [-1] * n
-    cyc_id = [-1] * n
-    cycles: list[list[int]] = []
-    for s in range(n):
-        v = s
-        while v != -1 and color[v] == -1:
-            color[v] = s
-            v = par[v]
-        if v != -1 and color[v] == s:
-            cyc, u = [], v
-            while True:
-                cyc.append(u)
-                cyc_id[u] = len(cycles)
-                u = par[u]
-                if u == v:
-                    break
-            cycles.append(cyc)
-    if not cycles:
+    contracted = _contract(par)
+    if contracted is None:
         return par
-    group = [0] * n
-    gid = 0
-    for v in range(n):
-        if cyc_id[v] == -1:
-            group[v] = gid
-            gid += 1
-    for cyc in cycles:
-        for v in cyc:
-            group[v] = gid
-        gid += 1
-    members: list[list[int]] = [[] for _ in range(gid)]
-    for v in range(n):
-        members[group[v]].append(v)
+    cyc_id, group, gid, members = contracted
     disc = [inw[v] if cyc_id[v] >= 0 else 0.0 for v in range(n)]
     adj = [[inf if group[u] == group[v] else w[u][v] - disc[v] for v in range(n)] for u in range(n)]
     small = [[inf] * gid for _ in range(gid)]
@@ -174,38 +187,10 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
         return None
     par = par_a.tolist()
     par[root] = -1
-    color = [-1] * n
-    cyc_id = [-1] * n
-    cycles: list[list[int]] = []
-    for s in range(n):
-        v = s
-        while v != -1 and color[v] == -1:
-            color[v] = s
-            v = par[v]
-        if v != -1 and color[v] == s:
-            cyc, u = [], v
-            while True:
-                cyc.append(u)
-                cyc_id[u] = len(cycles)
-                u = par[u]
-                if u == v:
-                    break
-            cycles.append(cyc)
-    if not cycles:
+    contracted = _contract(par)
+    if contracted is None:
         return par
-    group = [0] * n
-    gid = 0
-    for v in range(n):
-        if cyc_id[v] == -1:
-            group[v] = gid
-            gid += 1
-    for cyc in cycles:
-        for v in cyc:
-            group[v] = gid
-        gid += 1
-    members: list[list[int]] = [[] for _ in range(gid)]
-    for v in range(n):
-        members[group[v]].append(v)
+    cyc_id, group, gid, members = contracted
     g = np.array(group)
     on_cycle = np.array(cyc_id) >= 0
     adj = w - np.where(on_cycle, inw, 0.0)[None, :]
