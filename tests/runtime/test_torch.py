@@ -131,9 +131,10 @@ def test_torchrun(tmp_path):
     port = free_port()
     env = _env(tmp_path / "cache")
     p = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(port), str(WORKER), "async"], env=env, capture_output=True, text=True, timeout=240)
+                        str(port), str(WORKER), "join"], env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert p.stdout.count("RESULT ") == 2
+    res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in res) == [0, 1] and all(r["world"] == 2 for r in res), res
 
 
 def test_mismatched_sizes_name_ranks_and_shapes(job4):

@@ -182,7 +182,7 @@ def mode_async(rank: int, n: int) -> dict:
     assert wa.is_completed() and wb.is_completed()
     ts, works = [], []
     for k in range(16):
-        t = torch.full((1 + 97 * k,), float(rank * k))
+        t = torch.full((1 + 97 * (k % 4),), float(rank * k))  # 4 sizes: 8 plans, not 16 compiles
         works.append(dist.all_reduce(t, async_op=True) if k % 2 else dist.broadcast(t, src=k % n, async_op=True))
         ts.append(t)
     for w in reversed(works):
@@ -194,6 +194,18 @@ def mode_async(rank: int, n: int) -> dict:
     (res,) = fut.wait()
     check(res, np.full(5, float(n)), "future")
     return {"ok": True}
+
+
+def mode_join(rank: int, n: int) -> dict:
+    """Joined as the launcher set us up (torchrun's env://): one all_reduce and one broadcast
+    across every rank, checked."""
+    t = torch.full((1009,), float(rank + 1))
+    dist.all_reduce(t)
+    check(t, np.full(1009, float(n * (n + 1) // 2)), "join all_reduce")
+    b = torch.full((13,), float(rank))
+    dist.broadcast(b, src=n - 1)
+    check(b, np.full(13, float(n - 1)), "join broadcast")
+    return {"ok": True, "rank": rank, "world": n}
 
 
 def ddp_model() -> torch.nn.Module:
