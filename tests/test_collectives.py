@@ -181,7 +181,10 @@ def test_another_plan_in_a_tag_space_fails_at_once_whatever_its_tags(shm, receiv
                 c.barrier("posted")
             c.wait_any([req], 8)
         finally:
-            c.barrier("end", 10)
+            try:  # best effort: the refused frame may have closed the connection already, and
+                c.barrier("end", 10)  # this barrier's own failure must not hide the verdict
+            except Exception:  # noqa: BLE001
+                pass
 
     _, errs = _two_ranks(sender, receiver, shm)
     assert isinstance(errs[1], ProtocolError), errs
