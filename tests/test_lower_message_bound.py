@@ -27,12 +27,27 @@ def path_graph(n: int) -> Topology:
     return Topology(f"path{n}", v, (), tuple(links))
 
 
+def two_hosts() -> Topology:
+    """2 hosts x 2 GPUs: a 50 GB/s switch port per GPU inside a host, a 30 GB/s NIC per GPU to one
+    shared switch: a rank's in-cut (3 blocks over 80 GB/s) binds, ahead of a host's (2 blocks over
+    60 GB/s), and mixes a fast and a slow arc (an A100 server in miniature)."""
+    links = []
+    for h in range(2):
+        for g in range(2):
+            v = f"h{h}g{g}"
+            for a, b in ((v, f"nvs{h}"), (f"nvs{h}", v)):
+                links.append(Link(a, b, 50e9, 1e-6))
+            for a, b in ((v, "ib"), ("ib", v)):
+                links.append(Link(a, b, 30e9, 1e-6))
+    return Topology("hosts2", ("h0g0", "h0g1", "h1g0", "h1g1"), ("nvs0", "nvs1", "ib"), tuple(links))
+
+
 def largest_message(plan) -> int:
     return max(op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)) * plan.itemsize
 
 
 def plans(kind, topo, s, chunk):
-    ranks = topo.vertices
+    ranks = topo.nodes
     if kind in ("broadcast", "reduce"):
         trees = treepack.pack_broadcast(topo, ranks, ranks[0], reverse=kind == "reduce").trees
     else:
@@ -44,9 +59,10 @@ def plans(kind, topo, s, chunk):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("topo", [path_graph(4), random_graph(5, 3, 2e-6)], ids=["path4", "rand5"])
+@pytest.mark.parametrize("topo", [path_graph(4), random_graph(5, 3, 2e-6), two_hosts()],
+                         ids=["path4", "rand5", "hosts2"])
 def test_no_plan_beats_the_message_bound(kind, topo):
-    ranks = topo.vertices
+    ranks = topo.nodes
     size = 8 << 20
     s = spec(kind, ranks, size, root=0 if kind in ("broadcast", "reduce") else -1)
     root = ranks[0] if kind in ("broadcast", "reduce") else None
@@ -79,3 +95,19 @@ def test_larger_messages_lower_the_bound_toward_the_cut():
     cut = binding_cut("allgather", topo, ranks, None, 1 << 30).time(1 << 30)
     got = [message_bound("allgather", topo, ranks, None, 1 << 30, m, 1e-6) for m in (1 << 16, 1 << 20, 1 << 24)]
     assert got[0] > got[1] > got[2] > cut
+
+
+def test_a_cut_of_fast_and_slow_arcs_pays_each_arc_its_own_message_cost():
+    # a GPU of two_hosts receives over its 50 GB/s port and its 30 GB/s NIC: at 256 KiB messages
+    # and 2 us per message (1 us latency + 1 us) the port carries 50e9 x m / (m + 1e5) B/s and the
+    # NIC 30e9 x m / (m + 6e4), not both (1 + 6e4 / m) times less (the cheaper arc's charge)
+    topo = two_hosts()
+    ranks = topo.nodes
+    size, m = 1 << 30, 1 << 18
+    cut = binding_cut("allgather", topo, ranks, None, size)
+    assert cut.time(size) == pytest.approx(size / 4 * 3 / 80e9, rel=1e-12)
+    old = cut.time(size) * (1 + 30e9 * 2e-6 / m)
+    eff = 50e9 * m / (m + 1e5) + 30e9 * m / (m + 6e4)
+    got = message_bound("allgather", topo, ranks, None, size, m, 1e-6)
+    assert got == pytest.approx(size / 4 * 3 / eff, rel=1e-9)
+    assert got > old * 1.05
