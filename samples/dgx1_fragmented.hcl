@@ -10,22 +10,11 @@ topology dgx1 {
     class pcie   = 12 GB/s, 2 us
     class qpi    = 10 GB/s, 3 us
 
-    gpu0 <-> gpu1 : nvlink x2
-    gpu0 <-> gpu4 : nvlink x2
-    gpu1 <-> gpu3 : nvlink x2
-    gpu2 <-> gpu3 : nvlink x2
-    gpu2 <-> gpu6 : nvlink x2
-    gpu4 <-> gpu5 : nvlink x2
-    gpu5 <-> gpu7 : nvlink x2
-    gpu6 <-> gpu7 : nvlink x2
-    gpu0 <-> gpu2 : nvlink
-    gpu0 <-> gpu3 : nvlink
-    gpu1 <-> gpu2 : nvlink
-    gpu1 <-> gpu5 : nvlink
-    gpu3 <-> gpu7 : nvlink
-    gpu4 <-> gpu6 : nvlink
-    gpu4 <-> gpu7 : nvlink
-    gpu5 <-> gpu6 : nvlink
+    # the hybrid cube-mesh of samples/dgx1.hcl
+    gpu0 <-> gpu[1,4] : nvlink x2    gpu1 <-> gpu3 : nvlink x2    gpu2 <-> gpu[3,6] : nvlink x2
+    gpu4 <-> gpu5 : nvlink x2        gpu5 <-> gpu7 : nvlink x2    gpu6 <-> gpu7 : nvlink x2
+    gpu0 <-> gpu[2,3] : nvlink       gpu1 <-> gpu[2,5] : nvlink   gpu3 <-> gpu7 : nvlink
+    gpu4 <-> gpu[6,7] : nvlink       gpu5 <-> gpu6 : nvlink
 
     gpu[0..3] <-> pcie0 : pcie
     gpu[4..7] <-> pcie1 : pcie

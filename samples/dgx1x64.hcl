@@ -15,45 +15,21 @@ topology dgx1x64 {
         switch pcie[0..3]               # PCIe switches: forward only, never own data
         switch nic[0..3]                # the NICs forward only
 
-        gpu0 <-> gpu1 : nvlink x2
-        gpu0 <-> gpu4 : nvlink x2
-        gpu1 <-> gpu3 : nvlink x2
-        gpu2 <-> gpu3 : nvlink x2
-        gpu2 <-> gpu6 : nvlink x2
-        gpu4 <-> gpu5 : nvlink x2
-        gpu5 <-> gpu7 : nvlink x2
-        gpu6 <-> gpu7 : nvlink x2
-        gpu0 <-> gpu2 : nvlink
-        gpu0 <-> gpu3 : nvlink
-        gpu1 <-> gpu2 : nvlink
-        gpu1 <-> gpu5 : nvlink
-        gpu3 <-> gpu7 : nvlink
-        gpu4 <-> gpu6 : nvlink
-        gpu4 <-> gpu7 : nvlink
-        gpu5 <-> gpu6 : nvlink
+        # the hybrid cube-mesh of samples/dgx1.hcl
+        gpu0 <-> gpu[1,4] : nvlink x2    gpu1 <-> gpu3 : nvlink x2    gpu2 <-> gpu[3,6] : nvlink x2
+        gpu4 <-> gpu5 : nvlink x2        gpu5 <-> gpu7 : nvlink x2    gpu6 <-> gpu7 : nvlink x2
+        gpu0 <-> gpu[2,3] : nvlink       gpu1 <-> gpu[2,5] : nvlink   gpu3 <-> gpu7 : nvlink
+        gpu4 <-> gpu[6,7] : nvlink       gpu5 <-> gpu6 : nvlink
 
-        gpu[0..1] <-> pcie0 : pcie
-        gpu[2..3] <-> pcie1 : pcie
-        gpu[4..5] <-> pcie2 : pcie
-        gpu[6..7] <-> pcie3 : pcie
-        pcie0 <-> nic0 : pcie
-        pcie1 <-> nic1 : pcie
-        pcie2 <-> nic2 : pcie
-        pcie3 <-> nic3 : pcie
+        gpu[0..1] <-> pcie0 : pcie    gpu[2..3] <-> pcie1 : pcie    # two GPUs to each PCIe switch
+        gpu[4..5] <-> pcie2 : pcie    gpu[6..7] <-> pcie3 : pcie
+        pcie0 <-> nic0 : pcie         pcie1 <-> nic1 : pcie         # and one NIC
+        pcie2 <-> nic2 : pcie         pcie3 <-> nic3 : pcie
     }
     switch fabric
     dgx[0..63].nic[0..3] <-> fabric : edr
 }
 
-collective allreduce = allreduce on dgx1x64 {
-    size = 256 MiB
-}
-
-collective allgather = allgather on dgx1x64 {
-    size = 256 MiB
-}
-
-collective broadcast = broadcast on dgx1x64 {
-    root = dgx0.gpu0
-    size = 256 MiB
-}
+collective allreduce = allreduce on dgx1x64 { size = 256 MiB }
+collective allgather = allgather on dgx1x64 { size = 256 MiB }
+collective broadcast = broadcast on dgx1x64 { root = dgx0.gpu0  size = 256 MiB }

@@ -3,24 +3,18 @@
 # way), so the tree has full bisection. 1024 nodes, 48 switches, 3072 links.
 
 topology fattree1024 {
+    class edr = 100 Gbit/s, 1 us       # a node's port to its leaf
+    class up  = 200 Gbit/s, 2 us       # a leaf's port to a spine
+
     host rack[0..31] {
         node n[0..31]
         switch leaf
-        n[0..31] <-> leaf : 100 Gbit/s, 1 us
+        n[0..31] <-> leaf : edr
     }
     switch spine[0..15]
-    rack[0..31].leaf <-> spine[0..15] : 200 Gbit/s, 2 us     # every leaf to every spine
+    rack[0..31].leaf <-> spine[0..15] : up     # every leaf to every spine
 }
 
-collective allreduce = allreduce on fattree1024 {
-    size = 256 MiB
-}
-
-collective allgather = allgather on fattree1024 {
-    size = 256 MiB
-}
-
-collective broadcast = broadcast on fattree1024 {
-    root = rack0.n0
-    size = 256 MiB
-}
+collective allreduce = allreduce on fattree1024 { size = 256 MiB }
+collective allgather = allgather on fattree1024 { size = 256 MiB }
+collective broadcast = broadcast on fattree1024 { root = rack0.n0  size = 256 MiB }

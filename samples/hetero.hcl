@@ -7,10 +7,8 @@ topology mesh {
     class fast = 10 GB/s, 2 us
     class slow = 1 GB/s, 20 us
     n0 <-> n1 : slow
-    n0 <-> n2 : fast
-    n0 <-> n3 : fast
-    n1 <-> n2 : fast
-    n1 <-> n3 : fast
+    n0 <-> n[2,3] : fast
+    n1 <-> n[2,3] : fast
     n2 <-> n3 : fast
 }
 
@@ -25,24 +23,8 @@ topology ring6 {
     n5 <-> n0 : 1 GB/s, 20 us
 }
 
-collective mesh_allreduce = allreduce on mesh {
-    size = 64 MB
-}
-
-collective mesh_broadcast = broadcast on mesh {
-    root = n0
-    size = 64 MB
-}
-
-collective mesh_allgather = allgather on mesh {
-    size = 64 MB
-}
-
-collective ring_allreduce = allreduce on ring6 {
-    size = 64 MB
-}
-
-collective ring_broadcast = broadcast on ring6 {
-    root = n0
-    size = 64 MB
-}
+collective mesh_allreduce = allreduce on mesh  { size = 64 MB }
+collective mesh_broadcast = broadcast on mesh  { root = n0  size = 64 MB }
+collective mesh_allgather = allgather on mesh  { size = 64 MB }
+collective ring_allreduce = allreduce on ring6 { size = 64 MB }
+collective ring_broadcast = broadcast on ring6 { root = n0  size = 64 MB }
