@@ -35,8 +35,8 @@ FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
 SMALL = """\
 topology t {
     node g[0..3]
-    switch sw
     class fast = 10 GB/s, 1 us
+    switch sw
     g[0..3] <-> sw : fast
     g0 <-> g1 : 25 GB/s x2
     host h[0..1] { node c  c <-> sw : 1 GB/s }
