@@ -32,4 +32,12 @@ if not os.environ.get("HCC_NO_NATIVE"):
         extra_compile_args=["-O3", "-std=gnu11", "-Wall"],
     ))
 
+    # the verifier's races, deadlock order, symbolic execution and final check over those
+    # arrays (ir/verify_native.py; ir/verify.py's Python checks run without it)
+    ext_modules.append(Extension(
+        "hcc.ir._verifycore",
+        sources=["ir/_verifycore.c"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall"],
+    ))
+
 setup(ext_modules=ext_modules)

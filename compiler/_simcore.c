@@ -71,6 +71,19 @@ static Entry heap_pop(Entry *a, Py_ssize_t *n) {
     return top;
 }
 
+/* op g completes at t: its dependents start no earlier, and those with no dependency left
+   join the work list (returns its new length) */
+static inline Py_ssize_t finish(int64_t g, double t, double *done, double *ready_at, int64_t *remaining,
+                                const int64_t *dep_ptr, const int64_t *dep_idx, int64_t *work, Py_ssize_t nwork) {
+    done[g] = t;
+    for (int64_t k = dep_ptr[g]; k < dep_ptr[g + 1]; k++) {
+        int64_t d = dep_idx[k];
+        if (t > ready_at[d]) ready_at[d] = t;
+        if (--remaining[d] == 0) work[nwork++] = d;
+    }
+    return nwork;
+}
+
 #define NBUF 19
 
 static PyObject *simulate(PyObject *self, PyObject *args) {
@@ -81,24 +94,13 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
                           &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &per_msg, &b[13],
                           &b[14], &b[15], &b[16], &b[17]))
         return NULL;
+    /* the arguments in the order of the module docstring, grouped by element type */
     const int8_t *code = b[0].buf;
-    const double *local_s = b[1].buf;
-    const int64_t *partner = b[2].buf;
-    const int64_t *dep_ptr = b[3].buf;
-    const int64_t *dep_idx = b[4].buf;
-    int64_t *remaining = b[5].buf;
-    const int64_t *nbytes_of = b[6].buf;
-    const int64_t *route_of = b[7].buf;
-    const int64_t *route_ptr = b[8].buf;
-    const int64_t *route_links = b[9].buf;
-    const double *route_cmin = b[10].buf;
-    const double *lat = b[11].buf;
-    const double *cap = b[12].buf;
-    double *done = b[13].buf;
-    double *link_free = b[14].buf;
-    double *link_busy = b[15].buf;
-    int64_t *link_bytes = b[16].buf;
-    double *link_first = b[17].buf;
+    const int64_t *partner = b[2].buf, *dep_ptr = b[3].buf, *dep_idx = b[4].buf, *nbytes_of = b[6].buf,
+                  *route_of = b[7].buf, *route_ptr = b[8].buf, *route_links = b[9].buf;
+    const double *local_s = b[1].buf, *route_cmin = b[10].buf, *lat = b[11].buf, *cap = b[12].buf;
+    int64_t *remaining = b[5].buf, *link_bytes = b[16].buf;
+    double *done = b[13].buf, *link_free = b[14].buf, *link_busy = b[15].buf, *link_first = b[17].buf;
     Py_ssize_t total = b[0].len;
     int64_t messages = 0, wire_total = 0;
     PyObject *result = NULL;
@@ -127,13 +129,7 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
             double t = ready_at[g];
             int c = code[g];
             if (c == 3) {
-                t += local_s[g];
-                done[g] = t;
-                for (int64_t k = dep_ptr[g]; k < dep_ptr[g + 1]; k++) {
-                    int64_t d = dep_idx[k];
-                    if (t > ready_at[d]) ready_at[d] = t;
-                    if (--remaining[d] == 0) work[nwork++] = d;
-                }
+                nwork = finish(g, t + local_s[g], done, ready_at, remaining, dep_ptr, dep_idx, work, nwork);
                 continue;
             }
             posted[g] = t;
@@ -178,16 +174,8 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
         }
         messages++;
         wire_total += nb;
-        for (int side = 0; side < 2; side++) {
-            int64_t g = side ? r : s;
-            double t = side ? end + local_s[r] : end;
-            done[g] = t;
-            for (int64_t k = dep_ptr[g]; k < dep_ptr[g + 1]; k++) {
-                int64_t d = dep_idx[k];
-                if (t > ready_at[d]) ready_at[d] = t;
-                if (--remaining[d] == 0) work[nwork++] = d;
-            }
-        }
+        nwork = finish(s, end, done, ready_at, remaining, dep_ptr, dep_idx, work, nwork);
+        nwork = finish(r, end + local_s[r], done, ready_at, remaining, dep_ptr, dep_idx, work, nwork);
     }
     Py_END_ALLOW_THREADS
     if (oom) {

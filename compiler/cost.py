@@ -522,6 +522,17 @@ def _simulate_py(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     hop_start: list[float] = []  # detail only: when each hop of the current message starts
     heappush, heappop = heapq.heappush, heapq.heappop
 
+    def finish(g: int, t: float) -> None:
+        """Op ``g`` completes at ``t``: its dependents may start no earlier, and the ones
+        with no dependency left join the work list."""
+        done[g] = t
+        for d in dependents[g]:
+            if t > ready_at[d]:
+                ready_at[d] = t
+            remaining[d] -= 1
+            if remaining[d] == 0:
+                work.append(d)
+
     # ops that become ready together are posted in program order (a FIFO, not a stack), as
     # the executors post a completed op's dependents (backends/executor.py): a plan that
     # orders its sends on a link gets that order among sends that are ready at one instant
@@ -533,14 +544,7 @@ def _simulate_py(plan: Plan, detail: bool, model: CostModel) -> Simulation:
             t = ready_at[g]
             c = code[g]
             if c == 3:  # a local op: done after its own duration, then wake its dependents
-                t += local_s[g]
-                done[g] = t
-                for d in dependents[g]:
-                    if t > ready_at[d]:
-                        ready_at[d] = t
-                    remaining[d] -= 1
-                    if remaining[d] == 0:
-                        work.append(d)
+                finish(g, t + local_s[g])
                 continue
             posted[g] = t
             p = partner[g]
@@ -607,14 +611,8 @@ def _simulate_py(plan: Plan, detail: bool, model: CostModel) -> Simulation:
             hop_start.clear()
         messages += 1
         wire_total += nbytes
-        for g, t in ((s, end), (r, end + local_s[r])):
-            done[g] = t
-            for d in dependents[g]:
-                if t > ready_at[d]:
-                    ready_at[d] = t
-                remaining[d] -= 1
-                if remaining[d] == 0:
-                    work.append(d)
+        finish(s, end)
+        finish(r, end + local_s[r])
 
     stuck = [g for g in range(total) if done[g] < 0.0]
     if stuck:

@@ -49,7 +49,7 @@ so they are unique per pair and small (``< 2**24``, ir/plan.py).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ROOTED_KINDS, ChunkRef, Copy, Plan, Tree
@@ -57,7 +57,10 @@ from ..ir.topology import Topology
 from ..ir.verify import neighbor_peers
 from .builder import ProgramBuilder, _deps, _Lowering, plan_op, split_by_rate
 from .schedule import PORT_WINDOW, TIMED_KINDS, lower_timed
-from .trees import TreeShape
+from .trees import PackedTree, TreeShape
+
+if TYPE_CHECKING:
+    from .cost import CostModel
 
 __all__ = [
     "ProgramBuilder",
@@ -70,6 +73,27 @@ __all__ = [
     "plan_op",
     "split_by_rate",
 ]
+
+
+class CollectiveLike(Protocol):
+    """What lowering reads of a collective: a :class:`~hcc.compiler.program.CollectiveSpec`,
+    or any value with these fields (a repair's residual collective over the survivors); the
+    optional ``compress``, ``on_failure``, ``adaptive`` and ``peers`` are read with defaults."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def ranks(self) -> Sequence[str]: ...
+    @property
+    def root(self) -> int: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def op(self) -> str | None: ...
 
 
 def chunk_elems(chunk_bytes: int, dtype: str) -> int:
@@ -265,9 +289,9 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
 
 
 def lower(
-    spec_like: Any,
+    spec: CollectiveLike,
     topo: Topology,
-    trees: Sequence[Any],
+    trees: Sequence[PackedTree],
     chunk_bytes: int,
     algorithm: str = "treepack",
     *,
@@ -275,11 +299,10 @@ def lower(
     proportional: bool = False,
     window: int = 0,
     schedule: str = "fifo",
-    model: Any = None,
+    model: CostModel | None = None,
     port_window: int | None = None,
 ) -> Plan:
-    """Lower ``trees`` (PackedTree-like values) for the collective ``spec_like`` (a
-    :class:`~hcc.compiler.program.CollectiveSpec` or anything with its fields) to a
+    """Lower ``trees`` for the collective ``spec`` to a
     :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
 
     alltoall ignores ``trees`` and uses direct messages (its plan says ``algorithm =
@@ -297,7 +320,6 @@ def lower(
     the plan, ``port_window`` sends in flight per port when the links include a switch, one
     without (``proportional`` and ``window`` do not apply to it).
     """
-    spec = spec_like
     kind = spec.kind
     n = len(spec.ranks)
     if n < 1:
@@ -339,8 +361,8 @@ def lower(
 BOTH_ORDERS_MAX_OPS = 200_000
 
 
-def lower_priced(spec_like: Any, topo: Topology, trees: Sequence[Any], chunk_bytes: int,
-                 algorithm: str = "treepack", *, model: Any = None):
+def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int,
+                 algorithm: str = "treepack", *, model: CostModel | None = None):
     """``(plan, simulation)``: the timed lowering, or the plain chunk-major one where that
     simulates faster (the timed schedule is a heuristic: on a 4-GPU DGX-1 fragment's
     allreduce it lost 0.96 -> 0.93 of the bound to the plain order), for
@@ -348,16 +370,16 @@ def lower_priced(spec_like: Any, topo: Topology, trees: Sequence[Any], chunk_byt
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
-    timed = lower(spec_like, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model)
+    timed = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model)
     st = simulate(timed, model=model)
     if sum(len(p) for p in timed.programs) > BOTH_ORDERS_MAX_OPS:
         return timed, st
-    plain = lower(spec_like, topo, trees, chunk_bytes, algorithm)
+    plain = lower(spec, topo, trees, chunk_bytes, algorithm)
     sp = simulate(plain, model=model)
     return (timed, st) if st.time <= sp.time else (plain, sp)
 
 
-def assemble(spec: Any, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],
+def assemble(spec: CollectiveLike, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],
              algorithm: str, ce: int) -> Plan:
     """The :class:`Plan` of ``spec`` from a finished builder (shared with the schedules built op by op: baselines.py, hier.py, ...)."""
     kind = spec.kind

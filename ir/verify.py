@@ -76,6 +76,7 @@ from .plan import (
     Scale,
     Send,
 )
+from . import verify_native
 from .verify_scan import check_ops as check_ops_scan
 from .verify_values import (  # noqa: F401  (_bits, _laminar, _show, _union: tests reach them here)
     Value,
@@ -610,6 +611,13 @@ def _verify_programs(plan: Plan, step: int, on_phase: Callable[[str, int, int], 
     # the numpy check (ir/verify_scan.py) where the op columns can be read; it accepts what
     # _check_ops accepts and yields its edges, and leaves every fault to _check_ops to name
     ix = check_ops_scan(plan, sizes) or _check_ops(plan, sizes)
+    # checks 4-7 in one native pass where the plan allows it (ir/verify_native.py); any
+    # failure there, or a plan it does not represent, runs the Python checks below, which
+    # accept the plan or name its fault
+    say("races, deadlock freedom, symbolic execution (native)", 2, 5)
+    if verify_native.verify(plan, sizes, ix):
+        return
+    ix.tab = ix.partner = None
     say("data races", 2, 5)
     laminar = [_check_races(plan, r, sizes[r]) for r in range(plan.n)]
     say("deadlock freedom", 3, 5)

@@ -30,13 +30,19 @@ MAX_TAG = 1 << 24
 
 class ScanIndex:
     """What the later checks read of ir/verify.py's ``_Index``: ``base``, ``total`` and the
-    edge arrays ``src`` and ``dst``."""
+    edge arrays ``src`` and ``dst``; for ir/verify_native.py also the op columns ``tab``, the
+    receive matched with each Send (``partner``, -1 elsewhere) and how many of the edges are
+    dependencies (``ndep_edges``: the first ones, in op order)."""
 
-    def __init__(self, base: list[int], src: np.ndarray, dst: np.ndarray):
+    def __init__(self, base: list[int], src: np.ndarray, dst: np.ndarray, tab=None,
+                 partner: np.ndarray | None = None, ndep_edges: int = 0):
         self.base = base
         self.total = base[-1]
         self.src = src
         self.dst = dst
+        self.tab = tab
+        self.partner = partner
+        self.ndep_edges = ndep_edges
 
 
 def check_ops(plan, sizes: list[dict[str, int]]) -> ScanIndex | None:
@@ -109,4 +115,6 @@ def check_ops(plan, sizes: list[dict[str, int]]) -> ScanIndex | None:
     order = np.lexsort((sub, pos))
     src = np.ascontiguousarray(np.concatenate([a_src, b_src[order]]), dtype=np.int64)
     dst = np.ascontiguousarray(np.concatenate([a_dst, b_dst[order]]), dtype=np.int64)
-    return ScanIndex(tab.base, src, dst)
+    partner = np.full(tab.total, -1, dtype=np.int64)
+    partner[send_ids] = match
+    return ScanIndex(tab.base, src, dst, tab, partner, int(a_src.size))
