@@ -105,6 +105,9 @@ class Algorithm:
     treepack: bool = False
     sole_kinds: frozenset[str] = frozenset()
     max_chunks: int = 0  # the chunk search stops at size / max_chunks (0: every size)
+    # every message of its plan at chunk size s carries at most s bytes, so auto may skip the
+    # sizes whose chunk floor cannot beat the best plan so far (chunk_floor.py)
+    chunked: bool = False
 
     def offered(self, spec: CollectiveSpec) -> bool:
         """``algorithm = auto`` may offer it for ``spec``."""
@@ -288,21 +291,22 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("treepack-rings", frozenset({"allreduce"}), _over(rings_plan),
               eligible=_allreduce_upto(RINGS_MAX_RANKS, 3), role="rings", pack=_packed(ring_packing),
               pack_rate=_rings_rate, steady_rate=_capped(_rings_rate), treepack=True,
-              max_chunks=NEW_FORMS_MAX_CHUNKS),
+              max_chunks=NEW_FORMS_MAX_CHUNKS, chunked=True),
     Algorithm("treepack-hier", frozenset({"allreduce"}), _lower_hier,
               eligible=_allreduce_upto(BIDIR_MAX_RANKS), role="hier", pack=_pack_hier, treepack=True,
               max_chunks=NEW_FORMS_MAX_CHUNKS),
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
-              pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
+              pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
-              pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True),
+              pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
+              chunked=True),
     Algorithm("treepack-bidir", frozenset({"allreduce"}), _over(bidir_plan, model=True),
               eligible=_allreduce_upto(BIDIR_MAX_RANKS), role="bidir", pack=_packed(bidir_packing),
               pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate), treepack=True,
-              max_chunks=NEW_FORMS_MAX_CHUNKS),
+              max_chunks=NEW_FORMS_MAX_CHUNKS, chunked=True),
     Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
               eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
-              pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True),
+              pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True),
     Algorithm("ring", TREE_KINDS, _plain(baselines.ring_plan), baseline=True),
     Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels),
               baseline=True),
@@ -313,7 +317,7 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("rd", frozenset({"allgather", "reduce_scatter"}), _plain(baselines.rd_plan), baseline=True),
     Algorithm("direct", TREE_KINDS, _plain(baselines.direct_plan),
               eligible=lambda spec: len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS,
-              sole_kinds=frozenset({"alltoall"})),
+              sole_kinds=frozenset({"alltoall"}), chunked=True),
 )
 BY_NAME: dict[str, Algorithm] = {a.name: a for a in REGISTRY}
 BASELINES: tuple[str, ...] = tuple(a.name for a in REGISTRY if a.baseline)

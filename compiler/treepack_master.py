@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -41,9 +42,10 @@ _EPS = 1e-9
 _MAX_ROUNDS = 500
 # extra improving columns per single-root pricing round (see _more_columns)
 _EXTRA_COLUMNS = 3
-# matrices up to this many vertices run Chu-Liu/Edmonds on Python lists (faster than numpy
-# below it: 240 against 550 us a call at 16 vertices, 650 against 980 at 24; at 32 numpy wins)
-_LIST_EDMONDS_MAX = 24
+# matrices up to this many vertices run Chu-Liu/Edmonds on Python lists of columns (faster
+# than numpy below it on random matrices: 0.6 against 1.2 ms a call at 16 vertices, 2.2 against
+# 4.2 at 32, 1.9-3.6 against 5.8-6.8 at 40; at 48 numpy wins)
+_LIST_EDMONDS_MAX = 40
 
 
 class PackError(ValueError):
@@ -116,58 +118,79 @@ def _contract(par: list[int]) -> tuple[list[int], list[int], int, list[list[int]
     return cyc_id, group, gid, members
 
 
-def _edmonds_lists(w: list[list[float]], root: int) -> list[int] | None:
-    """:func:`_edmonds` on nested lists, the same steps and the same tie-breaks (first
-    minimum in row order), for small matrices: at 16 ranks each numpy call's overhead
-    outweighs its O(n^2) work: random 16-vertex matrices took 550 us a call with the
-    original numpy code, 240 us here."""
-    n = len(w)
+def _expand(par: list[int], sub: list[int], root: int, members: list[list[int]], arc) -> list[int]:
+    """The arborescence of the contracted graph ``sub`` (a parent group per group) expanded:
+    ``par`` (every vertex's cheapest in-arc) with, per group b entered from group a, the arc
+    ``arc(members[a], members[b])`` -> (u, v) replacing v's in-arc."""
+    result = list(par)
+    for b, a in enumerate(sub):
+        if a == -1:
+            continue
+        u, v = arc(members[a], members[b])
+        result[v] = u
+    result[root] = -1
+    return result
+
+
+def _edmonds_cols(cols: list[list[float]], root: int) -> list[int] | None:
+    """:func:`_edmonds` on nested lists of in-arc costs (``cols[v][u]`` = cost of u -> v), the
+    same steps and the same tie-breaks (first minimum in row order), for small matrices: at
+    16 ranks each numpy call's overhead outweighs its O(n^2) work. Columns let C do the
+    scans (``min``, ``index``, ``itemgetter``): random 16-vertex matrices took 550 us a call
+    with the numpy code, 240 us with row loops in Python, half that here."""
+    n = len(cols)
     inf = _INF
     par = [-1] * n
     inw = [0.0] * n
     for v in range(n):
         if v == root:
             continue
-        best, arg = inf, 0
-        for u in range(n):
-            x = w[u][v]
-            if x < best:
-                best, arg = x, u
-        if best == inf:
+        col = cols[v]
+        m = min(col)
+        if m == inf:
             return None
-        par[v], inw[v] = arg, best
+        par[v], inw[v] = col.index(m), m
     contracted = _contract(par)
     if contracted is None:
         return par
-    cyc_id, group, gid, members = contracted
-    disc = [inw[v] if cyc_id[v] >= 0 else 0.0 for v in range(n)]
-    adj = [[inf if group[u] == group[v] else w[u][v] - disc[v] for v in range(n)] for u in range(n)]
-    small = [[inf] * gid for _ in range(gid)]
-    for u in range(n):
-        row, srow = adj[u], small[group[u]]
-        for v in range(n):
-            x = row[v]
-            if x < srow[group[v]]:
-                srow[group[v]] = x
-    sub = _edmonds_lists(small, group[root])
+    _, group, gid, members = contracted
+    # the columns of the contracted graph: arcs into a cycle discounted by the cycle arc they
+    # replace, arcs inside a group dropped (the diagonal is inf already), per group the cheapest
+    adj = cols
+    small = []
+    pick = itemgetter(*[m[0] for m in members])  # gid >= 2: the root is never on a cycle
+    multi = [(g, m) for g, m in enumerate(members) if len(m) > 1]
+    for mb in members:
+        if len(mb) == 1:
+            merged = cols[mb[0]]
+        else:
+            if adj is cols:
+                adj = list(cols)
+            merged = None
+            for v in mb:
+                d = inw[v]
+                c = [x - d for x in cols[v]]
+                for u in mb:
+                    c[u] = inf
+                adj[v] = c
+                merged = c if merged is None else list(map(min, merged, c))
+        row = list(pick(merged))
+        for g, m in multi:
+            row[g] = min([merged[u] for u in m])
+        small.append(row)
+    sub = _edmonds_cols(small, group[root])
     if sub is None:
         return None
-    result = list(par)
-    for b in range(gid):
-        a = sub[b]
-        if a == -1:
-            continue
-        best, bu, bv = inf, -1, -1
-        for u in members[a]:
-            row = adj[u]
-            for v in members[b]:
-                if row[v] < best:
-                    best, bu, bv = row[v], u, v
-        if bu < 0:  # every arc inf: take the first pair, as argmin does
-            bu, bv = members[a][0], members[b][0]
-        result[bv] = bu
-    result[root] = -1
-    return result
+
+    def arc(ma: list[int], mb: list[int]) -> tuple[int, int]:
+        best, bu, bv = inf, ma[0], mb[0]  # every arc inf: the first pair, as argmin takes
+        for u in ma:
+            for v in mb:
+                if adj[v][u] < best:
+                    best, bu, bv = adj[v][u], u, v
+        return bu, bv
+
+    return _expand(par, sub, root, members, arc)
 
 
 def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
@@ -175,11 +198,11 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
     vertex takes its cheapest in-arc; each cycle of those arcs contracts to one vertex, arcs
     into it discounted by the cycle arc they would replace; recurse; expand. The Python
     loops run on lists (numpy scalar indexing made it most of a pack's time), the O(n^2)
-    contraction on arrays; below _LIST_EDMONDS_MAX vertices all of it on
-    lists (:func:`_edmonds_lists`)."""
+    contraction on arrays; up to _LIST_EDMONDS_MAX vertices all of it on
+    lists (:func:`_edmonds_cols`)."""
     n = w.shape[0]
     if n <= _LIST_EDMONDS_MAX:
-        return _edmonds_lists(w.tolist(), root)
+        return _edmonds_cols(w.T.tolist(), root)
     par_a = np.argmin(w, axis=0)
     inw = w[par_a, np.arange(n)]
     inw[root] = 0.0
@@ -201,24 +224,14 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
     sub = _edmonds(small, group[root])
     if sub is None:
         return None
-    result = list(par)
-    for b in range(gid):
-        a = sub[b]
-        if a == -1:
-            continue
-        ma, mb = members[a], members[b]
+
+    def arc(ma: list[int], mb: list[int]) -> tuple[int, int]:
         if len(ma) == 1 and len(mb) == 1:  # most groups are single vertices: no search
-            result[mb[0]] = ma[0]
-        elif len(ma) == 1:
-            result[mb[int(np.argmin(adj[ma[0], mb]))]] = ma[0]
-        elif len(mb) == 1:
-            result[mb[0]] = ma[int(np.argmin(adj[ma, mb[0]]))]
-        else:
-            block = adj[ma][:, mb]
-            i, j = divmod(int(np.argmin(block)), len(mb))
-            result[mb[j]] = ma[i]
-    result[root] = -1
-    return result
+            return ma[0], mb[0]
+        i, j = divmod(int(np.argmin(adj[np.ix_(ma, mb)])), len(mb))
+        return ma[i], mb[j]
+
+    return _expand(par, sub, root, members, arc)
 
 
 # ----------------------------------------------------------------------------------------
