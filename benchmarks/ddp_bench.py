@@ -163,18 +163,15 @@ def launch(args, cache: str, net=None, ranks: tuple[str, ...] = ()) -> dict:
             env["GLOO_SOCKET_IFNAME"] = next(e.dev for e in net.ends if e.vertex == v)
             cmd = net.wrap(v, cmd)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + args.deadline
+    from hcc.collectives import wait_all
+
+    try:
+        done = wait_all(procs, args.deadline)
+    except TimeoutError:
+        raise SystemExit(f"ddp_bench: a rank did not finish in {args.deadline:g} s") from None
     result = None
-    errors = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise SystemExit(f"ddp_bench: a rank did not finish in {args.deadline:g} s")
-        if p.returncode:
-            errors.append(e[-2000:])
+    errors = [e[-2000:] for code, _, e in done if code]
+    for _, o, _ in done:
         for line in o.splitlines():
             if line.startswith("RESULT "):
                 result = json.loads(line[7:])

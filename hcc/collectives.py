@@ -28,13 +28,17 @@ Terms
   used, then kept in memory and on disk (:class:`PlanCache`) under the digest of the
   topology, the rank mapping, the cost model and hcc's version.
 - reference size: a call of ``b`` bytes (at least :data:`SPECIALISE_MIN_BYTES`) is planned
-  from the full compile of its octave's reference, the largest power of two ``R <= b``: the
-  compiler's search (every algorithm at every chunk size) runs once per (kind, dtype, op,
-  root, octave), and a size of that octave is *specialised* from it: R's algorithm, lowered
-  at R's chunk scaled to the size (the same number of chunks) and at R's chunk as is, the
-  faster of the two by the cost model. A plan depends on its key only, never on which
-  sizes a process saw before (the ranks of a job may have different caches on disk and must
-  still run one plan). ``HCC_PLAN_SEARCH=full`` runs the whole search for every size.
+  from its octave's reference, the largest power of two ``R <= b``, and every octave's
+  reference from one size-generic plan, the full compile at :data:`GENERIC_BYTES`: the
+  compiler's search (every algorithm at every chunk size, with the baselines) runs once per
+  (kind, dtype, op, root); an octave's reference is the generic plan's algorithm over the
+  process's packing with its chunk size searched afresh over the whole chunk grid for R (a
+  new octave costs one algorithm's lowering, not the search); a size of that octave is
+  *specialised* from R: R's algorithm, lowered at R's chunk scaled to the size (the same
+  number of chunks) and at R's chunk as is, the faster of the two by the cost model. A plan
+  depends on its key only, never on which sizes a process saw before (the ranks of a job may
+  have different caches on disk and must still run one plan). ``HCC_PLAN_SEARCH=full`` runs
+  the whole search for every size.
 - topology: the ``topology`` of an ``.hcl`` file (``HCC_TOPOLOGY=path.hcl``; ``HCC_RANKS=a,b,..``
   names the vertex of each rank, default the topology's nodes in declaration order), or the
   default :func:`star_topology`: every rank joined to one switch. Its links are those of the
@@ -59,6 +63,12 @@ store and reads the others' for a few seconds, so the error names every rank's c
 called allreduce float32 count 100, rank 1 allreduce float32 count 101") or the ranks that
 never called. The communicator is then broken: later calls fail at once with the first error
 (a half-finished exchange leaves frames in flight that no later run may consume).
+A rank that only sends in a run (a broadcast's or a scatter's root) would never see a frame
+of another plan; so every run also has a *header*: 8 bytes (the call's ``seq``) sent to the
+next rank around the ring of ranks and received from the previous one, in the run's slot
+under its plan id (tag :data:`HEADER_TAG`), posted before the run's own messages and waited for
+after them. Every rank then receives in every slot it runs, and a mismatch anywhere around the
+ring fails a run at once (one message per rank per run, sent while the run goes on).
 A Handle's contract never changes with timing: on success the outputs are filled in place,
 on failure ``wait()`` raises :class:`CollectiveError`; never a different type of result.
 """
@@ -80,11 +90,15 @@ from .grammar.diagnostics import HccError
 
 __all__ = [
     "Communicator", "Handle", "CollectiveError", "PlanCache", "KeyStore", "star_topology",
-    "DEFAULT_LANES", "SLOTS",
+    "DEFAULT_LANES", "SLOTS", "wait_all",
 ]
 
 SLOTS = 127  # tag spaces (bits 24-30 of a tag); a run's slot is 1 + seq % SLOTS
 SLOT_SHIFT = 24
+# The header's tag in a run's slot: a plan's tags are numbered from 0 per ordered pair of
+# ranks (ir/plan.py) and the compiler never lowers a plan of more than 200 000 ops
+# (compiler/chunks.py MAX_SEARCH_OPS), so no plan reaches 2**24 - 1.
+HEADER_TAG = (1 << SLOT_SHIFT) - 1
 # Two lanes: DDP keeps a bucket's all-reduce in flight while the next bucket fills; a third
 # lane on 2 cores only adds GIL contention (the executor's Python runs under the GIL).
 DEFAULT_LANES = 2
@@ -93,6 +107,11 @@ DIAG_WAIT_S = 5.0  # how long a failing rank waits for the others' description o
 # Below this a size is compiled in full: few chunk sizes to try (a 64 KiB buffer has 5), so
 # the search is already short, and small calls are where algorithms change fastest with size.
 SPECIALISE_MIN_BYTES = 256 << 10
+# The size-generic reference: every octave's reference is lowered with the algorithm the full
+# search picks at this size (one compile per kind, dtype, op and root), its chunk size searched
+# again. 1 MiB: a full compile there took 1.3 s where one at 64 MiB took 9.7 s (slow4, 4 ranks),
+# and it is the bucket size range DDP starts from (its first bucket is 1 MiB).
+GENERIC_BYTES = 1 << 20
 
 
 class CollectiveError(HccError, RuntimeError):
@@ -248,7 +267,7 @@ class PlanCache:
         self.program, self.topo_name, self.ranks = program, topo_name, ranks
         self.model = model or RUN_MODELS["sockets"]
         topo = program.topologies[topo_name]
-        self.search = "full" if os.environ.get("HCC_PLAN_SEARCH", "").lower() == "full" else "octave"
+        self.search = "full" if os.environ.get("HCC_PLAN_SEARCH", "").lower() == "full" else "generic"
         ident = json.dumps({"topology": topo.to_dict(), "ranks": list(ranks), "hcc": _version(),
                             "model": repr(self.model), "search": self.search}, sort_keys=True)
         self.digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
@@ -305,17 +324,21 @@ class PlanCache:
 
     def reference(self, key: tuple) -> tuple | None:
         """The key of the plan ``key`` is specialised from (module docstring), or None when
-        ``key`` is compiled in full."""
+        ``key`` is compiled in full: a size is specialised from its octave's reference, an
+        octave's reference from the size-generic plan of :data:`GENERIC_BYTES`."""
         from .ir.plan import DTYPE_SIZES
 
         kind, count, dtype, op, root = key
-        size = count * DTYPE_SIZES[dtype]
+        item = DTYPE_SIZES[dtype]
+        size = count * item
         if self.search == "full" or kind == "alltoall" or size < SPECIALISE_MIN_BYTES:
             return None
         ref = 1 << (size.bit_length() - 1)
-        if ref == size or ref % DTYPE_SIZES[dtype]:
+        if ref % item or GENERIC_BYTES % item:
             return None
-        return (kind, ref // DTYPE_SIZES[dtype], dtype, op, root)
+        if ref == size:  # an octave's reference: from the generic plan, unless it is that one
+            return None if size == GENERIC_BYTES else (kind, GENERIC_BYTES // item, dtype, op, root)
+        return (kind, ref // item, dtype, op, root)
 
     def _compile(self, key: tuple):
         """The compiler's passes for one key, with the packing shared across sizes: the
@@ -356,7 +379,8 @@ class PlanCache:
                 else:
                     unit = replace(unit, packings=packings)
             elif p.name == "lower" and ref is not None:
-                unit = self._specialise(unit, ref)
+                octave = count * DTYPE_SIZES[dtype]
+                unit = self._reprice(unit, ref) if octave & (octave - 1) == 0 else self._specialise(unit, ref)
             else:
                 unit = p.apply(unit)
         if ref is not None:
@@ -366,6 +390,32 @@ class PlanCache:
         self.compile_s += elapsed
         self.compiled += 1
         return plan
+
+    @staticmethod
+    def _reprice(unit, generic):
+        """The lower pass for an octave's reference: the size-generic plan's algorithm alone
+        (its packing is the process's, shared by every size), its chunk size searched afresh
+        over the compiler's whole chunk grid for this size; no baselines."""
+        from dataclasses import replace
+
+        from .compiler import registry
+        from .compiler.chunks import choose_chunk, chunk_candidates
+        from .compiler.pipeline import Candidate, CompileError
+
+        spec = unit.spec
+        build = registry.builder(generic.algorithm, unit)
+        if build is None:
+            raise CompileError(f"{spec.name}: {generic.algorithm} has no lowering for a {spec.kind} "
+                               f"of {spec.size_bytes} bytes")
+        cands = chunk_candidates(spec.size_bytes, max(1, generic.itemsize))
+        most = registry.algorithm(generic.algorithm).max_chunks
+        if most:
+            cands = tuple(c for c in cands if c * most >= spec.size_bytes) or cands[:1]
+        # tree plans are not unimodal in the chunk size while a share holds 1-3 chunks: a
+        # second chance past the first slower size, as the full search gives them
+        patience = 2 if registry.algorithm(generic.algorithm).treepack else 1
+        choice = choose_chunk(build, cands, model=unit.model, patience=patience)
+        return replace(unit, candidates=(Candidate(generic.algorithm, choice),))
 
     @staticmethod
     def _specialise(unit, ref):
@@ -439,6 +489,40 @@ class SlotComm(Transport):
 
     def failed(self):
         return self.base.failed()
+
+
+class _Header:
+    """A run's header (module docstring, "header"): sent to the next rank and received from
+    the previous one around the ring of ranks, in the run's slot under its plan id, posted
+    before the run's own messages and waited for after them."""
+
+    __slots__ = ("comm", "seq", "got", "reqs", "pred")
+
+    def __init__(self, comm: "SlotComm", plan_id: int, seq: int):
+        import numpy as np
+
+        world, rank = comm.world, comm.rank
+        comm.plan_id = plan_id
+        self.comm, self.seq, self.pred = comm, seq, (rank - 1) % world
+        self.got = np.zeros(1, dtype=np.uint64)
+        mine = np.array([seq], dtype=np.uint64)
+        self.reqs = [comm.irecv(self.pred, HEADER_TAG, memoryview(self.got).cast("B")),
+                     comm.isend((rank + 1) % world, HEADER_TAG, memoryview(mine).cast("B"))]
+
+    def finish(self, timeout: float) -> None:
+        from .backends.sockets import ProtocolError
+
+        left = list(self.reqs)
+        deadline = time.monotonic() + timeout
+        for _ in range(4 * len(left)):  # wait_any returns at least one index each time
+            if not left:
+                break
+            done = set(self.comm.wait_any(left, max(0.0, deadline - time.monotonic())))
+            left = [r for i, r in enumerate(left) if i not in done]
+        if int(self.got[0]) != self.seq:
+            raise ProtocolError(f"rank {self.comm.rank}: rank {self.pred} ran its collective "
+                                f"#{int(self.got[0])} where this rank ran #{self.seq} (same plan): "
+                                "the ranks issued their calls in different orders")
 
 
 def _run_plan(plan, comm: Transport, array, out, timeout: float):
@@ -600,7 +684,9 @@ class Communicator:
             self.transport.max_message = biggest
         comm = SlotComm(self.transport, 1 + seq % SLOTS, self._engine)
         try:
+            header = _Header(comm, plan.wire_id(), seq)
             _run_plan(plan, comm, array, out, self.timeout)
+            header.finish(self.timeout)
         except RuntimeFault as e:
             # the communicator is broken from here on: tell the peers now (they fail their run
             # and report their call at once, instead of waiting for their deadline)
@@ -732,6 +818,28 @@ def _store_get(store: KeyStore, key: str, timeout: float) -> bytes:
             break
         time.sleep(0.01)
     raise CollectiveError(f"no value for {key!r} in the store after {timeout:g} s (a rank never joined?)")
+
+
+def wait_all(procs: list, timeout: float) -> list[tuple[int, str, str]]:
+    """``(returncode, stdout, stderr)`` of every process of a job started with pipes, all within
+    one deadline of ``timeout`` seconds; at the deadline every process is killed and
+    ``TimeoutError`` carries what the first unfinished one wrote (``.output``)."""
+    import subprocess
+
+    deadline = time.monotonic() + timeout
+    done = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            e = TimeoutError(f"a rank did not finish in {timeout:g} s")
+            e.output = (out or "") + (err or "")
+            raise e from None
+        done.append((p.returncode, out or "", err or ""))
+    return done
 
 
 def _local_address() -> str:

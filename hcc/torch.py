@@ -271,23 +271,27 @@ class ProcessGroupHCC(dist.ProcessGroup):
 
         return self._call(_info("reduce", w, op=op, root=root), body, [t])
 
-    def _allgather_flat(self, out_t: torch.Tensor, in_t: torch.Tensor, what: str):
-        wi = _Wire(in_t, f"{what} input")
-        wo = _Wire(out_t, f"{what} output")
+    def _flat(self, kind: str, wi: _Wire, wo: _Wire, what: str, op: str | None = None):
+        """``(body, info)`` of one allgather (``wo`` is ``n`` x ``wi``) or reduce_scatter
+        (``wi`` is ``n`` x ``wo``) of flat buffers."""
         n = self._size
-        if wo.arr.size != n * wi.arr.size or wo.dtype != wi.dtype:
-            raise ValueError(f"hcc: {what}: output has {out_t.numel()} elements of {out_t.dtype}, "
-                             f"expected {n} x {in_t.numel()} of {in_t.dtype}")
+        small, big, side = (wi, wo, "output") if kind == "allgather" else (wo, wi, "input")
+        if big.arr.size != n * small.arr.size or wo.dtype != wi.dtype:
+            raise ValueError(f"hcc: {what}: {side} has {big.tensor.numel()} elements of {big.tensor.dtype}, "
+                             f"expected {n} x {small.tensor.numel()} of {small.tensor.dtype}")
+        info = _info(kind, big, op=wi.op)
 
         def body(comm, seqs):
             if comm is None:
                 wo.arr[...] = wi.arr
             else:
-                comm.run(seqs[0], "allgather", wo.arr.size, wo.dtype, wi.arr, wo.arr,
-                         info=_info("allgather", wo))
+                comm.run(seqs[0], kind, big.arr.size, big.dtype, wi.arr, wo.arr, op=wi.op, info=info)
             wo.back()
 
-        return body, _info("allgather", wo)
+        return body, _info(kind, big, op=op)
+
+    def _allgather_flat(self, out_t: torch.Tensor, in_t: torch.Tensor, what: str):
+        return self._flat("allgather", _Wire(in_t, f"{what} input"), _Wire(out_t, f"{what} output"), what)
 
     def all_gather_single(self, output, input, opts=None):
         body, info = self._allgather_flat(output, input, "all_gather_into_tensor")
@@ -322,22 +326,8 @@ class ProcessGroupHCC(dist.ProcessGroup):
         return self._call(info, body, [list(outs)])
 
     def _reduce_scatter_flat(self, out_t: torch.Tensor, in_t: torch.Tensor, op: str, what: str):
-        wi = _Wire(in_t, f"{what} input", op, reducing=True)
-        wo = _Wire(out_t, f"{what} output", op, reducing=True)
-        n = self._size
-        if wi.arr.size != n * wo.arr.size or wo.dtype != wi.dtype:
-            raise ValueError(f"hcc: {what}: input has {in_t.numel()} elements of {in_t.dtype}, "
-                             f"expected {n} x {out_t.numel()} of {out_t.dtype}")
-
-        def body(comm, seqs):
-            if comm is None:
-                wo.arr[...] = wi.arr
-            else:
-                comm.run(seqs[0], "reduce_scatter", wi.arr.size, wi.dtype, wi.arr, wo.arr, op=wi.op,
-                         info=_info("reduce_scatter", wi, op=wi.op))
-            wo.back()
-
-        return body, _info("reduce_scatter", wi, op=op)
+        return self._flat("reduce_scatter", _Wire(in_t, f"{what} input", op, reducing=True),
+                          _Wire(out_t, f"{what} output", op, reducing=True), what, op)
 
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)

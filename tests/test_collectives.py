@@ -10,6 +10,8 @@ from hcc.collectives import (
     CallInfo, CollectiveError, Communicator, PlanCache, _star_program, resolve_topology, star_topology,
 )
 
+from conftest import two_ranks
+
 TOPO = """
 topology two {
     node a, b, c
@@ -113,33 +115,6 @@ def test_shared_packing_gives_the_plans_the_whole_pipeline_gives(tmp_path):
 # ---------------------------------------------------------------- order checks on the wire
 
 
-def _two_ranks(fn0, fn1, shm: str, timeout: float = 10.0):
-    """Run ``fn0`` / ``fn1`` on ranks 0 / 1 of a real sockets job in two threads (loopback;
-    ``shm="on"``: their data goes through the native core's shared-memory channels)."""
-    import threading
-
-    from hcc.backends import sockets
-    from hcc.backends.rendezvous import StoreServer
-
-    server = StoreServer("tok")
-    res, errs = [None, None], [None, None]
-
-    def body(r, fn):
-        try:
-            with sockets.connect(r, 2, server.address, "tok", timeout=timeout, serve_store=False, shm=shm) as c:
-                res[r] = fn(c)
-        except Exception as e:  # collected for the assertions
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate((fn0, fn1))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(3 * timeout)
-    server.close()
-    return res, errs
-
-
 def _shm_modes():
     from hcc.backends import native
 
@@ -186,7 +161,7 @@ def test_another_plan_in_a_tag_space_fails_at_once_whatever_its_tags(shm, receiv
             except Exception:  # noqa: BLE001
                 pass
 
-    _, errs = _two_ranks(sender, receiver, shm)
+    _, errs = two_ranks(sender, receiver, shm=shm)
     assert isinstance(errs[1], ProtocolError), errs
     assert "different plans as one call" in str(errs[1]) and "b0b0b0b0" in str(errs[1]) \
         and "a0a0a0a0" in str(errs[1]), errs[1]
@@ -228,32 +203,40 @@ def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
         c.barrier("end", 10)
         return got
 
-    res, errs = _two_ranks(sender, receiver, shm)
+    res, errs = two_ranks(sender, receiver, shm=shm)
     assert errs == [None, None], errs
     assert all(np.array_equal(a, b) for a, b in zip(res[1], sent))
 
 
 def test_a_size_is_specialised_from_its_octave_and_depends_on_its_key_only(tmp_path, monkeypatch):
-    """100003 and 70001 floats (391 and 273 KiB) share the octave of 256 KiB: one full compile
-    of 65536 floats, each size lowered from its algorithm and chunk. Two caches that saw the
-    sizes in different orders hold the same plans (ranks with different histories must run
-    one plan); HCC_PLAN_SEARCH=full compiles every size with the whole search instead."""
-    from hcc.collectives import SPECIALISE_MIN_BYTES
+    """100003 and 70001 floats (391 and 273 KiB) share the octave of 256 KiB, whose reference
+    (65536 floats) is the size-generic plan's (1 MiB, the one full compile) algorithm with its
+    chunk searched again; each size is lowered from the reference's algorithm and chunk. A new
+    octave costs no further full compile. Two caches that saw the sizes in different orders
+    hold the same plans (ranks with different histories must run one plan);
+    HCC_PLAN_SEARCH=full compiles every size with the whole search instead."""
+    from hcc.collectives import GENERIC_BYTES, SPECIALISE_MIN_BYTES
 
     monkeypatch.delenv("HCC_PLAN_SEARCH", raising=False)
     program, name, ranks = resolve_topology(3, TOPO, ["a", "b", "c"])
     a = PlanCache(program, name, ranks, str(tmp_path / "a"))
     b = PlanCache(program, name, ranks, str(tmp_path / "b"))
+    generic = ("allreduce", GENERIC_BYTES // 4, "float32", "sum", -1)
     assert a.reference(("allreduce", 100003, "float32", "sum", -1)) == ("allreduce", 65536, "float32", "sum", -1)
-    assert a.reference(("allreduce", 65536, "float32", "sum", -1)) is None  # the reference itself
+    assert a.reference(("allreduce", 65536, "float32", "sum", -1)) == generic  # an octave's reference
+    assert a.reference(generic) is None  # the one full compile
     assert a.reference(("allreduce", SPECIALISE_MIN_BYTES // 4 - 1, "float32", "sum", -1)) is None
     pa = a.get("allreduce", 100003, "float32", "sum", -1)
     b.get("allreduce", 70001, "float32", "sum", -1)
     pb = b.get("allreduce", 100003, "float32", "sum", -1)
     assert pa.digest() == pb.digest()
     ref = a.get("allreduce", 65536, "float32", "sum", -1)
-    assert (a.compiled, a.specialised) == (2, 1) and pa.algorithm == ref.algorithm and pa.elems == 100003
-    assert b.specialised == 2
+    gen = a.get(*generic)
+    assert (a.compiled, a.specialised) == (3, 2) and pa.algorithm == ref.algorithm == gen.algorithm
+    assert pa.elems == 100003 and b.specialised == 3
+    # a new octave (4 MiB): its reference and the size, both specialised, no full compile
+    big = a.get("allreduce", (4 << 20) // 4 + 7, "float32", "sum", -1)
+    assert (a.compiled, a.specialised) == (5, 4) and big.algorithm == gen.algorithm
     monkeypatch.setenv("HCC_PLAN_SEARCH", "full")
     full = PlanCache(program, name, ranks, str(tmp_path / "a"))
     assert full.digest != a.digest  # never mixed on disk with the specialised plans

@@ -3,7 +3,8 @@ every op with odd sizes and each dtype against numpy, two async all-reduces in f
 4 processes over "hcc" and "gloo" from one seed, torchrun and tcp://, and the errors a user
 gets for mismatched sizes, mismatched op order, an absent rank and a tensor not on the CPU.
 
-One job of 4 processes (:func:`job4`) runs the ops, DDP, op-order and size checks (each
+One job of 4 processes (:func:`job4`) runs the ops, DDP, op-order (also of ranks that only
+send) and size checks (each
 breaking check on a process group of its own), so they share one start-up."""
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -60,19 +60,13 @@ def launch(mode: str, n: int, cache: Path, backend: str = "hcc", timeout: float 
                            "MASTER_PORT": str(port), **(extra or {})})
         procs.append(subprocess.Popen([PY, str(WORKER), mode, backend], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + timeout
-    results = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            pytest.fail(f"{mode}: a rank did not finish in {timeout} s:\n{out[-3000:]}")
-        kind, payload = parse(out)
-        results.append((p.returncode, kind, payload, out))
-    return results
+    from hcc.collectives import wait_all
+
+    try:
+        done = wait_all(procs, timeout)
+    except TimeoutError as e:
+        pytest.fail(f"{mode}: a rank did not finish in {timeout} s:\n{e.output[-3000:]}")
+    return [(code, *parse(out), out) for code, out, _ in done]
 
 
 def ok(results) -> list[dict]:
@@ -85,12 +79,12 @@ def ok(results) -> list[dict]:
 def job4(tmp_path_factory) -> list[dict]:
     """One 4-rank job (default group "hcc", env://): ops, ddp, order, sizes; per rank a dict
     mode -> result."""
-    return ok(launch("ops,ddp,order,sizes", 4, tmp_path_factory.mktemp("job4") / "cache", timeout=420))
+    return ok(launch("ops,ddp,order,sendonly,sizes", 4, tmp_path_factory.mktemp("job4") / "cache", timeout=420))
 
 
 def _mode(job: list[dict], mode: str) -> list[dict]:
     for r in job:
-        assert "error" not in r[mode] or mode in ("order", "sizes"), r[mode]
+        assert "error" not in r[mode] or mode in ("order", "sendonly", "sizes"), r[mode]
     return [r[mode] for r in job]
 
 
@@ -155,6 +149,20 @@ def test_mismatched_op_order_is_found_on_the_wire(job4):
              and "ranks 2, 3 called broadcast float32 count 77" in r["error"]]
     assert named, [r["error"] for r in res]
     assert any("different plans" in r["error"] for r in res), [r["error"] for r in res]
+
+
+def test_mismatched_op_order_of_ranks_that_only_send_is_found(job4):
+    """Rank 0 broadcasts from itself and the others from rank 1: ranks 0 and 1 only send in
+    that run, so nothing they receive in the plan can show the mismatch; the run's header
+    (hcc/collectives.py) does. Every rank fails by the barrier after it, well before the
+    group's 120 s deadline, and the error names both calls."""
+    res = _mode(job4, "sendonly")
+    for r in res:
+        assert "error" in r and "barrier" not in r["after"], r
+        assert "timed out" not in r["error"] and r["elapsed_s"] < 60, r
+    named = [r["error"] for r in res if "rank 0 called broadcast float32 count 77 root 0" in r["error"]
+             and "ranks 1, 2, 3 called broadcast float32 count 77 root 1" in r["error"]]
+    assert named, [r["error"] for r in res]
 
 
 def test_absent_rank_is_named(tmp_path):

@@ -5,7 +5,7 @@ Joins with ``init_process_group`` (env:// from RANK/WORLD_SIZE/MASTER_ADDR/MASTE
 JSON line ``RESULT {...}`` and exits 0, or prints the error and exits 1. Several modes in one
 job (one process start-up for several tests): ``RESULT {"mode": {...}, ...}``, a mode that
 raised as ``{"error": ..., "type": ...}``; modes that break a communicator on purpose
-(``order``, ``sizes``) run on a process group of their own.
+(``order``, ``sendonly``, ``sizes``) run on a process group of their own.
 
 Every expected value is computed here with numpy from the inputs of all ranks, which each rank
 can rebuild (they are functions of the rank): never read back from hcc.
@@ -259,6 +259,23 @@ def mode_order(rank: int, n: int) -> dict:
     except Exception as e:  # noqa: BLE001 - the message is what the test checks
         return {"error": str(e), "type": type(e).__name__, "elapsed_s": time.monotonic() - t0}
     return {"unexpected": "completed"}
+
+
+def mode_sendonly(rank: int, n: int) -> dict:
+    """Rank 0 broadcasts from itself, the others from rank 1, then every rank calls a barrier,
+    on a group of their own: ranks 0 and 1 only send in the broadcast. Which call raised what."""
+    group = _own_group(120.0)
+    b = torch.full((77,), float(rank))
+    t0 = time.monotonic()
+    done = []
+    try:
+        dist.broadcast(b, src=0 if rank == 0 else 1, group=group)
+        done.append("broadcast")
+        dist.barrier(group=group)
+        done.append("barrier")
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        return {"error": str(e), "after": done, "elapsed_s": time.monotonic() - t0}
+    return {"unexpected": "completed", "after": done}
 
 
 def mode_sizes(rank: int, n: int) -> dict:
