@@ -297,6 +297,35 @@ class _Pricer:
         return _Col(root, tuple(par), tuple(tpaths), tuple(sorted(use.items())))
 
 
+def _round_end(added: bool, deadline: float) -> str | None:
+    """Why column generation stops after a pricing round: "" when no column priced in (the
+    master is optimal), "wall-clock safety net" past ``deadline``, None to go on."""
+    if not added:
+        return ""
+    if time.perf_counter() > deadline:
+        return "wall-clock safety net"
+    return None
+
+
+def _root_tree(ix: Indexed, pricer: _Pricer, w, route, root: int) -> _Col:
+    """The cheapest tree from ``root`` under the closure matrix ``w`` (:meth:`_Pricer.tree`);
+    PackError naming the ranks it cannot reach when there is none."""
+    col = pricer.tree(w, route, root)
+    if col is None:
+        raise _unreachable(ix, pricer, root)
+    return col
+
+
+def _bare_trees(ix: Indexed, pricer: _Pricer, roots, have, capn: np.ndarray) -> list[_Col]:
+    """A first column for every root of ``roots`` without one in ``have``: its cheapest tree
+    under link costs 1 / capacity (capacities ``capn`` scaled to <= 1)."""
+    bare = [r for r in roots if not any(c.root == r for c in have)]
+    if not bare:
+        return []
+    w0, p0 = pricer.matrix(1.0 / capn)
+    return [_root_tree(ix, pricer, w0, p0, r) for r in bare]
+
+
 def _unreachable(ix: Indexed, pricer: _Pricer, root: int) -> PackError:
     w, _ = pricer.matrix(np.ones(len(ix.links)))
     seen, stack = {root}, [root]
@@ -525,12 +554,7 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
     master = _Master(capn, roots)
     for col in seeds:
         master.add(col)
-    bare = [r for r in roots if not any(c.root == r for c in seeds)]
-    w0, p0 = pricer.matrix(1.0 / capn) if bare else (None, None)
-    for r in bare:
-        col = pricer.tree(w0, p0, r)
-        if col is None:
-            raise _unreachable(ix, pricer, r)
+    for col in _bare_trees(ix, pricer, roots, seeds, capn):
         master.add(col)
     stop = "round limit"
     limit = max_rounds or _MAX_ROUNDS
@@ -544,9 +568,7 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
         w, paths = pricer.matrix(y)
         added = False
         for r in roots:
-            col = pricer.tree(w, paths, r)
-            if col is None:
-                raise _unreachable(ix, pricer, r)
+            col = _root_tree(ix, pricer, w, paths, r)
             cost = sum(k * y[li] for li, k in col.usage)
             if cost < z[r] * (1.0 - _EPS) and master.add(col):
                 added = True
@@ -554,11 +576,9 @@ def _colgen(ix: Indexed, pricer: _Pricer, roots: list[int], deadline: float, bou
                     _more_columns(pricer, master, y, col, z[r])
             if added and time.perf_counter() > deadline:
                 break  # safety net only: a round that outlasts it stops mid-round
-        if not added:
-            stop = ""
-            break
-        if time.perf_counter() > deadline:
-            stop = "wall-clock safety net"
+        end = _round_end(added, deadline)
+        if end is not None:
+            stop = end
             break
     else:
         master.solve()  # the last round's columns enter the LP

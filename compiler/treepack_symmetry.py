@@ -9,7 +9,6 @@ prices one root per host slot per round instead of one per rank.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,8 @@ import numpy as np
 from ..ir.topology import Topology
 from . import progress
 from .switches import Indexed
-from .treepack_master import _EPS, _MAX_ROUNDS, _Col, _depth, _Master, _Pricer, _shallowest, _unreachable
+from .treepack_master import (_EPS, _MAX_ROUNDS, _bare_trees, _Col, _depth, _Master, _Pricer, _root_tree, _round_end,
+                             _shallowest)
 
 # allgather packs of more than this many ranks whose hosts are translates of one another
 # solve the host-symmetric master (:func:`_colgen_symmetric`): one root per host slot is
@@ -128,12 +128,7 @@ def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: fl
     for col in seeds:
         if col.root in sym.slots:
             add(col)
-    bare = [r for r in sym.slots if not any(c.root == r for c in trees)]
-    w0, p0 = pricer.matrix(1.0 / (pricer.cap / scale)) if bare else (None, None)
-    for r in bare:
-        col = pricer.tree(w0, p0, r)
-        if col is None:
-            raise _unreachable(ix, pricer, r)
+    for col in _bare_trees(ix, pricer, sym.slots, trees, pricer.cap / scale):
         add(col)
     stop = "round limit"
     limit = max_rounds or _MAX_ROUNDS
@@ -148,16 +143,12 @@ def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: fl
         w, route = pricer.matrix(y)
         added = False
         for r in sym.slots:
-            col = pricer.tree(w, route, r)
-            if col is None:
-                raise _unreachable(ix, pricer, r)
+            col = _root_tree(ix, pricer, w, route, r)
             if sum(m * y[li] for li, m in col.usage) < z[r] * (1.0 - _EPS) and add(col):
                 added = True
-        if not added:
-            stop = ""
-            break
-        if time.perf_counter() > deadline:
-            stop = "wall-clock safety net"
+        end = _round_end(added, deadline)
+        if end is not None:
+            stop = end
             break
     master.solve()
     _shallowest(master, [_depth(c) for c in trees], master.objective())
