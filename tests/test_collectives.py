@@ -167,6 +167,15 @@ def test_another_plan_in_a_tag_space_fails_at_once_whatever_its_tags(shm, receiv
         and "a0a0a0a0" in str(errs[1]), errs[1]
 
 
+def _wait_all(c, reqs):
+    """Wait for every request of ``reqs`` (at most 100 rounds of 5 s)."""
+    left = set(range(len(reqs)))
+    for _ in range(100):
+        left -= set(c.wait_any(reqs, 5))
+        if not left:
+            break
+
+
 @pytest.mark.parametrize("shm", _shm_modes())
 def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
     """The same plan with other tags in one space, and another plan in space 0 (a plan run
@@ -180,11 +189,7 @@ def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
         reqs = [c.isend(1, space | 9, memoryview(sent[0]), plan=0xA),
                 c.isend(1, space | 5, memoryview(sent[1]), plan=0xA),
                 c.isend(1, 11, memoryview(sent[2]), plan=0xB)]
-        left = set(range(3))
-        for _ in range(100):
-            left -= set(c.wait_any(reqs, 5))
-            if not left:
-                break
+        _wait_all(c, reqs)
         c.barrier("end", 10)
 
     def receiver(c):
@@ -195,11 +200,7 @@ def test_one_plan_per_tag_space_and_no_space_are_left_alone(shm):
 
         time.sleep(0.3)
         reqs.append(c.irecv(0, space | 9, memoryview(got[0]), plan=0xA))
-        left = set(range(3))
-        for _ in range(100):
-            left -= set(c.wait_any(reqs, 5))
-            if not left:
-                break
+        _wait_all(c, reqs)
         c.barrier("end", 10)
         return got
 

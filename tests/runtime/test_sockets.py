@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import two_ranks  # noqa: E402
 from test_executor_plans import chain_broadcast, ring_allreduce  # noqa: E402
 
 import hcc  # noqa: E402
@@ -159,28 +160,8 @@ def test_ranks_running_different_plans_fail_clearly_instead_of_mixing_data():
     def run_b(c):
         return hcc.run(b, c, ins[1], timeout=5)
 
-    res, errs = _pair(run_a, run_b, timeout=5)
+    res, errs = two_ranks(run_a, run_b, timeout=5)
     assert any(isinstance(e, sockets.ProtocolError) and "different plans" in str(e) for e in errs), errs
-
-
-def _pair(fn0, fn1, timeout=10):
-    server = StoreServer("tok")
-    res, errs = [None, None], [None, None]
-
-    def body(r, fn):
-        try:
-            with sockets.connect(r, 2, server.address, "tok", timeout=timeout, serve_store=False) as c:
-                res[r] = fn(c)
-        except Exception as e:  # collected for the assertions
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate((fn0, fn1))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(3 * timeout)
-    server.close()
-    return res, errs
 
 
 def test_messages_that_arrive_before_their_receive_is_posted():
@@ -205,7 +186,7 @@ def test_messages_that_arrive_before_their_receive_is_posted():
         c.barrier("done")
         return got
 
-    res, errs = _pair(sender, receiver)
+    res, errs = two_ranks(sender, receiver)
     assert errs == [None, None]
     assert all(np.array_equal(a, b) for a, b in zip(res[1], data))
 
@@ -223,7 +204,7 @@ def test_wait_has_a_deadline():
             c.wait_any([req], 0.5)
         return time.monotonic() - t0
 
-    res, errs = _pair(idle, waiter)
+    res, errs = two_ranks(idle, waiter)
     assert errs == [None, None]
     assert 0.45 < res[1] < 1.5
 
