@@ -37,6 +37,7 @@ class VizError(HccError):
 LEGEND = ("double ring: root  |  red links, labelled: the bottleneck cut (its side S shaded red)  |  "
           "3-D box: a host (rack, server) drawn whole  |  grey box: a host's vertices  |  "
           "arrows: a tree, parent to child")
+_BOXES = ("  |  3-D box: a host (rack, server) drawn whole", "  |  grey box: a host's vertices")
 # pixels between panels, and the picture's width as a multiple of its height it aims for
 # (16:10 fits a screen; a single tall panel, fattree1024's rack column, stays as tall as it is)
 GAP_PX = 24
@@ -104,7 +105,13 @@ def render(plan: Plan, fmt: str, engine: str | None = None) -> bytes:
 
 
 def _header(scene: _Scene) -> list[str]:
-    return _title(scene).split("\n") + [LEGEND]
+    """The title's lines and the legend, naming only the marks this picture has."""
+    legend = LEGEND
+    if not scene.aggregated:
+        legend = legend.replace(_BOXES[0], "")
+    if not any(v.host for v in scene.verts.values()) and not scene.aggregated:
+        legend = legend.replace(_BOXES[1], "")
+    return _title(scene).split("\n") + [legend]
 
 
 def _compose_png(scene: _Scene, panels: list[bytes]) -> bytes:
@@ -202,11 +209,10 @@ def own_layout(scene: _Scene, k: int) -> dict[str, tuple[float, float]]:
     rows: dict[int, list[str]] = {}
     for v in order + [v for v in used if v not in order]:
         rows.setdefault(depth[v], []).append(v)
-    widest = max(len(r) for r in rows.values())
     pos = {}
     for d, row in sorted(rows.items()):
         for i, v in enumerate(row):
-            pos[v] = (1.6 * (i - (len(row) - 1) / 2) * max(1.0, 6 / widest), -1.4 * d)
+            pos[v] = (1.6 * (i - (len(row) - 1) / 2), -1.4 * d)
     return pos
 
 
@@ -249,10 +255,28 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    n = 1 + len(scene.panels)
-    cols = min(n, 4)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows + 0.9), squeeze=False)
+    # every panel at one scale, 0.6 in a layout unit (1.6 units between the vertices of a
+    # tree's row: 1 in, room for an 8-character label at 6 pt), so no marker or label crowds
+    # another however many vertices a panel has; panels placed by grid(), in index order
+    layouts = [own_layout(scene, k) for k in range(1 + len(scene.panels))]
+    inch, pad, title_in, gap = 0.6, 1.0, 0.55, 0.3
+    boxes, sizes = [], []
+    for pos in layouts:
+        xs, ys = [x for x, _ in pos.values()] or [0.0], [y for _, y in pos.values()] or [0.0]
+        box = (min(xs) - pad, max(xs) + pad, min(ys) - pad - 0.4, max(ys) + pad)  # labels hang below
+        boxes.append(box)
+        sizes.append(((box[1] - box[0]) * inch, (box[3] - box[2]) * inch + title_in))
+    corners, (gw, gh) = grid(sizes, gap=gap)
+    head_in = 0.25 * (len(_header(scene)) + 1)
+    fw, fh = gw + 2 * gap, gh + head_in + gap
+    fig = plt.figure(figsize=(fw, fh))
+    axes = []
+    for (x, y), (w, h), box in zip(corners, sizes, boxes):
+        ax = fig.add_axes(((gap + x) / fw, (fh - head_in - y - h) / fh, w / fw, (h - title_in) / fh))
+        ax.set_xlim(box[0], box[1])
+        ax.set_ylim(box[2], box[3])
+        ax.axis("off")
+        axes.append(ax)
 
     def verts(ax, pos, used, shade=False, root=None):
         for h in {scene.vertex(s).host for s in used} - {""}:
@@ -278,8 +302,8 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
             ax.annotate(label, (x, y), xytext=(0, -13), textcoords="offset points", ha="center", va="top",
                         fontsize=6, zorder=4)
 
-    ax = axes[0][0]
-    pos = own_layout(scene, 0)
+    ax = axes[0]
+    pos = layouts[0]
     for (a, b), (cap, _) in scene.links.items():
         (x0, y0), (x1, y1) = pos[a], pos[b]
         cut = (a, b) in scene.cut
@@ -288,20 +312,15 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
     ax.set_title("topology" + ("\n" + scene.cut_label.replace("; ", "\n") if scene.cut_label else ""), fontsize=8,
                  color=CUT_COLOR if scene.cut_label else "black")
     for k, p in enumerate(scene.panels, 1):
-        ax = axes[k // cols][k % cols]
-        pos = own_layout(scene, k)
+        ax = axes[k]
+        pos = layouts[k]
         for (a, b) in p.edges:
             ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
                         arrowprops=dict(arrowstyle="-|>", color=p.color, lw=1.6, shrinkA=8, shrinkB=8))
         verts(ax, pos, list(pos), root=p.root)
         ax.set_title(p.title, fontsize=8, color=p.color)
-    for row in axes:
-        for ax in row:
-            ax.set_aspect("equal")
-            ax.axis("off")
-            ax.margins(0.15)
-    fig.suptitle(_title(scene) + "\n" + LEGEND.replace("  |  ", "; "), fontsize=9)
+    fig.text(0.5, 1 - 0.1 / fh, "\n".join(_header(scene)), ha="center", va="top", fontsize=9)
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=110, bbox_inches="tight", pad_inches=0.2)
+    fig.savefig(buf, format=fmt, dpi=100, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
     return buf.getvalue()
