@@ -284,28 +284,13 @@ static PyObject *run(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-done:
-    free(A.seen);
-    free(A.want);
-    free(A.stack.a);
-    free(w);
-    free(red);
-    free(rd);
-    free(node_op.a);
-    free(node_next.a);
-    free(tg.a);
-    free(order.a);
-    free(ready.a);
-    free(pool.a);
-    free(free_list.a);
-    free(inflight);
-    free(written);
-    free(vshift);
-    free(vdiv);
-    free(vmask);
-    free(tmp);
-    for (int i = 0; i < NBUF; i++)
+done:;
+    void *owned[] = {A.seen, A.want, A.stack.a, w, red, rd, node_op.a, node_next.a, tg.a, order.a, ready.a,
+                     pool.a, free_list.a, inflight, written, vshift, vdiv, vmask, tmp};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
+    for (int i = 0; i < NBUF; i++) {
         if (b[i].obj) PyBuffer_Release(&b[i]);
+    }
     if (oom) return PyErr_NoMemory();
     return Py_BuildValue("(is)", why ? 1 : 0, why ? why : "");
 }

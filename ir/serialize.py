@@ -40,19 +40,8 @@ from ..grammar.limits import (
 
 from .errors import ArgumentTypeError, PlanError, VerifyError
 from .files import atomic_write_text
-from .plan import (
-    PLAN_VERSION,
-    ChunkRef,
-    Copy,
-    Figures,
-    Plan,
-    Recv,
-    RecvReduce,
-    Reduce,
-    Scale,
-    Send,
-    Tree,
-)
+from .plan import PLAN_VERSION, Figures, Plan, Tree
+from .plan import ChunkRef, Copy, Recv, RecvReduce, Reduce, Scale, Send
 from .topology import Link, Topology
 
 FORMAT = "hcc-plan"

@@ -59,23 +59,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from .errors import VerifyError
-from .plan import (
-    neighbor_peers,
-    BUFFERS,
-    DTYPE_SIZES,
-    KINDS,
-    OPS,
-    REDUCING_KINDS,
-    ROOTED_KINDS,
-    ChunkRef,
-    Copy,
-    Plan,
-    Recv,
-    RecvReduce,
-    Reduce,
-    Scale,
-    Send,
-)
+from .plan import BUFFERS, DTYPE_SIZES, KINDS, OPS, REDUCING_KINDS, ROOTED_KINDS, neighbor_peers
+from .plan import ChunkRef, Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send
 from . import verify_native
 from .verify_scan import check_ops as check_ops_scan
 from .verify_values import (  # noqa: F401  (_bits, _laminar, _show, _union: tests reach them here)

@@ -21,16 +21,7 @@ from hcc.compiler.routes import btree_parents, ring_order
 from hcc.compiler.lower import chunk_elems, lower, split_by_rate
 from hcc.compiler.program import CollectiveSpec
 from hcc.ir.errors import PlanError
-from hcc.ir.plan import (
-    Copy,
-    Plan,
-    Recv,
-    RecvReduce,
-    Reduce,
-    Scale,
-    Send,
-    block_range,
-)
+from hcc.ir.plan import Copy, Plan, Recv, RecvReduce, Reduce, Scale, Send, block_range
 from hcc.ir.topology import Link, Topology
 from hcc.ir.verify import neighbor_peers
 
