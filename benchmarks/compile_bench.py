@@ -47,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import hcc
+from bench_util import close_topology, parser
 from hcc.compiler import treepack
 from hcc.compiler.pipeline import compile_unit
 from hcc.ir.files import atomic_write_text
@@ -75,12 +76,9 @@ def a100_source(nodes: int) -> str:
              "        node gpu[0..7]", "        switch nvs, nic[0..7]",
              "        gpu[0..7] <-> nvs : 300 GB/s, 1 us"]
     lines += [f"        gpu{i} <-> nic{i} : 25 GB/s, 2 us" for i in range(8)]
-    lines += ["    }", "    switch ib0, ib1"]
-    for a in range(nodes):
-        for i in range(8):
-            lines.append(f"    node{a}.nic{i} <-> ib{i % 2} : 25 GB/s, 2 us")
-    lines.append("}")
-    return "\n".join(lines)
+    lines.append("    }")
+    return close_topology(lines, "ib0, ib1", [f"    node{a}.nic{i} <-> ib{i % 2} : 25 GB/s, 2 us"
+                                              for a in range(nodes) for i in range(8)])
 
 
 def mi250_source(nodes: int) -> str:
@@ -88,11 +86,8 @@ def mi250_source(nodes: int) -> str:
     lines = [f"topology mi250x{nodes} {{", f"    host node[0..{nodes - 1}] {{", "        node gcd[0..15]"]
     lines += [f"        gcd{a} <-> gcd{b} : {50 * m} GB/s, 1 us" for (a, b), m in sorted(MI250_LINKS.items())]
     lines.append("    }")
-    if nodes > 1:
-        lines.append("    switch ib")
-        lines += [f"    node{a}.gcd{g} <-> ib : 16 GB/s, 2 us" for a in range(nodes) for g in range(16)]
-    lines.append("}")
-    return "\n".join(lines)
+    return close_topology(lines, "ib", [f"    node{a}.gcd{g} <-> ib : 16 GB/s, 2 us"
+                                        for a in range(nodes) for g in range(16)] if nodes > 1 else [])
 
 
 def with_collectives(topology_src: str, name: str, kinds=KINDS) -> str:
@@ -316,23 +311,27 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+OPTIONS = (
+    (("--quick",), dict(action="store_true", help="DGX-1, 2xA100 and 1xMI250 allgather only")),
+    (("--no-scale",), dict(dest="scale", action="store_false", help="skip the 512/1024-rank samples")),
+    (("--no-forestcoll",), dict(dest="forestcoll", action="store_false", help="do not run ForestColl")),
+    (("--forestcoll-timeout",), dict(type=float, default=1800.0,
+                                     help="stop ForestColl after this many wall seconds (default 1800)")),
+    (("--forestcoll-child",), dict(help=argparse.SUPPRESS)),
+    (("-o", "--output"), dict(default=str(RESULTS))),
+    (("--only",), dict(help="comma-separated topology labels (dgx1, a100x2, ..., sample names)")),
+    (("--kinds",), dict(help="comma-separated collective kinds to compile (default: every one of a case)")),
+    (("--append",), dict(action="store_true",
+                         help="keep the CSV's rows of other topologies (replace the ones measured again)")),
+    (("--table",), dict(action="store_true", help="print the markdown table of the CSV and exit")),
+    (("--merge",), dict(help="comma-separated CSVs of earlier runs to merge into --output (no compiles)")),
+    (("--treepack-sizes",), dict(default="1024", help="sizes in MiB at which hcc's own treepack schedules "
+                                                      "are also compiled (default 1024)")),
+)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="DGX-1, 2xA100 and 1xMI250 allgather only")
-    ap.add_argument("--no-scale", dest="scale", action="store_false", help="skip the 512/1024-rank samples")
-    ap.add_argument("--no-forestcoll", dest="forestcoll", action="store_false", help="do not run ForestColl")
-    ap.add_argument("--forestcoll-timeout", type=float, default=1800.0,
-                    help="stop ForestColl after this many wall seconds (default 1800)")
-    ap.add_argument("--forestcoll-child", help=argparse.SUPPRESS)
-    ap.add_argument("-o", "--output", default=str(RESULTS))
-    ap.add_argument("--only", help="comma-separated topology labels (dgx1, a100x2, ..., sample names)")
-    ap.add_argument("--kinds", help="comma-separated collective kinds to compile (default: every one of a case)")
-    ap.add_argument("--append", action="store_true",
-                    help="keep the CSV's rows of other topologies (replace the ones measured again)")
-    ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")
-    ap.add_argument("--merge", help="comma-separated CSVs of earlier runs to merge into --output (no compiles)")
-    ap.add_argument("--treepack-sizes", default="1024",
-                    help="sizes in MiB at which hcc's own treepack schedules are also compiled (default 1024)")
+    ap = parser(__doc__.splitlines()[0], OPTIONS)
     args = ap.parse_args(argv)
     if args.forestcoll_child:
         forestcoll_child(args.forestcoll_child)

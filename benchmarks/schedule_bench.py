@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import hcc
+from bench_util import close_topology
 from hcc.compiler.bounds import latency_aware_bound, message_bound
 from hcc.compiler.chunks import choose_chunk, chunk_candidates
 from hcc.compiler.cost import DEFAULT_MODEL
@@ -75,11 +76,8 @@ def a100(nodes: int) -> str:
         if nodes > 1:
             out += [f"    gpu{b} <-> nic{b} : 25 GB/s, 1 us" for b in range(8)]
         out.append("  }")
-    if nodes > 1:
-        out.append("  switch ib0, ib1")
-        out += [f"  h{a}.nic{b} <-> ib{b % 2} : 25 GB/s, 1 us" for a in range(nodes) for b in range(8)]
-    out.append("}")
-    return "\n".join(out)
+    return close_topology(out, "ib0, ib1", [f"  h{a}.nic{b} <-> ib{b % 2} : 25 GB/s, 1 us"
+                                            for a in range(nodes) for b in range(8)] if nodes > 1 else [], "  ")
 
 
 def mi250(nodes: int) -> str:
@@ -92,11 +90,8 @@ def mi250(nodes: int) -> str:
                 if k:
                     out.append(f"    gpu{b} <-> gpu{c} : {k * 50} GB/s, 1 us")
         out.append("  }")
-    if nodes > 1:
-        out.append("  switch ib")
-        out += [f"  h{a}.gpu[0..15] <-> ib : 16 GB/s, 1 us" for a in range(nodes)]
-    out.append("}")
-    return "\n".join(out)
+    return close_topology(out, "ib", [f"  h{a}.gpu[0..15] <-> ib : 16 GB/s, 1 us"
+                                      for a in range(nodes)] if nodes > 1 else [], "  ")
 
 
 def random_graph(n: int, seed: int) -> str:
