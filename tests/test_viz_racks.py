@@ -156,3 +156,18 @@ def test_own_layout_without_dot(ring, fattree, tmp_path, monkeypatch):
     out = tmp_path / "bc1024.png"  # (the ring's 12 panels take matplotlib ~15 s: not here)
     viz.draw(fattree, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_viz_module_imports_the_compiler_or_matplotlib_at_load():
+    """The split modules keep viz.py's rule: timings come in as arguments (the stages import
+    one way) and matplotlib / Pillow (the viz extra) only inside the functions that draw."""
+    import ast
+
+    for path in sorted((ROOT / "ir").glob("viz*.py")):
+        tree = ast.parse(path.read_text())
+        mods = [("." * n.level + (n.module or "")) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in mods if "compiler" in m], (path.name, mods)
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        top_mods = [getattr(n, "module", None) or n.names[0].name for n in top]
+        assert not [m for m in top_mods if m and m.split(".")[0] in ("matplotlib", "PIL")], (path.name, top_mods)
