@@ -91,66 +91,45 @@ static inline uint16_t f32_to_bf16(float f) {
 #define KERNEL
 #endif
 
-#define LOOP(T, EXPR)                                                           \
+/* dst[i] = EXPR over x = LOAD(a[i]), y = LOAD(b[i]) of compute type V, stored as STORE(...)
+ * into storage type T (LOAD/STORE empty: no conversion) */
+#define LOOP_AS(T, V, LOAD, STORE, EXPR)                                        \
     do {                                                                         \
         T *restrict d_ = (T *)dst;                                               \
         const T *a_ = (const T *)a;                                              \
         const T *b_ = (const T *)b;                                              \
         for (size_t i = 0; i < n; i++) {                                         \
-            T x = a_[i], y = b_[i];                                              \
-            d_[i] = (EXPR);                                                      \
+            V x = LOAD(a_[i]), y = LOAD(b_[i]);                                  \
+            d_[i] = STORE(EXPR);                                                 \
         }                                                                        \
     } while (0)
+#define LOOP(T, EXPR) LOOP_AS(T, T, , , EXPR)
+
+/* one loop per op, LOOPER(T, expression of x and y) each: the dtypes differ only in how they
+ * compute the four ops */
+#define OP_CASES(LOOPER, T, SUM, PROD, MINE, MAXE)                                          \
+    switch (op) {                                                                              \
+    case OP_SUM: LOOPER(T, SUM); break;                                                        \
+    case OP_PROD: LOOPER(T, PROD); break;                                                      \
+    case OP_MIN: LOOPER(T, MINE); break;                                                       \
+    default: LOOPER(T, MAXE); break;                                                           \
+    }
 
 /* integer sum and product wrap modulo 2**bits (numpy's in-place ufuncs): computed unsigned */
-#define INT_CASES(T, U)                                                                       \
-    switch (op) {                                                                              \
-    case OP_SUM: LOOP(T, (T)((U)x + (U)y)); break;                                             \
-    case OP_PROD: LOOP(T, (T)((U)x * (U)y)); break;                                            \
-    case OP_MIN: LOOP(T, IMIN(x, y)); break;                                                   \
-    default: LOOP(T, IMAX(x, y)); break;                                                       \
-    }
-
-#define FLOAT_CASES(T)                                                                        \
-    switch (op) {                                                                              \
-    case OP_SUM: LOOP(T, x + y); break;                                                        \
-    case OP_PROD: LOOP(T, x * y); break;                                                       \
-    case OP_MIN: LOOP(T, FMIN(x, y)); break;                                                   \
-    default: LOOP(T, FMAX(x, y)); break;                                                       \
-    }
-
+#define INT_CASES(T, U) OP_CASES(LOOP, T, (T)((U)x + (U)y), (T)((U)x * (U)y), IMIN(x, y), IMAX(x, y))
+#define FLOAT_CASES(T) OP_CASES(LOOP, T, x + y, x * y, FMIN(x, y), FMAX(x, y))
 /* float16 as numpy computes it: widen both to float32, operate, round once to float16 */
 #define HALF_CASES()                                                                          \
-    switch (op) {                                                                              \
-    case OP_SUM: LOOP(_Float16, (_Float16)((float)x + (float)y)); break;                       \
-    case OP_PROD: LOOP(_Float16, (_Float16)((float)x * (float)y)); break;                      \
-    case OP_MIN: LOOP(_Float16, FMIN(x, y)); break;                                            \
-    default: LOOP(_Float16, FMAX(x, y)); break;                                                \
-    }
+    OP_CASES(LOOP, _Float16, (_Float16)((float)x + (float)y), (_Float16)((float)x * (float)y), FMIN(x, y), \
+             FMAX(x, y))
 
-#define BF16_LOOP(EXPR)                                                         \
-    do {                                                                         \
-        uint16_t *restrict d_ = (uint16_t *)dst;                                 \
-        const uint16_t *a_ = (const uint16_t *)a;                                \
-        const uint16_t *b_ = (const uint16_t *)b;                                \
-        for (size_t i = 0; i < n; i++) {                                         \
-            float x = bf16_to_f32(a_[i]), y = bf16_to_f32(b_[i]);                \
-            d_[i] = f32_to_bf16(EXPR);                                           \
-        }                                                                        \
-    } while (0)
+#define BF16_LOOP(T, EXPR) LOOP_AS(T, float, bf16_to_f32, f32_to_bf16, EXPR)
 
 /* dst[i] = a[i] (op) b[i], n elements; dst may be a (in place) */
 KERNEL static void combine(int op, int dt, void *dst, const void *a, const void *b, size_t n) {
     switch (dt) {
     case DT_F16: HALF_CASES(); break;
-    case DT_BF16:
-        switch (op) {
-        case OP_SUM: BF16_LOOP(x + y); break;
-        case OP_PROD: BF16_LOOP(x * y); break;
-        case OP_MIN: BF16_LOOP(FMIN(x, y)); break;
-        default: BF16_LOOP(FMAX(x, y)); break;
-        }
-        break;
+    case DT_BF16: OP_CASES(BF16_LOOP, uint16_t, x + y, x * y, FMIN(x, y), FMAX(x, y)); break;
     case DT_F32: FLOAT_CASES(float); break;
     case DT_F64: FLOAT_CASES(double); break;
     case DT_I8: INT_CASES(int8_t, uint8_t); break;
@@ -237,6 +216,14 @@ typedef struct {
     uint32_t len, pad;
     uint64_t pad2[4];
 } slot_hdr_t; /* 64 bytes: the piece's bytes start cache-line aligned */
+
+/* the board: BOARD_SLOTS counters in the bell page of the lowest-numbered rank of the host,
+ * which every local rank maps. When the whole job is on one host the adaptive runtime's
+ * fast path agrees on them instead of on the rendezvous store (backends/adaptive/fast.py):
+ * an atomic add is ~50 ns where a store round trip is a Python server's turn, 0.3-4 ms on
+ * this 2-core machine under load. */
+#define BOARD_OFF 512
+#define BOARD_SLOTS 64
 
 #define SLOT_HDR 64
 #define PIECE_SKIP 0x534B4950u /* a header whose `pad` says: padding to the ring's end */
@@ -334,6 +321,7 @@ typedef struct {
     int64_t xdone_len, xdone_cap;
     uint64_t run_gen;
     void *cur_run; /* the runner_t of the run in progress (under mu), for fold() */
+    _Atomic uint64_t *board; /* BOARD_SLOTS counters (see BOARD_OFF) */
 } Engine;
 
 static double now_s(void) {
@@ -342,14 +330,17 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void ring_bell(peer_t *p) {
-    atomic_fetch_add(&p->bell->seq, 1);
-    if (atomic_load(&p->bell->sleeping)) {
+/* bump a bell's sequence; write its owner's eventfd only when the owner sleeps */
+static void wake_bell(bell_t *bell, int evfd) {
+    atomic_fetch_add(&bell->seq, 1);
+    if (atomic_load(&bell->sleeping)) {
         uint64_t one = 1;
-        ssize_t w = write(p->evfd, &one, sizeof one);
+        ssize_t w = write(evfd, &one, sizeof one);
         (void)w;
     }
 }
+
+static void ring_bell(peer_t *p) { wake_bell(p->bell, p->evfd); }
 
 static int push_i64(int64_t **arr, int64_t *len, int64_t *cap, int64_t v) {
     if (*len == *cap) {
@@ -715,13 +706,8 @@ static int check_peers(Engine *e, struct pollfd *fds, int nfds_peers) {
     return changed;
 }
 
-/* sleep until a bell rings, a peer socket changes, or `left` seconds pass (bounded spin first) */
-static void nap(Engine *e, uint32_t seq0, double left, int interruptible) {
-    for (int i = 0; i < e->spin; i++) {
-        if (atomic_load(&e->bell->seq) != seq0 || (interruptible && atomic_load(&e->interrupt))) return;
-        CPU_RELAX();
-    }
-    struct pollfd fds[e->npeers + 1];
+/* the unix sockets of the live peers as pollfds (POLLIN: EOF = gone); returns how many */
+static int peer_pollfds(Engine *e, struct pollfd *fds) {
     int n = 0;
     for (int k = 0; k < e->npeers; k++)
         if (!e->peers[k].dead) {
@@ -730,6 +716,17 @@ static void nap(Engine *e, uint32_t seq0, double left, int interruptible) {
             fds[n].revents = 0;
             n++;
         }
+    return n;
+}
+
+/* sleep until a bell rings, a peer socket changes, or `left` seconds pass (bounded spin first) */
+static void nap(Engine *e, uint32_t seq0, double left, int interruptible) {
+    for (int i = 0; i < e->spin; i++) {
+        if (atomic_load(&e->bell->seq) != seq0 || (interruptible && atomic_load(&e->interrupt))) return;
+        CPU_RELAX();
+    }
+    struct pollfd fds[e->npeers + 1];
+    int n = peer_pollfds(e, fds);
     fds[n].fd = e->evfd;
     fds[n].events = POLLIN;
     fds[n].revents = 0;
@@ -906,6 +903,13 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         p->sock = dup(psock);
     }
     Py_DECREF(seq);
+    int lo = rank;
+    e->board = (_Atomic uint64_t *)(e->seg + BOARD_OFF);
+    for (int i = 0; i < e->npeers; i++)
+        if (e->peers[i].rank < lo) {
+            lo = e->peers[i].rank;
+            e->board = (_Atomic uint64_t *)(e->peer_segs[i] + BOARD_OFF);
+        }
     return 0;
 }
 
@@ -1111,14 +1115,7 @@ static PyObject *Engine_poll(Engine *e, PyObject *noargs) {
     pthread_mutex_lock(&e->mu);
     progress(e);
     struct pollfd fds[e->npeers + 1];
-    int n = 0;
-    for (int k = 0; k < e->npeers; k++)
-        if (!e->peers[k].dead) {
-            fds[n].fd = e->peers[k].sock;
-            fds[n].events = POLLIN;
-            fds[n].revents = 0;
-            n++;
-        }
+    int n = peer_pollfds(e, fds);
     if (n) poll(fds, n, 0);
     check_peers(e, fds, n);
     pthread_mutex_unlock(&e->mu);
@@ -1676,14 +1673,7 @@ static PyObject *Engine_ext_done(Engine *e, PyObject *args) {
     pthread_mutex_lock(&e->xmu);
     if (gen == e->run_gen && push_i64(&e->xdone, &e->xdone_len, &e->xdone_cap, k) == 0) woke = 1;
     pthread_mutex_unlock(&e->xmu);
-    if (woke) {
-        atomic_fetch_add(&e->bell->seq, 1);
-        if (atomic_load(&e->bell->sleeping)) {
-            uint64_t one = 1;
-            ssize_t w = write(e->evfd, &one, sizeof one);
-            (void)w;
-        }
-    }
+    if (woke) wake_bell(e->bell, e->evfd);
     Py_RETURN_NONE;
 }
 
@@ -1731,16 +1721,74 @@ static PyObject *Engine_fold(Engine *e, PyObject *args) {
 /* kick(): wake this rank's runner or wait (a TCP peer's state changed) */
 static PyObject *Engine_kick(Engine *e, PyObject *noargs) {
     if (e->released) Py_RETURN_NONE;
-    atomic_fetch_add(&e->bell->seq, 1);
-    if (atomic_load(&e->bell->sleeping)) {
-        uint64_t one = 1;
-        ssize_t w = write(e->evfd, &one, sizeof one);
-        (void)w;
-    }
+    wake_bell(e->bell, e->evfd);
     Py_RETURN_NONE;
 }
 
+/* the board ------------------------------------------------------------------- */
+static int board_slot(Engine *e, long slot) {
+    if (e->released || !e->board || slot < 0 || slot >= BOARD_SLOTS) {
+        PyErr_SetString(PyExc_ValueError, e->released ? "engine closed" : "no such board slot");
+        return -1;
+    }
+    return 0;
+}
+
+/* board_add(slot, amount, wake) -> the new value; with `wake` the local peers are woken (a
+ * waiter re-reads). Only an add a waiter waits for should wake: a sleeping peer's wake-up is
+ * an eventfd write, and on a loaded 2-core machine the writer often loses its core to the
+ * woken one (an add that rang every bell measured ~180 us, one that rings none ~1 us). */
+static PyObject *Engine_board_add(Engine *e, PyObject *args) {
+    long slot;
+    unsigned long long amount;
+    int wake = 1;
+    if (!PyArg_ParseTuple(args, "lK|p", &slot, &amount, &wake) || board_slot(e, slot)) return NULL;
+    uint64_t v = atomic_fetch_add(&e->board[slot], (uint64_t)amount) + (uint64_t)amount;
+    for (int k = 0; wake && k < e->npeers; k++)
+        if (!e->peers[k].dead) ring_bell(&e->peers[k]);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* board_set(slot, value) */
+static PyObject *Engine_board_set(Engine *e, PyObject *args) {
+    long slot;
+    unsigned long long value;
+    if (!PyArg_ParseTuple(args, "lK", &slot, &value) || board_slot(e, slot)) return NULL;
+    atomic_store(&e->board[slot], (uint64_t)value);
+    Py_RETURN_NONE;
+}
+
+/* board_wait(slot, at_least, timeout) -> (value, reached): the slot's value once it is
+ * >= at_least, or after `timeout` seconds (reached False); GIL released, bounded spin, then
+ * a nap on this rank's eventfd (board_add rings every local peer's bell) */
+static PyObject *Engine_board_wait(Engine *e, PyObject *args) {
+    long slot;
+    unsigned long long target;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "lKd", &slot, &target, &timeout) || board_slot(e, slot)) return NULL;
+    uint64_t v;
+    double deadline = now_s() + timeout;
+    e->users++;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        uint32_t seq0 = atomic_load(&e->bell->seq);
+        v = atomic_load(&e->board[slot]);
+        if (v >= target || e->closed) break;
+        double left = deadline - now_s();
+        if (left <= 0) break;
+        nap(e, seq0, left, 0);
+    }
+    Py_END_ALLOW_THREADS
+    e->users--;
+    release_if_closed(e);
+    return Py_BuildValue("(KO)", (unsigned long long)v, v >= target ? Py_True : Py_False);
+}
+
 static PyMethodDef Engine_methods[] = {
+    {"board_add", (PyCFunction)Engine_board_add, METH_VARARGS, "board_add(slot, amount[, wake]) -> new value"},
+    {"board_set", (PyCFunction)Engine_board_set, METH_VARARGS, "board_set(slot, value)"},
+    {"board_wait", (PyCFunction)Engine_board_wait, METH_VARARGS,
+     "board_wait(slot, at_least, timeout) -> (value, reached)"},
     {"ext_done", (PyCFunction)Engine_ext_done, METH_VARARGS, "ext_done(gen, k): external transfer k completed"},
     {"fold", (PyCFunction)Engine_fold, METH_VARARGS, "fold(gen, k, offset, piece) -> bool"},
     {"kick", (PyCFunction)Engine_kick, METH_NOARGS, "wake this rank's runner or wait"},
@@ -1838,6 +1886,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&EngineType);
     PyModule_AddObject(m, "Engine", (PyObject *)&EngineType);
     PyModule_AddIntConstant(m, "BELL_BYTES", BELL_BYTES);
+    PyModule_AddIntConstant(m, "BOARD_SLOTS", BOARD_SLOTS);
     PyModule_AddIntConstant(m, "ABI", 1);
     PyModule_AddObject(m, "SEG_MAGIC", PyLong_FromUnsignedLongLong(SEG_MAGIC));
     return m;

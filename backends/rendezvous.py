@@ -55,6 +55,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Callable
 
 from .base import RuntimeFault
 
@@ -221,6 +222,43 @@ def _drop(conn: socket.socket) -> None:
         pass
 
 
+def admit_pending(pending: dict, conn: socket.socket, cap: int) -> bool:
+    """Admit ``conn`` to ``pending`` (the connections in their handshake, oldest first, each
+    with its arrival time; call with the owner's lock held): at most ``cap`` at once; past
+    it the oldest is dropped if it has had :data:`PENDING_GRACE_S`, else ``conn`` is closed
+    (it retries) and False returned."""
+    now = time.monotonic()
+    if len(pending) >= cap:
+        old, since = next(iter(pending.items()))
+        if now - since < PENDING_GRACE_S:  # all recent: refuse this one
+            conn.close()
+            return False
+        del pending[old]  # the oldest has had its chance
+        _drop(old)
+    pending[conn] = now
+    return True
+
+
+def accept_loop(listener: socket.socket, closing: Callable[[], bool], lock, pending: dict, cap: int,
+                serve: Callable[[socket.socket], None], name: str,
+                admitted: Callable[[socket.socket], None] | None = None) -> None:
+    """Accept connections on ``listener`` until ``closing()`` or the listener closes: each is
+    admitted to ``pending`` under ``lock`` (:func:`admit_pending`, at most ``cap`` in their
+    handshake; ``admitted(conn)`` is then called under the lock) and served by ``serve(conn)``
+    in a daemon thread named ``name``."""
+    while not closing():
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with lock:
+            if not admit_pending(pending, conn, cap):
+                continue
+            if admitted is not None:
+                admitted(conn)
+        threading.Thread(target=serve, args=(conn,), name=name, daemon=True).start()
+
+
 class _Parked:
     """A waiting request: its connection, what it waits for, and whether it was answered."""
 
@@ -266,23 +304,8 @@ class StoreServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            now = time.monotonic()
-            with self._cond:
-                if len(self._pending) >= MAX_PENDING:
-                    old, since = next(iter(self._pending.items()))
-                    if now - since < PENDING_GRACE_S:  # all recent: refuse this one (it retries)
-                        conn.close()
-                        continue
-                    del self._pending[old]  # the oldest has had its chance
-                    _drop(old)
-                self._clients.add(conn)
-                self._pending[conn] = now
-            threading.Thread(target=self._serve, args=(conn,), name="hcc-store-client", daemon=True).start()
+        accept_loop(self._sock, lambda: self._closed, self._cond, self._pending, MAX_PENDING, self._serve,
+                    "hcc-store-client", admitted=self._clients.add)
 
     def _serve(self, conn: socket.socket) -> None:
         try:

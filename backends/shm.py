@@ -57,7 +57,7 @@ from .rendezvous import AuthenticationError, recv_exact
 from .sockets import ProtocolError, SocketTransport, accept_handshake, dial_handshake
 from . import native
 
-__all__ = ["ShmSocketTransport", "enable", "host_id", "ShmUnavailable", "DEFAULT_SLOTS", "DEFAULT_SLOT_KIB"]
+__all__ = ["ShmSocketTransport", "ShmBoard", "enable", "host_id", "ShmUnavailable", "DEFAULT_SLOTS", "DEFAULT_SLOT_KIB"]
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_KIB = 256
@@ -268,6 +268,33 @@ class _ShmReq(Request):
 
 
 _SWEEP = 256  # live requests beyond which a post first forgets the completed ones
+
+
+class ShmBoard:
+    """``BOARD_SLOTS`` (64) counters in the shared memory of the host's lowest-numbered rank,
+    which every local rank maps (the native core's board): ``add`` (atomic, returns the new
+    value, wakes the local peers unless told not to), ``set``, and ``wait`` until a value is reached. What the
+    adaptive runtime's fast path agrees on when a job has one host
+    (backends/adaptive/fast.py); a counter is zero until first added to."""
+
+    __slots__ = ("_engine",)
+    slots = native._native.BOARD_SLOTS if native.available() else 0
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def add(self, slot: int, amount: int, wake: bool = True) -> int:
+        """Add atomically; returns the new value. ``wake``: wake the local peers (only an add
+        some waiter waits for needs to)."""
+        return self._engine.board_add(slot, amount, wake)
+
+    def set(self, slot: int, value: int) -> None:
+        self._engine.board_set(slot, value)
+
+    def wait(self, slot: int, at_least: int, timeout: float) -> int | None:
+        """The slot's value once it is ≥ ``at_least``; None after ``timeout`` seconds."""
+        value, reached = self._engine.board_wait(slot, at_least, timeout)
+        return value if reached else None
 
 
 class ShmSocketTransport(SocketTransport):
@@ -507,6 +534,11 @@ class ShmSocketTransport(SocketTransport):
             return None
 
         return post, check
+
+    def board(self) -> "ShmBoard | None":
+        """The host's shared counters (:class:`ShmBoard`) when every rank of the job is on
+        this host (else None: the ranks on other hosts do not map them)."""
+        return ShmBoard(self._engine) if len(self._local) == self.world - 1 else None
 
     def native_stats(self) -> dict:
         """The core's counters (``messages``: data messages moved so far; ``held``)."""

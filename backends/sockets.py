@@ -80,11 +80,11 @@ from .handshake import HELLO, NONCE, WELCOME, accept_handshake, dial_handshake  
 from .kernels import STAGING
 from .rendezvous import (
     MAX_PENDING,
-    PENDING_GRACE_S,
     AuthenticationError,
     RendezvousError,
     StoreClient,
     StoreServer,
+    accept_loop,
     parse_address,
     recv_into_exact,
 )
@@ -238,27 +238,10 @@ class SocketTransport(Transport):
 
     # -- connections --------------------------------------------------------------------
     def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            # at most max(MAX_PENDING, world) in the handshake (a job's own burst is world - 1):
-            # past it the oldest goes if it has had PENDING_GRACE_S, else the newcomer does
-            now = time.monotonic()
-            with self._lock:
-                if len(self._pending) >= max(MAX_PENDING, self.world):
-                    old, since = next(iter(self._pending.items()))
-                    if now - since < PENDING_GRACE_S:
-                        sock.close()
-                        continue
-                    del self._pending[old]
-                    try:
-                        old.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                self._pending[sock] = now
-            threading.Thread(target=self._accept_one, args=(sock,), daemon=True).start()
+        # at most max(MAX_PENDING, world) in the handshake (a job's own burst is world - 1):
+        # past it the oldest goes if it has had PENDING_GRACE_S, else the newcomer does
+        accept_loop(self._listener, lambda: self._closing, self._lock, self._pending, max(MAX_PENDING, self.world),
+                    self._accept_one, f"hcc-handshake-{self.rank}")
 
     def _accept_one(self, sock: socket.socket) -> None:
         try:
@@ -676,24 +659,38 @@ class SocketTransport(Transport):
             return PeerFailed(self.rank, peer, "it closed the connection")
         return None
 
-    def wait_any(self, requests: list[Request], timeout: float) -> list[int]:
-        deadline = time.monotonic() + timeout
+    def _await(self, requests: list[Request], timeout: float, check: Callable[[], list[int] | None],
+               expired: Callable[[], list[int]]) -> list[int]:
+        """Under the condition: the indices of the completed ``requests`` as soon as there are
+        any; else what ``check()`` returns (looked at every turn; None: keep waiting; it may
+        raise), or ``expired()`` once ``timeout`` seconds have passed."""
+        end = time.monotonic() + timeout
         with self._cond:
             while True:
                 done = [i for i, r in enumerate(requests) if r.done]
                 if done:
                     return done
-                if self._errors or self._dead or self._aborted or any(
-                        c.bye_received for c in self._conns.values()):
-                    for r in requests:
-                        err = self._failure_for(r.peer)
-                        if err is not None:
-                            raise err
-                left = deadline - time.monotonic()
+                stop = check()
+                if stop is not None:
+                    return stop
+                left = end - time.monotonic()
                 if left <= 0:
-                    peer = requests[0].peer if requests else -1
-                    raise CollectiveTimeout(self.rank, peer, "no message arrived", timeout)
+                    return expired()
                 self._nap(left)
+
+    def wait_any(self, requests: list[Request], timeout: float) -> list[int]:
+        def failed() -> None:
+            if self._errors or self._dead or self._aborted or any(c.bye_received for c in self._conns.values()):
+                for r in requests:
+                    err = self._failure_for(r.peer)
+                    if err is not None:
+                        raise err
+
+        def expired() -> list[int]:
+            peer = requests[0].peer if requests else -1
+            raise CollectiveTimeout(self.rank, peer, "no message arrived", timeout)
+
+        return self._await(requests, timeout, failed, expired)
 
     def _nap(self, left: float) -> None:
         """Wait on the (held) condition for at most ``left`` seconds; when nothing woke it, ask
@@ -752,18 +749,8 @@ class SocketTransport(Transport):
     def wait_change(self, requests: list[Request], timeout: float, *,
                     ignore: AbstractSet[int] = frozenset(),
                     woken: Callable[[], bool] = lambda: False) -> list[int]:
-        end = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                done = [i for i, r in enumerate(requests) if r.done]
-                if done:
-                    return done
-                if woken() or (set(self._dead) - set(ignore)):
-                    return []
-                left = end - time.monotonic()
-                if left <= 0:
-                    return []
-                self._nap(left)
+        return self._await(requests, timeout, lambda: [] if woken() or (set(self._dead) - set(ignore)) else None,
+                           lambda: [])
 
     def wake(self) -> None:
         with self._cond:

@@ -536,6 +536,7 @@ def bench_messages(backends: list[str], reps: int, iters: int) -> list[dict]:
     rows = []
     for backend in backends:
         mod = importlib.import_module(f"hcc.backends.{backend}")
+        path = message_path(backend)
         for n, kind, smalls in ((2, "broadcast", (4096, 16384)), (4, "allreduce", (16384, 65536))):
             plans = {c: message_cost_plan(n, kind, size, c) for c in (big, *smalls)}
             # messages on the critical path: d(simulated time) / d(per_message_s), exact here
@@ -560,17 +561,49 @@ def bench_messages(backends: list[str], reps: int, iters: int) -> list[dict]:
                     # chunks, over the transfers it handles more (the busiest rank)
                     cpu_per = max(((cpu[c][r] - cpu[big][r]) / (handled[c][r] - handled[big][r])
                                    for r in range(n) if cpu[c] and handled[c][r] > handled[big][r]), default=None)
-                    rows.append({"backend": backend, "ranks": n, "kind": kind, "size_bytes": size,
+                    rows.append({"backend": backend, "path": path, "ranks": n, "kind": kind, "size_bytes": size,
                                  "chunk_bytes": c, "rep": rep, "time_s": t[c], "time_1MiB_s": t[big],
                                  "critical_messages": round(weight[c], 1),
                                  "critical_messages_1MiB": round(weight[big], 1), "per_message_s": per,
                                  "cpu_per_message_s": cpu_per})
-                    print(f"{backend:8} {n} ranks {kind:9} {c // 1024:3} KiB chunks: {t[c] * 1e3:8.1f} ms vs "
+                    print(f"{backend}/{path:4} {n} ranks {kind:9} {c // 1024:3} KiB chunks: {t[c] * 1e3:8.1f} ms vs "
                           f"{t[big] * 1e3:6.1f} ms in 1 MiB, {weight[c] - weight[big]:6.0f} more messages on the "
                           f"critical path: {per * 1e6:7.1f} us per message"
                           + (f"; CPU {cpu_per * 1e6:5.1f} us per message handled" if cpu_per is not None else ""),
                           flush=True)
+    for path in sorted({r["path"] for r in rows}):
+        mine = [r for r in rows if r["path"] == path]
+        wall = statistics.median(r["per_message_s"] for r in mine)
+        cpus = [r["cpu_per_message_s"] for r in mine if r["cpu_per_message_s"] is not None]
+        model = RUN_PATH_MODELS.get(path)
+        print(f"{path}: per message {wall * 1e6:.1f} us (median of {len(mine)} cases x reps)"
+              + (f", the core's CPU {statistics.median(cpus) * 1e6:.1f} us" if cpus else "")
+              + (f"; hcc.runner's default for it: {model() * 1e6:g} us" if model else ""), flush=True)
     return rows
+
+
+def message_path(backend: str) -> str:
+    """What carries a local job's messages: ``shm`` for the sockets backend when its ranks
+    share memory (the native core is built, ``HCC_SHM`` not ``off``), else ``tcp``
+    (sockets, ray) or ``mpi``."""
+    if backend == "sockets":
+        from hcc.runner import run_model_key
+
+        return "shm" if run_model_key("sockets") == "shm" else "tcp"
+    return "mpi" if backend == "mpi" else "tcp"
+
+
+def _runner_default(name: str):
+    def get() -> float:
+        from hcc.runner import RUN_MODELS
+
+        return RUN_MODELS[name].per_message_s
+    return get
+
+
+# hcc run's per-message cost for what a path is (hcc.runner.RUN_MODELS): the figure each path's
+# measurement above stands behind
+RUN_PATH_MODELS = {"shm": _runner_default("shm"), "tcp": _runner_default("sockets"), "mpi": _runner_default("mpi")}
 
 
 # --------------------------------------------------------------------------- workers

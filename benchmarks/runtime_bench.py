@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/runtime_bench.py [--sizes 1,16,64] [--ranks 4] [--iters 5] [--warmup 10] [--reps 3]
                                                   [--peers sockets,gloo,mpi,ray] [--quick]
 
-The plans are static (``adaptive = off`` in the generated source: the sockets backend's default
-is becoming the adaptive runtime, which benchmarks/fault_bench.py measures) and compiled for
-loopback modelled as a star through a switch (every rank one 2 GB/s port), not a clique: see
+The plans run on the default runtime: the sockets backend's adaptive runtime, whose fast
+path agrees that every rank arrived in time and then runs the plan's flattened program
+(``--static`` writes ``adaptive = off`` into the source instead: the static executor alone,
+no agreement), compiled for loopback modelled as a star through a switch (every rank one 2 GB/s port), not a clique: see
 :func:`loopback_source` for why. Where :data:`SOCKETS_SETTINGS` / :data:`MPI_SETTINGS` name
 an ``algorithm`` or ``chunk`` for a (kind, size), the source says so, as a user could write
 it; the table's ``settings`` column shows it (``auto``: the compiler's choice; ``--auto``
@@ -220,26 +221,27 @@ MPI_SETTINGS: dict[tuple[str, int], str] = {}
 
 
 def collective_source(kind: str, mib: int, settings: str = "") -> str:
-    """One benchmark collective on ``loopback``. ``adaptive = off``: the benchmark measures the
-    static executor's plan (the sockets backend's default became the adaptive runtime, which
-    is measured by benchmarks/fault_bench.py)."""
+    """One benchmark collective on ``loopback``, with ``settings`` (``;``-separated source
+    lines, e.g. ``adaptive = off``) added. Without ``adaptive`` said, the transport's default
+    runs it (sockets: the adaptive runtime and its fast path)."""
     extra = "".join(f"\n    {line.strip()}" for line in settings.split(";") if line.strip())
-    return (f"collective {kind}_{mib} = {kind} on loopback {{\n    size = {mib} MiB\n    dtype = float32\n"
-            f"    adaptive = off{extra}\n}}\n")
+    return f"collective {kind}_{mib} = {kind} on loopback {{\n    size = {mib} MiB\n    dtype = float32{extra}\n}}\n"
 
 
 def compile_plans(n: int, sizes_mib: list[int], port: str = "2 GB/s, 100 us",
-                  settings: dict[tuple[str, int], str] | None = None) -> dict:
+                  settings: dict[tuple[str, int], str] | None = None, static: bool = False) -> dict:
     """One plan per (kind, MiB) on the star of n ranks (:func:`loopback_source`) whose ports
     are ``port`` (the sockets default; :data:`MPI_PORT` for MPICH's shared memory), with
-    ``settings[(kind, MiB)]`` (``;``-separated source lines) added where given."""
+    ``settings[(kind, MiB)]`` (``;``-separated source lines) added where given; ``static``:
+    ``adaptive = off`` in every collective."""
     import hcc
 
     settings = settings or {}
     src = loopback_source(n, port)
     for kind in KINDS:
         for m in sizes_mib:
-            src += collective_source(kind, m, settings.get((kind, m), ""))
+            src += collective_source(kind, m, "; ".join(x for x in (settings.get((kind, m), ""),
+                                                                    "adaptive = off" if static else "") if x))
     program = hcc.load(src)
     return {(k, m): hcc.compile(program, f"{k}_{m}") for k in KINDS for m in sizes_mib}
 
@@ -469,17 +471,26 @@ def sockets_vs_gloo(plans: dict, n: int, keys: list, iters: int, reps: int, with
 
 
 # --------------------------------------------------------------------------- mpi
+def _mpi_peers(label: str):
+    """benchmarks/mpi_peers.py (beside this file), or None with a line saying why ``label``'s
+    half is skipped (mpi4py or the mpich wheel missing)."""
+    try:
+        import mpi_peers  # noqa: F401  (benchmarks/ is on sys.path when this file runs)
+    except ImportError as e:
+        print(f"{label}: skipped ({e})")
+        return None
+    return mpi_peers
+
+
 def bench_mpi(plans: dict, iters: int, reps: int = 1, warmup: int = WARMUP) -> dict | None:
     """Per key ``(hcc times, native times, ratios)``: ``reps`` mpiexec jobs per plan, each
     running hcc's plan and MPICH's own collective alternately, iteration by iteration
     (``bench_pair``; times pooled over the reps, one busbw ratio hcc/native per rep), so a
     noisy minute on the shared machine moves one rep's ratio, not the figure."""
-    try:
-        import mpi_peers  # benchmarks/mpi_peers.py, beside this file
+    from hcc.backends.reference import make_inputs
 
-        from hcc.backends.reference import make_inputs
-    except ImportError as e:
-        print(f"mpi: skipped ({e})")
+    mpi_peers = _mpi_peers("mpi")
+    if mpi_peers is None:
         return None
     out = {}
     for k, plan in plans.items():
@@ -501,14 +512,9 @@ def sockets_vs_mpich(plans: dict, keys: list, n: int, iters: int, reps: int, war
     """Per key ``(hcc times, MPICH times, ratios)``: hcc's default runtime (the sockets
     backend; shared memory between these local ranks) run, then MPICH's own collective in an
     mpiexec job of its own, ``reps`` times back to back (one busbw ratio per rep)."""
-    try:
-        import mpi_peers as peers_mod  # benchmarks/mpi_peers.py, beside this file
-    except ImportError:
-        try:
-            from hcc.backends import mpi as peers_mod
-        except ImportError as e:
-            print(f"mpich: skipped ({e})")
-            return {}
+    peers_mod = _mpi_peers("mpich")
+    if peers_mod is None:
+        return {}
     out = {k: ([], [], []) for k in keys}
     for _ in range(max(1, reps)):
         h, _, _ = bench_sockets(plans, iters, warmup=warmup)
@@ -649,6 +655,9 @@ def main(argv=None) -> int:
     ap.add_argument("--restore-each", action="store_true",
                     help="in place, restore the input before every iteration (default: chained "
                          "iterations, as gloo's loop, restored only before the last, checked one)")
+    ap.add_argument("--static", action="store_true",
+                    help="adaptive = off in every hcc-sockets plan (the static executor; default: the "
+                         "default runtime, adaptive with its fast path)")
     ap.add_argument("--auto", action="store_true",
                     help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
     a = ap.parse_args(argv)
@@ -657,7 +666,7 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     peers = set(a.peers.split(","))
     n = a.ranks
-    plans = compile_plans(n, sizes, sockets_port(), settings=None if a.auto else SOCKETS_SETTINGS)
+    plans = compile_plans(n, sizes, sockets_port(), settings=None if a.auto else SOCKETS_SETTINGS, static=a.static)
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
     rates = memory_bandwidth()
@@ -702,7 +711,8 @@ def main(argv=None) -> int:
               + (f", in place, {row['in_place']})" if row["in_place"] else ")") + _work_note(row)
               + f"  mem bound {row['mem_bound_s'] * 1e3:.1f} ms ({row['of_mem_bound']:.0%})", flush=True)
 
-    print(f"static plans (adaptive = off); {n} ranks; {a.iters} iterations after {a.warmup} warm-up x {a.reps} reps; settings: "
+    print(("static plans (adaptive = off, --static)" if a.static else "the default runtime (adaptive, fast path)")
+          + f"; {n} ranks; {a.iters} iterations after {a.warmup} warm-up x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
     if "sockets" in peers:

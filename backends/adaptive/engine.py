@@ -606,11 +606,30 @@ class Run(StarOwnership, FastPath):
             self.s.log.report_dead(d)
         self.known_dead |= seen
 
+    def own_data(self) -> None:
+        """Put this rank's own data where the adaptive schedule expects it: its block of an
+        allgather (or a gather's root), a broadcast root's whole input, marked valid. Not on
+        the fast path: the static program copies what it needs (a 64 MiB in-place broadcast
+        root would copy its buffer onto itself for nothing)."""
+        plan, rank, inp, out = self.plan, self.rank, self.inp, self.out
+        if plan.kind in ("allgather", "gather"):
+            if plan.kind == "allgather" or rank == plan.root:
+                lo, hi = block_range(plan.elems, plan.n, rank)
+                out[lo:hi] = inp
+            for f in self.flows:
+                if f.root == rank:
+                    f.have[:] = 0  # this rank owns the block its flow carries
+        if plan.kind == "broadcast" and rank == plan.root:
+            out[...] = inp
+            for f in self.flows:
+                f.have[:] = 0
+
     def execute(self) -> None:
         t0 = time.monotonic()
         if self.fast and self.decide():
             self.run_static()
             return
+        self.own_data()
         self.s.greet(self.comm)
         # "t": this rank's wall clock at arrival — the star allreduce's down trees weigh how
         # much of its input each rank still had to push when the last one arrived
@@ -721,17 +740,6 @@ def run(plan: Plan, comm: Transport, array=None, *, out=None, timeout: float = 6
     r = Run(plan, comm, session, inp, out_flat, float(timeout), not arrival_order,
             None if quorum is None else int(quorum), ce, progress, fast=fast and plain,
             explicit_chunk=chunk_bytes is not None, trace=trace)
-    if plan.kind in ("allgather", "gather"):
-        if plan.kind == "allgather" or rank == plan.root:
-            lo, hi = block_range(plan.elems, plan.n, rank)
-            out_flat[lo:hi] = inp
-        for f in r.flows:
-            if f.root == rank:
-                f.have[:] = 0  # this rank owns the block its flow carries
-    if plan.kind in ("broadcast",) and rank == plan.root:
-        out_flat[...] = inp
-        for f in r.flows:
-            f.have[:] = 0
     r.execute()
     if r.ran_static:
         return result  # the fast path: exactly what the static executor returns

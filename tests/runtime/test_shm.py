@@ -12,6 +12,8 @@ import pytest
 
 import hcc
 from hcc.backends import native, shm, sockets
+from hcc.backends.adaptive.fast import StoreCounters
+from hcc.backends.adaptive.session import session_of
 from hcc.backends.launch import RunFailed, run_cases_local
 from hcc.backends.reference import check, expected, make_inputs
 from hcc.backends.rendezvous import AuthenticationError, free_port
@@ -153,7 +155,10 @@ def test_one_job_mixes_shared_memory_and_tcp_per_peer(plans, monkeypatch):
 
     def fn(r, c):
         local = getattr(c, "local_peers", frozenset())
-        return local, [hcc.run(p, c, ins[p.name][r]) for p in cases]
+        outs = [hcc.run(p, c, ins[p.name][r]) for p in cases]
+        # two hosts: no board; arf's fast path (adaptive by default) agreed on the store
+        assert c.board() is None and isinstance(session_of(c).fast_counters, StoreCounters)
+        return local, outs
 
     res = _job(4, fn, labels, monkeypatch=monkeypatch)
     assert [sorted(local) for local, _ in res] == [[1], [0], [3], [2]]
@@ -229,6 +234,31 @@ def test_adaptive_default_runs_over_the_channels(plans):
 
     def fn(r, c):
         assert isinstance(c, shm.ShmSocketTransport)
-        return [np.array(hcc.run(p, c, ins[r])) for _ in range(3)][-1]
+        outs = [np.array(hcc.run(p, c, ins[r])) for _ in range(3)][-1]
+        # the whole job on one host: the fast path agrees on the host's shared board, and
+        # the rendezvous store never holds its counters
+        session = session_of(c)
+        assert isinstance(session.fast_counters, shm.ShmBoard)
+        assert all(c.store.peek(f"{session.log.prefix}/fast/{slot}") is None for slot in range(3))
+        return outs
 
     check(p, _job(4, fn), expected(p, ins))
+
+
+def test_the_board_adds_atomically_and_wakes_a_waiter():
+    # ranks 1 and 2 add 1 to slot 5 a thousand times each at once while rank 0 waits for the
+    # total: no update is lost (atomic adds), and the last add's wake-up ends rank 0's wait
+    adds = 1000
+
+    def fn(r, c):
+        board = c.board()
+        if r == 0:
+            got = board.wait(5, 2 * adds, 20.0)
+        else:
+            for i in range(adds):
+                board.add(5, 1, wake=i == adds - 1)
+            got = board.wait(5, 2 * adds, 20.0)
+        assert board.wait(7, 1, 0.01) is None  # never reached: None at its deadline
+        return got
+
+    assert _job(3, fn) == [2 * adds] * 3
