@@ -97,15 +97,33 @@ def worker(args) -> int:
         batches = [(torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
                    for _ in range(args.warmup + args.steps)]
         step_times: dict[str, list[float]] = {"hcc": [], "gloo": []}
+        calls: list = []  # (issued at, handle) of the hcc calls of the step timed last
+        submit = comm.submit
+
+        def traced(info, body, runs=1):
+            h = submit(info, body, runs)
+            calls.append((time.perf_counter(), h))
+            return h
+
+        if args.profile:
+            comm.submit = traced
         for i, (x, y) in enumerate(batches):
             for k in (("hcc", "gloo") if i % 2 == 0 else ("gloo", "hcc")):
                 def step(k=k, x=x, y=y):
                     opts[k].zero_grad()
                     torch.nn.functional.mse_loss(ddps[k](x), y).backward()
                     opts[k].step()
+                calls.clear()
+                t_step = time.perf_counter()
                 dt = timed(step)
                 if i >= args.warmup:
                     step_times[k].append(dt)
+                if args.profile and k == "hcc" and calls:
+                    # per bucket: issued, started, finished (s from the step's start), MiB
+                    out.setdefault("profile", []).append(
+                        [(round(t - t_step, 3), round(h.started_at - t_step, 3),
+                          round(h.started_at + h.elapsed_s - t_step, 3), round(h.info.count * 4 / 2**20, 1))
+                         for t, h in calls])
         pa = torch.cat([p.detach().reshape(-1) for p in models["hcc"].parameters()])
         pb = torch.cat([p.detach().reshape(-1) for p in models["gloo"].parameters()])
         out["params"] = int(pa.numel())
@@ -129,6 +147,9 @@ def worker(args) -> int:
     out["allreduce_s"] = ar
     late = torch.ones(args.probe_elems + 2)
     out["late_first_call_s"] = timed(lambda: dist.all_reduce(late, group=hcc_pg))
+    # a size of an octave no call used yet (twice the probe: no bucket or --sizes entry is there)
+    octave = torch.ones(2 * args.probe_elems + 1)
+    out["octave_first_call_s"] = timed(lambda: dist.all_reduce(octave, group=hcc_pg))
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -217,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=1800.0, help="seconds a job may take")
     ap.add_argument("--netem", choices=["b", "c"], default=None,
                     help="run on emulated topology (b) or (c) of BENCHMARKS.md (root)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print when each hcc bucket all-reduce was issued, started and finished")
     ap.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 and 4 MiB")
     ap.add_argument("--csv", default=None, help="default: benchmarks/results/ddp_bench[_netem_b|c].csv")
     args = ap.parse_args(argv)
@@ -251,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{res['second_call_s']:.4f} s the second time; joining the hcc group: {res['join_s']:.2f} s")
     print(f"hcc first all_reduce of a new size ({args.probe_elems + 2} floats) late in the job: "
           f"{res['late_first_call_s']:.3f} s compiling it, {warm['late_first_call_s']:.3f} s from disk")
+    print(f"hcc first all_reduce of a size in a new octave ({2 * args.probe_elems + 1} floats) late in the job: "
+          f"{res['octave_first_call_s']:.3f} s compiling it, {warm['octave_first_call_s']:.3f} s from disk")
     print(f"{'metric':<24}{'hcc':>12}{'gloo':>12}{'gloo/hcc':>10}")
+    for k, prof in enumerate(res.get("profile", [])):
+        print(f"  hcc step {k} rank 0, per call (issued, started, finished s; MiB): {prof}")
     if args.steps:
         h, g = res["step_s"]["hcc"], res["step_s"]["gloo"]
         ratios = [b / a for a, b in zip(h, g)]
@@ -269,14 +296,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"topology": topo, "ranks": n, "metric": "allreduce_s", "size_mib": int(mib), "hcc": med(h),
                      "gloo": med(g), "ratio": med(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "iters": len(h)})
-    rows.append({"topology": topo, "ranks": n, "metric": "first_call_cold_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
-                 "hcc": res["first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
-    rows.append({"topology": topo, "ranks": n, "metric": "late_first_call_cold_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
-                 "hcc": res["late_first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
-    rows.append({"topology": topo, "ranks": n, "metric": "late_first_call_disk_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
-                 "hcc": warm["late_first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
-    rows.append({"topology": topo, "ranks": n, "metric": "first_call_disk_s", "size_mib": round(args.probe_elems * 4 / 2**20, 2),
-                 "hcc": warm["first_call_s"], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
+    for metric, job, key, elems in (("first_call_cold_s", res, "first_call_s", args.probe_elems),
+                                    ("late_first_call_cold_s", res, "late_first_call_s", args.probe_elems + 2),
+                                    ("late_first_call_disk_s", warm, "late_first_call_s", args.probe_elems + 2),
+                                    ("first_call_disk_s", warm, "first_call_s", args.probe_elems),
+                                    ("octave_first_call_cold_s", res, "octave_first_call_s", 2 * args.probe_elems + 1),
+                                    ("octave_first_call_disk_s", warm, "octave_first_call_s", 2 * args.probe_elems + 1)):
+        rows.append({"topology": topo, "ranks": n, "metric": metric, "size_mib": round(elems * 4 / 2**20, 2),
+                     "hcc": job[key], "gloo": "", "ratio": "", "ratio_min": "", "ratio_max": "", "iters": 1})
     path = Path(args.csv or RESULTS / f"ddp_bench{'_netem_' + args.netem if args.netem else ''}.csv")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
