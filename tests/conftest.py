@@ -15,6 +15,29 @@ def samples_dir() -> Path:
     return SAMPLES
 
 
+def ring_topology(name: str, n: int, link: str, closed: bool = True) -> str:
+    """HCL text of topology ``name``: nodes r0..r{n-1}, each linked (``<->``, bandwidth and
+    latency ``link``) to the next, and the last to r0 when ``closed`` (a ring; else a chain).
+
+    >>> print(ring_topology("pair", 2, "1 GB/s", closed=False), end="")
+    topology pair {
+        node r[0..1]
+        r0 <-> r1 : 1 GB/s
+    }
+    """
+    hops = [(i, i + 1) for i in range(n - 1)] + ([(n - 1, 0)] if closed else [])
+    return (f"topology {name} {{\n    node r[0..{n - 1}]\n"
+            + "".join(f"    r{a} <-> r{b} : {link}\n" for a, b in hops) + "}\n")
+
+
+def fat_tree(name: str, racks: int, per_rack: int, spines: int, down: str, up: str) -> str:
+    """HCL text of a two-level fat tree ``name``: hosts rack0.. of ``per_rack`` nodes n0.. on
+    a leaf switch (links ``down``), every leaf linked to every spine switch (links ``up``)."""
+    return (f"topology {name} {{\n    host rack[0..{racks - 1}] {{\n        node n[0..{per_rack - 1}]\n"
+            f"        switch leaf\n        n[0..{per_rack - 1}] <-> leaf : {down}\n    }}\n"
+            f"    switch spine[0..{spines - 1}]\n    rack[0..{racks - 1}].leaf <-> spine[0..{spines - 1}] : {up}\n}}\n")
+
+
 def two_ranks(fn0, fn1, timeout: float = 10.0, shm: str | None = None):
     """Run ``fn0`` / ``fn1`` on ranks 0 / 1 of a real sockets job in two threads (loopback;
     ``shm="on"``: their data goes through the native core's shared-memory channels). Returns

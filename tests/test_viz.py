@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import hcc
+from conftest import fat_tree
 from hcc.compiler.cost import simulate
 from hcc.ir import viz
 
@@ -33,34 +34,14 @@ topology two {
     switch tor
     s[0..1].nic[0..1] <-> tor : 12.5 GB/s, 5 us
 }
-collective bc = broadcast on two {
-    root = s0.g1
-    size = 4 MiB
-}
-collective ar = allreduce on two {
-    size = 4 MiB
-    op = sum
-}
-collective a2a = alltoall on two {
-    size = 64 KiB
-}
+collective bc = broadcast on two { root = s0.g1  size = 4 MiB }
+collective ar = allreduce on two { size = 4 MiB  op = sum }
+collective a2a = alltoall on two { size = 64 KiB }
 """
 
 # 16 racks of 4 nodes under 2 spines: 82 vertices, more than viz.AGGREGATE_OVER
-RACKS = """
-topology racks {
-    host rack[0..15] {
-        node n[0..3]
-        switch leaf
-        n[0..3] <-> leaf : 12.5 GB/s, 1 us
-    }
-    switch spine[0..1]
-    rack[0..15].leaf <-> spine[0..1] : 25 GB/s, 2 us
-}
-collective bc = broadcast on racks {
-    root = rack3.n2
-    size = 1 MiB
-}
+RACKS = fat_tree("racks", 16, 4, 2, "12.5 GB/s, 1 us", "25 GB/s, 2 us") + """
+collective bc = broadcast on racks { root = rack3.n2  size = 1 MiB }
 """
 
 

@@ -31,20 +31,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # also when the zygote runs this file as a script
+from conftest import ring_topology  # noqa: E402
+
 MOMENTS = ("before", "during", "after")
 SEEDS = int(os.environ.get("HCC_JOIN_SEEDS", "20"))  # per moment and policy (fewer only to debug)
 WORLD = 4
 PARALLEL = 6  # seeds in flight at once: a seed mostly waits (deaths, store round trips), not computes
 TIMEOUT = 10.0  # every wait's deadline in the ranks; a seed that needs it has failed
 
-SOURCE = """
-topology quad {
-    node r[0..3]
-    r0 <-> r1 : 1 GB/s, 5 us
-    r1 <-> r2 : 1 GB/s, 5 us
-    r2 <-> r3 : 1 GB/s, 5 us
-    r3 <-> r0 : 1 GB/s, 5 us
-}
+SOURCE = ring_topology("quad", WORLD, "1 GB/s, 5 us") + """
 collective keep = allreduce on quad { size = 4 KiB  on_failure = continue }
 collective stop = allreduce on quad { size = 4 KiB  on_failure = abort }
 """

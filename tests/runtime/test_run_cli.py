@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ring_topology
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
@@ -57,30 +59,10 @@ def test_busbw_factors():
     assert busbw_factor("broadcast", 4) == 1.0 and busbw_factor("reduce", 4) == 1.0
 
 
-LOSSY = """
-topology quad {
-    node r[0..3]
-    class fast = 1 GB/s, 10 us
-    r0 <-> r1 : fast
-    r1 <-> r2 : fast
-    r2 <-> r3 : fast
-    r3 <-> r0 : fast
-}
-collective int8sum = allreduce on quad {
-    size = 1 MB
-    op = sum
-    compress = int8
-}
-collective int8avg = allreduce on quad {
-    size = 1 MB
-    op = avg
-    compress = int8
-}
-collective gossip = neighbor_average on quad {
-    size = 1 MB
-    peers = ring
-    compress = int8
-}
+LOSSY = ring_topology("quad", 4, "1 GB/s, 10 us") + """
+collective int8sum = allreduce on quad { size = 1 MB  op = sum  compress = int8 }
+collective int8avg = allreduce on quad { size = 1 MB  op = avg  compress = int8 }
+collective gossip = neighbor_average on quad { size = 1 MB  peers = ring  compress = int8 }
 """
 
 

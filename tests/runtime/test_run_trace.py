@@ -14,26 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ring_topology
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # a 4-rank chain broadcast in 16 chunks: every non-root receives and forwards (flows across hops)
-SRC = """
-topology line {
-    node r[0..3]
-    class l = 1 GB/s, 10 us
-    r0 <-> r1 : l
-    r1 <-> r2 : l
-    r2 <-> r3 : l
-}
-collective b = broadcast on line {
-    root = r0
-    size = 256 KiB
-}
-collective a = allreduce on line {
-    size = 64 KiB
-    dtype = float32
-}
+SRC = ring_topology("line", 4, "1 GB/s, 10 us", closed=False) + """
+collective b = broadcast on line { root = r0  size = 256 KiB }
+collective a = allreduce on line { size = 64 KiB  dtype = float32 }
 """
 
 

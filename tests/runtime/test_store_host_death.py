@@ -18,23 +18,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORLD = 4
+sys.path.insert(0, str(Path(__file__).parent))  # also when run as the zygote's script
+from test_join_deaths import ROOT, SOURCE, TIMEOUT, WORLD  # noqa: E402  (the same 4-rank ring and 'keep')
+
 SEEDS = int(os.environ.get("HCC_HOST_SEEDS", "6"))  # per moment
 MOMENTS = ("during", "after")
 PARALLEL = 4
-TIMEOUT = 10.0
-
-SOURCE = """
-topology quad {
-    node r[0..3]
-    r0 <-> r1 : 1 GB/s, 5 us
-    r1 <-> r2 : 1 GB/s, 5 us
-    r2 <-> r3 : 1 GB/s, 5 us
-    r3 <-> r0 : 1 GB/s, 5 us
-}
-collective keep = allreduce on quad { size = 4 KiB  on_failure = continue }
-"""
 
 
 def _child(plan, rank: int, address: str, token: str, out: Path) -> None:
