@@ -329,16 +329,9 @@ def test_local_op_rates_price_the_reductions_of_a_compiled_plan():
     import hcc
     from hcc.compiler.pipeline import compile_unit
 
-    src = """topology tri {
-    node a, b, c
-    a <-> b : 1 GB/s
-    b <-> c : 1 GB/s
-    a <-> c : 1 GB/s
-}
-collective ar = allreduce on tri {
-    size = 4 MiB
-}
-"""
+    src = ("topology tri {\n    node a, b, c\n"
+           + "".join(f"    {x} <-> {y} : 1 GB/s\n" for x, y in ("ab", "bc", "ac"))
+           + "}\ncollective ar = allreduce on tri { size = 4 MiB }\n")
     plan = compile_unit(hcc.load(src), "ar").plan
     free = simulate(plan).time
     fast = simulate(plan, model=CostModel(reduce_Bps=10e9)).time

@@ -20,6 +20,13 @@ def _wait_for(pred, timeout=5.0):
     return pred()
 
 
+def _close(*groups) -> None:
+    """Close every tail and log of ``groups`` (the tests' finally clauses)."""
+    for group in groups:
+        for x in group:
+            x.close()
+
+
 def test_concurrent_death_reports_are_recorded_once_and_every_tail_sees_one_order():
     with StoreServer("tok") as srv:
         logs = [EventLog(srv.address, "tok", "job") for _ in range(4)]
@@ -47,10 +54,7 @@ def test_concurrent_death_reports_are_recorded_once_and_every_tail_sees_one_orde
             assert sorted(e["rank"] for e in orders[0] if e["t"] == "arr") == [0, 1, 2, 3]
             assert all(w.is_set() for w in woken)
         finally:
-            for t in tails:
-                t.close()
-            for log in logs:
-                log.close()
+            _close(tails, logs)
 
 
 def test_a_tail_reports_a_lost_store_instead_of_hanging():
@@ -118,10 +122,7 @@ def test_the_ring_reuses_its_slots_every_tail_sees_every_event_and_a_dead_reader
             assert tails[0].snapshot() == tails[1].snapshot()
             assert tails[0].dead() == [2]
         finally:
-            for t in tails:
-                t.close()
-            for log in logs:
-                log.close()
+            _close(tails, logs)
 
 
 def test_a_writer_that_dies_right_after_its_first_store_request_leaves_no_hole():

@@ -148,13 +148,18 @@ def test_executor_folds_recv_reduce_and_matches_numpy(dtype, op, elems):
     assert folds == [sum(isinstance(o, RecvReduce) for o in prog) for prog in plan.programs] and all(folds)
 
 
+def _star_allreduce(n: int, settings: str):
+    """Compile allreduce ``a`` (``settings``, newline-separated) on ranks r0..r{n-1} around
+    one switch, every link 2 GB/s, 100 us."""
+    return hcc.compile(f"topology t {{ node r[0..{n - 1}]\n switch s\n r[0..{n - 1}] <-> s : 2 GB/s, 100 us }}\n"
+                       f"collective a = allreduce on t {{ {settings} }}\n", "a")
+
+
 def test_fold_with_the_fused_copy_of_a_compiled_ring():
     # the compiler starts a ring's reduce-scatter with Copy(in -> out) + RecvReduce(out): the
     # executor fuses them, so the fold computes out = in (op) received, piece by piece
-    src = ("topology t { node r[0..1]\n switch s\n r[0..1] <-> s : 2 GB/s, 100 us }\n"
-           "collective a = allreduce on t { size = 3 MiB\n dtype = float32\n op = prod\n"
-           " algorithm = ring\n chunk = 512 KiB\n adaptive = off }\n")
-    plan = hcc.compile(src, "a")
+    plan = _star_allreduce(2, "size = 3 MiB\n dtype = float32\n op = prod\n algorithm = ring\n"
+                              " chunk = 512 KiB\n adaptive = off")
     bufs = {k: np.zeros(v, np.float32) for k, v in plan.buffer_elems(0).items()}
     assert executor.RankExecution(plan, SimpleNamespace(rank=0), plan.programs[0], bufs, 1.0).fused
     folds = _run_two_counting_folds(plan)
@@ -164,10 +169,7 @@ def test_fold_with_the_fused_copy_of_a_compiled_ring():
 def test_concurrent_folds_into_one_block_do_not_race():
     # a direct allreduce posts n-1 RecvReduces into each rank's own block at once; their folds
     # run in n-1 reader threads and must serialise (executor's reduce_lock) or sums get lost
-    src = ("topology t { node r[0..3]\n switch s\n r[0..3] <-> s : 2 GB/s, 100 us }\n"
-           "collective a = allreduce on t { size = 4 MiB\n dtype = float32\n algorithm = direct\n"
-           " adaptive = off }\n")
-    plan = hcc.compile(src, "a")
+    plan = _star_allreduce(4, "size = 4 MiB\n dtype = float32\n algorithm = direct\n adaptive = off")
     rr = [o for o in plan.programs[0] if isinstance(o, RecvReduce)]
     assert len(rr) == 3 and len({(o.dst.offset, o.dst.count) for o in rr}) == 1  # one block, 3 folds
     ins = make_inputs(plan, 11)
