@@ -28,9 +28,10 @@ _HEAD = ('  node [fontname="Helvetica", fontsize=10, margin="0.05,0.03"]; '
 
 # ---------------------------------------------------------------- DOT
 def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[str] | None,
-               root: str | None = None) -> None:
+               root: str | None = None, shade: set[str] = frozenset()) -> None:
     """One panel: a cluster holding a cluster per host; node ids ``p<k>:<vertex>``.
-    ``root``: the vertex ringed in this panel (a tree's root); None: the plan's root."""
+    ``root``: the vertex ringed in this panel (a tree's root); None: the plan's root.
+    ``shade``: the vertices filled red (the cut's side S)."""
     lines.append(f"  subgraph {_q(f'cluster_panel{k}')} {{")
     lines.append(f'    label={_q(title)}; style="rounded"; color="#999999"; fontsize=11;')
     lines.append(f"    {_q(f'p{k}:_top')} [style=invis, shape=point, width=0, label=\"\"];")
@@ -55,7 +56,7 @@ def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[st
                 "switch": 'shape=box, style="filled", fillcolor="#eeeeee"',
                 "group": 'shape=box3d, style="filled", fillcolor="#dde8f7"',
             }[vx.kind]
-            if k == 0 and sid in scene.cut_side:
+            if sid in shade:
                 attrs = attrs.replace('fillcolor="#dde8f7"', 'fillcolor="#f9d0cc"').replace('fillcolor="#eeeeee"', 'fillcolor="#f9d0cc"')
             if ringed:
                 attrs += ', peripheries=2, penwidth=2, color="#000000"'
@@ -65,22 +66,32 @@ def _dot_panel(lines: list[str], scene: _Scene, k: int, title: str, used: set[st
     lines.append("  }")
 
 
+def _link_lines(k: int, links: dict[tuple[str, str], tuple[float, int]], cut: set[tuple[str, str]]) -> list[str]:
+    """A panel's links: grey and labelled with their capacity, the cut's red."""
+    lines = []
+    for (a, b), (cap, n) in sorted(links.items()):
+        lab = _rate(cap) if n == 1 else f"{n} links, {_rate(cap)}"
+        if (a, b) in cut:
+            lines.append(f"  {_q(f'p{k}:{a}')} -> {_q(f'p{k}:{b}')} [dir=none, color={_q(CUT_COLOR)}, penwidth=3, "
+                         f"label={_q('cut ' + lab)}, fontcolor={_q(CUT_COLOR)}];")
+        else:
+            lines.append(f"  {_q(f'p{k}:{a}')} -> {_q(f'p{k}:{b}')} [dir=none, color=\"#bbbbbb\", label={_q(lab)}, "
+                         f"fontcolor=\"#888888\"];")
+    return lines
+
+
 def _panel_body(scene: _Scene, k: int) -> list[str]:
     """Panel ``k``'s DOT lines (0: the topology, every link grey except the cut's, red and
     labelled; k >= 1: tree k - 1's edges in its colour)."""
     lines: list[str] = []
     if k == 0:
-        _dot_panel(lines, scene, 0, "topology" + ("\n" + scene.cut_label if scene.cut_label else ""), None)
-        for (a, b), (cap, n) in sorted(scene.links.items()):
-            lab = _rate(cap) if n == 1 else f"{n} links, {_rate(cap)}"
-            if (a, b) in scene.cut:
-                lines.append(f"  {_q(f'p0:{a}')} -> {_q(f'p0:{b}')} [dir=none, color={_q(CUT_COLOR)}, penwidth=3, "
-                             f"label={_q('cut ' + lab)}, fontcolor={_q(CUT_COLOR)}];")
-            else:
-                lines.append(f"  {_q(f'p0:{a}')} -> {_q(f'p0:{b}')} [dir=none, color=\"#bbbbbb\", label={_q(lab)}, "
-                             f"fontcolor=\"#888888\"];")
-        return lines
+        _dot_panel(lines, scene, 0, "topology" + ("\n" + scene.cut_label if scene.cut_label else ""), None,
+                   shade=scene.cut_side)
+        return lines + _link_lines(k, scene.links, scene.cut)
     p = scene.panels[k - 1]
+    if p.links is not None:
+        _dot_panel(lines, scene, k, p.title, p.used(), root=p.root, shade=p.cut_side)
+        return lines + _link_lines(k, p.links, p.cut)
     _dot_panel(lines, scene, k, p.title, p.used(), root=p.root)
     unit = "arcs" if p.arcs else "hops"
     for (a, b), n in sorted(p.edges.items()):
@@ -106,19 +117,19 @@ def _host_order(scene: _Scene) -> list[str]:
 
 def panel_dots(plan: Plan, scene: _Scene | None = None) -> list[str]:
     """Every panel of the plan's scene as a graph of its own, in order: the topology, then
-    each drawn tree (or the traffic table of a plan without trees). The aggregated topology
-    panel runs left to right (32 racks make a column beside the spine box, not a row 3000 px
+    an aggregated plan's cut panel, each drawn tree (or the traffic table of a plan without
+    trees). The aggregated topology and cut panels run left to right (32 racks make a column beside the spine box, not a row 3000 px
     wide)."""
     scene = scene or _scene(plan)
     out = []
-    for k in range(len(scene.panels) + 1 if scene.panels else 2):
+    for k in range(len(scene.panels) + 1 + (not plan.trees)):
         lines = [f"digraph {_q(f'panel{k}')} {{", '  fontname="Helvetica";', _HEAD]
-        if k == 0 and scene.aggregated:
+        if scene.aggregated and (k == 0 or (k <= len(scene.panels) and scene.panels[k - 1].links is not None)):
             lines.append("  rankdir=LR; ranksep=1.2;")
         if k == 0 and not scene.aggregated:
             lines += _host_order(scene)
-        if k and not scene.panels:
-            _dot_traffic(lines, plan)
+        if k > len(scene.panels):  # a plan without trees: its traffic table last
+            _dot_traffic(lines, plan, k)
         else:
             lines += _panel_body(scene, k)
         lines.append("}")
@@ -164,8 +175,8 @@ def to_dot(plan: Plan) -> str:
                 lines.append("  {rank=same; " + " ".join(_q(i) for i in row) + "}")
                 for a, b in zip(row, row[1:]):
                     lines.append(f"  {_q(a)} -> {_q(b)} [style=invis];")
-    if not scene.panels:
-        _dot_traffic(lines, plan)
+    if not plan.trees:
+        _dot_traffic(lines, plan, len(scene.panels) + 1)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -185,10 +196,9 @@ def traffic(plan: Plan) -> dict[tuple[int, int], int]:
     return out
 
 
-def _dot_traffic(lines: list[str], plan: Plan) -> None:
-    """A panel with the rank-to-rank traffic matrix (an HTML-like table), darker = more bytes."""
+def _dot_traffic(lines: list[str], plan: Plan, k: int) -> None:
+    """Panel ``k``: the rank-to-rank traffic matrix (an HTML-like table), darker = more bytes."""
     n = plan.n
-    k = 1
     lines.append(f"  subgraph {_q(f'cluster_panel{k}')} {{")
     if n > TRAFFIC_MAX_RANKS:
         lines.append(f'    label={_q(f"no trees; {n} ranks: traffic matrix not drawn (over {TRAFFIC_MAX_RANKS})")};')

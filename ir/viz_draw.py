@@ -193,6 +193,8 @@ def own_layout(scene: _Scene, k: int) -> dict[str, tuple[float, float]]:
         return _topology_layout(scene, list(scene.verts))
     p = scene.panels[k - 1]
     used = [s for s in scene.verts if s in p.used()] + [s for s in scene.inner if s in p.used()]
+    if p.links is not None:  # the cut panel: drawn as the topology is
+        return _topology_layout(scene, used)
     children: dict[str, list[str]] = {}
     for a, b in p.edges:
         children.setdefault(a, []).append(b)
@@ -237,8 +239,8 @@ def _topology_layout(scene: _Scene, ids: list[str]) -> dict[str, tuple[float, fl
             pos[v] = (width * (i + 0.5) / max(1, len(free)) if len(free) > 1 else width / 2, 2.6)
         return pos
     # no hosts drawn as boxes: switches in the middle, the rest on a circle around them
-    hubs = [v for v in free if scene.verts[v].kind == "switch" or
-            (scene.verts[v].kind == "group" and "switches" in scene.verts[v].label)]
+    hubs = [v for v in free if scene.vertex(v).kind == "switch" or
+            (scene.vertex(v).kind == "group" and "switches" in scene.vertex(v).label)]
     outer = [v for v in free if v not in hubs]
     radius = max(2.0, 0.4 * len(outer))  # ~0.6 units of arc per vertex keeps labels apart
     for ring, r in ((outer, radius), (hubs, 0.0 if len(hubs) == 1 else 0.6)):
@@ -278,7 +280,7 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
         ax.axis("off")
         axes.append(ax)
 
-    def verts(ax, pos, used, shade=False, root=None):
+    def verts(ax, pos, used, shade=frozenset(), root=None):
         for h in {scene.vertex(s).host for s in used} - {""}:
             mine = [s for s in used if scene.vertex(s).host == h]
             x0, x1 = min(pos[s][0] for s in mine) - 0.5, max(pos[s][0] for s in mine) + 0.5
@@ -293,7 +295,7 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
             x, y = pos[s]
             marker = "s" if vx.kind in ("switch", "group") else "o"
             fc = "#eeeeee" if vx.kind == "switch" else ("white" if vx.kind == "node" else "#dde8f7")
-            if shade and s in scene.cut_side:
+            if s in shade:
                 fc = "#f9d0cc"
             ringed = vx.root if root is None else s == root
             ax.scatter([x], [y], s=260, marker=marker, color=fc, edgecolors="black",
@@ -302,18 +304,26 @@ def _draw_matplotlib(plan: Plan, scene: _Scene, fmt: str) -> bytes:
             ax.annotate(label, (x, y), xytext=(0, -13), textcoords="offset points", ha="center", va="top",
                         fontsize=6, zorder=4)
 
+    def links(ax, pos, links, cut):
+        for (a, b), (cap, _) in links.items():
+            (x0, y0), (x1, y1) = pos[a], pos[b]
+            red = (a, b) in cut
+            ax.plot([x0, x1], [y0, y1], color=CUT_COLOR if red else "#c8c8c8", lw=2.5 if red else 0.8, zorder=1)
+
     ax = axes[0]
     pos = layouts[0]
-    for (a, b), (cap, _) in scene.links.items():
-        (x0, y0), (x1, y1) = pos[a], pos[b]
-        cut = (a, b) in scene.cut
-        ax.plot([x0, x1], [y0, y1], color=CUT_COLOR if cut else "#c8c8c8", lw=2.5 if cut else 0.8, zorder=1)
-    verts(ax, pos, list(scene.verts), shade=True)
+    links(ax, pos, scene.links, scene.cut)
+    verts(ax, pos, list(scene.verts), shade=scene.cut_side)
     ax.set_title("topology" + ("\n" + scene.cut_label.replace("; ", "\n") if scene.cut_label else ""), fontsize=8,
                  color=CUT_COLOR if scene.cut_label else "black")
     for k, p in enumerate(scene.panels, 1):
         ax = axes[k]
         pos = layouts[k]
+        if p.links is not None:
+            links(ax, pos, p.links, p.cut)
+            verts(ax, pos, list(pos), shade=p.cut_side, root=p.root)
+            ax.set_title(p.title, fontsize=8, color=p.color)
+            continue
         for (a, b) in p.edges:
             ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
                         arrowprops=dict(arrowstyle="-|>", color=p.color, lw=1.6, shrinkA=8, shrinkB=8))

@@ -8,7 +8,9 @@ Terms:
   hosts (a fat tree's spines) merge into one box, so 1024 ranks draw as 32 racks and a spine.
 - **panel**: one small drawing. Panel 0 is the topology with the bottleneck cut — the links
   whose capacity sets the plan's bound rate (``Figures.cut_links``) — drawn thick red and
-  labelled with that rate; then one panel per packed tree, its root ringed. A small plan's
+  labelled with that rate. An aggregated picture whose cut lies inside host boxes follows it
+  with a **cut panel**: those hosts opened vertex by vertex, the cut's links red. Then one
+  panel per packed tree, its root ringed. A small plan's
   tree panel draws the tree's links hop by hop (through switches). An aggregated plan's tree
   panel draws **arcs**, parent rank to child rank (the route through switches left out): the
   root's host and the next hosts of the tree, up to :data:`OPEN_HOST_MAX` ranks, are
@@ -97,10 +99,15 @@ class _Panel:
     root: str = ""  # scene id of the tree's root ("" for none)
     opened: tuple[str, ...] = ()  # hosts whose ranks this panel draws one by one (aggregated)
     arcs: bool = False  # edges are parent -> child arcs (aggregated), not topology hops
+    # a panel of links (the aggregated picture's cut panel), drawn as the topology panel is
+    links: dict[tuple[str, str], tuple[float, int]] | None = None
+    cut: set[tuple[str, str]] = field(default_factory=set)
+    cut_side: set[str] = field(default_factory=set)
 
     def used(self) -> set[str]:
-        """The vertices this panel draws: its edges' ends and its root."""
-        return {x for e in self.edges for x in e} | ({self.root} if self.root else set())
+        """The vertices this panel draws: its edges' (or links') ends and its root."""
+        ends = {x for e in (self.links if self.links is not None else self.edges) for x in e}
+        return ends | ({self.root} if self.root else set())
 
 
 @dataclass
@@ -164,22 +171,10 @@ def _scene(plan: Plan) -> _Scene:
                 where[v] = sid
             kind = ("rank" if vs[0] in ranks else "node") if is_node else "switch"
             verts[sid] = _Vertex(label, kind if len(vs) == 1 else "group", "", root=root_v in vs)
-    links: dict[tuple[str, str], tuple[float, int]] = {}
     caps = _links(plan)
-    for (u, v), c in caps.items():
-        a, b = where[u], where[v]
-        if a == b:
-            continue
-        key = (a, b) if a < b else (b, a)
-        if u < v or (v, u) not in caps:  # a full-duplex pair counts once
-            cap, n = links.get(key, (0.0, 0))
-            links[key] = (cap + c, n + 1)
+    links = _scene_links(caps, where)
     f = plan.figures
-    cut = set()
-    for u, v in f.cut_links:
-        if u in where and v in where and where[u] != where[v]:
-            a, b = where[u], where[v]
-            cut.add((a, b) if a < b else (b, a))
+    cut = _scene_cut(f.cut_links, where)
     cut_label = ""
     if f.cut_links:
         cut_label = (f"bottleneck cut: {len(f.cut_links)} links {'into' if f.cut_direction == 'in' else 'out of'} "
@@ -197,6 +192,8 @@ def _scene(plan: Plan) -> _Scene:
         for v, h in host.items():
             kind = "switch" if v not in nodes else ("rank" if v in ranks else "node")
             scene.inner[v] = _Vertex(v, kind, h, root=v == root_v)
+        if inside:
+            scene.panels.append(_cut_panel(plan, scene, caps, where, host, inside))
     shown = plan.trees[:MAX_TREE_PANELS]
     scene.hidden_trees = len(plan.trees) - len(shown)
     per_tree = {} if big else _hop_edges(plan, where)
@@ -251,6 +248,58 @@ def _opened(plan: Plan, tree, host: dict[str, str], ranks_in: dict[str, int]) ->
             out.append(h)
             budget -= ranks_in[h]
     return tuple(out)
+
+
+def _scene_links(caps: dict[tuple[str, str], float], where: dict[str, str],
+                 keep=lambda a, b: True) -> dict[tuple[str, str], tuple[float, int]]:
+    """Unordered scene pair -> (capacity one way, how many links) of the topology's links
+    between different scene vertices (``where``) that ``keep`` accepts."""
+    links: dict[tuple[str, str], tuple[float, int]] = {}
+    for (u, v), c in caps.items():
+        a, b = where[u], where[v]
+        if a == b or not keep(a, b):
+            continue
+        key = (a, b) if a < b else (b, a)
+        if u < v or (v, u) not in caps:  # a full-duplex pair counts once
+            cap, n = links.get(key, (0.0, 0))
+            links[key] = (cap + c, n + 1)
+    return links
+
+
+def _scene_cut(cut_links, where: dict[str, str]) -> set[tuple[str, str]]:
+    out = set()
+    for u, v in cut_links:
+        if u in where and v in where and where[u] != where[v]:
+            a, b = where[u], where[v]
+            out.add((a, b) if a < b else (b, a))
+    return out
+
+
+def _cut_panel(plan: Plan, scene: _Scene, caps, where: dict[str, str], host: dict[str, str],
+               inside: list[str]) -> _Panel:
+    """The aggregated picture's second panel: the hosts that hold the bottleneck cut's links
+    opened vertex by vertex (up to :data:`OPEN_HOST_MAX` vertices together), their links to
+    the other boxes, the cut red — what the topology panel can only name in its title."""
+    size: dict[str, int] = {}
+    for v, h in host.items():
+        size[h] = size.get(h, 0) + 1
+    opened: list[str] = []
+    budget = OPEN_HOST_MAX
+    for h in inside:
+        if size.get(h, budget + 1) <= budget:
+            opened.append(h)
+            budget -= size[h]
+    at = {v: (v if host.get(v) in opened else s) for v, s in where.items()}
+    mine = {v for v, s in at.items() if v == s and host.get(v) in opened}
+    links = _scene_links(caps, at, keep=lambda a, b: a in mine or b in mine)
+    f = plan.figures
+    p = _Panel(f"the cut inside {', '.join(opened)}: {_rate(f.cut_capacity_Bps)}" +
+               (f" ({len(inside) - len(opened)} more boxes hold cut links)" if len(inside) > len(opened) else ""),
+               {}, CUT_COLOR, opened=tuple(opened), links=links, cut=_scene_cut(f.cut_links, at))
+    p.cut_side = {at[v] for v in f.cut_vertices if v in at}
+    root = plan.ranks[plan.root] if 0 <= plan.root < len(plan.ranks) else ""
+    p.root = at[root] if root in mine else ""
+    return p
 
 
 def _hop_edges(plan: Plan, where: dict[str, str]) -> dict[int, dict[tuple[str, str], int]]:

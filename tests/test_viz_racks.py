@@ -13,7 +13,7 @@ import pytest
 
 import hcc
 from hcc.ir import viz
-from hcc.ir.plan import Plan, Tree
+from hcc.ir.plan import Figures, Plan, Tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,12 +52,15 @@ def _ring_plan() -> Plan:
 
 def _fattree_plan() -> Plan:
     """samples/fattree1024.hcl's 1024 ranks with a binary tree from rack0.n0 (rank i's parent
-    (i - 1) // 2): depth 9, arcs inside racks and across them."""
+    (i - 1) // 2): depth 9, arcs inside racks and across them; its cut the compiler's for
+    this broadcast (the root's one 12.5 GB/s link to its leaf)."""
     topo = hcc.load(ROOT / "samples" / "fattree1024.hcl").topologies["fattree1024"]
     ranks = topo.nodes
     parent = tuple((i - 1) // 2 if i else -1 for i in range(len(ranks)))
+    cut = Figures(bound_rate_Bps=12.5e9, cut_vertices=("rack0.n0",), cut_links=(("rack0.n0", "rack0.leaf"),),
+                  cut_capacity_Bps=12.5e9, cut_direction="out")
     return Plan("bc1024", "broadcast", ranks, 0, 1 << 20, "float32", None, "tree", 1 << 16,
-                (Tree(0, 0, parent, 1e9, (0, 0)),), tuple(() for _ in ranks), tuple(0 for _ in ranks), topo)
+                (Tree(0, 0, parent, 1e9, (0, 0)),), tuple(() for _ in ranks), tuple(0 for _ in ranks), topo, cut)
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +129,26 @@ def test_1024_ranks_draw_as_racks(fattree, tmp_path):
     scene = viz._scene(fattree)
     assert len(scene.verts) == 33  # 32 rack boxes and one box for the 16 spines
     dots = viz.panel_dots(fattree, scene)
+    assert len(dots) == 3  # topology, the cut opened, the tree
     drawn = [len(re.findall(r'^\s*"p\d+:(?!_top)[^"]+" \[label', d, re.M)) for d in dots]
     assert drawn[0] == 33
+    # the cut lies inside rack0's box: the second panel opens rack0 (32 nodes, its leaf) and
+    # draws the root's link red, the 31 other links of the leaf grey, the spines as one box
+    assert drawn[1] == 32 + 1 + 1
+    cut_lines = [l for l in dots[1].splitlines() if "penwidth=3" in l]
+    assert len(cut_lines) == 1 and '"p1:rack0.leaf"' in cut_lines[0] and '"p1:rack0.n0"' in cut_lines[0]
+    assert "cut 12.5 GB/s" in cut_lines[0]
     # the tree's panel: rack0 opened (its 32 ranks), the 31 other racks as boxes
-    assert drawn[1] <= 32 + 31 and "rack0.n0" in dots[1] and '"p1:rack5"' in dots[1]
-    assert not re.search(r'"p1:rack5\.n', dots[1])
+    assert drawn[2] <= 32 + 31 and "rack0.n0" in dots[2] and '"p2:rack5"' in dots[2]
+    assert not re.search(r'"p2:rack5\.n', dots[2])
     # arcs: rank -> rank inside rack0, rack0's ranks -> other racks, rack -> rack; each once
-    tree = scene.panels[0]
+    tree = scene.panels[1]
     assert tree.root == "rack0.n0" and tree.opened == ("rack0",)
     hidden = re.search(r"\((\d+) inside closed boxes\)", tree.title)
     assert sum(tree.edges.values()) + (int(hidden.group(1)) if hidden else 0) == 1023
     out = tmp_path / "bc1024.svg"
     viz.draw(fattree, out)
-    assert out.read_text().count("<svg") == 3
+    assert out.read_text().count("<svg") == 4
 
 
 def test_own_layout_without_dot(ring, fattree, tmp_path, monkeypatch):
