@@ -7,11 +7,12 @@ with the compiler's bound and its compile time.
     .venv/bin/python benchmarks/scale_bench.py --plot-only              # PNG from the CSV
     .venv/bin/python benchmarks/scale_bench.py --samples                # `hcc compile` of each sample
 
-``--samples`` runs ``hcc compile samples/<topology>.hcl`` (every collective of the file, the
-verifier on, as a user would) in a child process per sample and reports its wall and CPU
-seconds and its peak resident memory (``wait4``'s ``ru_maxrss``) against issue 17's targets,
-60 s and 4 GiB; the compile's own progress lines pass through on stderr. Rows go to
-benchmarks/results/scale_compile.csv.
+``--samples`` runs ``hcc compile --json -c NAME samples/<topology>.hcl`` (the verifier on,
+as a user would) in a child process per collective and reports its wall and CPU seconds and
+its peak resident memory (``wait4``'s ``ru_maxrss``) against issue 17's targets, 60 CPU s and
+4 GiB, with the plan chosen and its efficiency against its own bound and against the
+reduce-scatter + allgather bound (:func:`rsag_bound_s`); the compile's own progress lines
+pass through on stderr. Rows go to benchmarks/results/scale_compile.csv.
 
 Topologies: samples/fattree1024.hcl (32 racks x 32 nodes, 100 Gbit/s node links, 16 spines,
 full bisection) and samples/dgx1x64.hcl (64 DGX-1s: NVLink cube-mesh inside, 4 x 100 Gbit/s
@@ -128,29 +129,74 @@ def run_case(label: str, size: int, kind: str, warm: bool, verify: bool = True) 
 # issue 17: each 1024-rank sample compiles in at most this long and this much memory
 SAMPLE_TARGET_S = 60.0
 SAMPLE_TARGET_BYTES = 4 << 30
-SAMPLE_FIELDS = ["sample", "collectives", "exit", "wall_s", "cpu_s", "peak_rss_bytes", "within_targets"]
+SAMPLE_FIELDS = ["sample", "collective", "ranks", "exit", "wall_s", "cpu_s", "peak_rss_bytes", "algorithm",
+                 "chunk_bytes", "predicted_s", "bound_s", "efficiency", "rsag_bound_s", "efficiency_vs_rsag",
+                 "within_targets"]
 
 
-def compile_sample(label: str) -> dict:
-    """``hcc compile`` of one sample in a child process: wall, CPU (user + system) and peak
-    RSS of that child alone."""
+def rsag_bound_s(label: str, collective: str) -> float:
+    """The reduce-scatter + allgather bound of an allreduce (bounds.py's two cut bounds
+    added, plus the least link latency, as the pipeline's bound adds it); for the other
+    kinds the collective's own bound (bounds.time_bound + least latency)."""
+    import hcc
+    from hcc.compiler import bounds
+    from hcc.compiler.cost import least_latency
+
+    prog = hcc.load(str(TOPOLOGIES[label]))
+    spec = prog.collective(collective)
+    topo, ranks, size = prog.topology_of(spec), spec.ranks, spec.size_bytes
+    if spec.kind == "allreduce":
+        t = bounds.reduce_scatter_time_bound(topo, ranks, size) + bounds.allgather_time_bound(topo, ranks, size)
+    else:
+        root = ranks[spec.root] if spec.root >= 0 else None
+        t = bounds.time_bound(spec.kind, topo, ranks, root, size)
+    return t + least_latency(topo, ranks)
+
+
+def compile_sample(label: str, collective: str) -> dict:
+    """``hcc compile --json -c collective`` of one sample in a child process (the verifier
+    on, as a user runs it): wall, CPU (user + system) and peak RSS of that child alone, and
+    the plan it chose with its efficiency against its own bound and against the RS+AG bound."""
+    import json
     import os
     import subprocess
-
-    import hcc
+    import tempfile
 
     path = TOPOLOGIES[label]
     t0 = time.perf_counter()
-    # the child's table and progress go straight to this terminal, as the user would see them
-    child = subprocess.Popen([sys.executable, "-m", "hcc", "compile", str(path)])
-    _, status, use = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t0
-    child.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile() as out:
+        # the child's progress goes straight to this terminal, as the user would see it
+        child = subprocess.Popen([sys.executable, "-m", "hcc", "compile", "--json", "-c", collective, str(path)],
+                                 stdout=out)
+        _, status, use = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read().decode()
+    code = os.waitstatus_to_exitcode(status)
     cpu = use.ru_utime + use.ru_stime
     rss = use.ru_maxrss * 1024  # kilobytes on Linux
-    return {"sample": label, "collectives": len(hcc.load(str(path)).collectives), "exit": child.returncode,
+    plan = json.loads(text)[0] if code == 0 else {}
+    rsag = rsag_bound_s(label, collective)
+    pred = plan.get("predicted_s", 0.0)
+    return {"sample": label, "collective": collective, "ranks": plan.get("ranks", ""), "exit": code,
             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_bytes": rss,
-            "within_targets": child.returncode == 0 and wall <= SAMPLE_TARGET_S and rss <= SAMPLE_TARGET_BYTES}
+            "algorithm": plan.get("algorithm", ""), "chunk_bytes": plan.get("chunk_bytes", ""),
+            "predicted_s": pred, "bound_s": plan.get("bound_s", ""), "efficiency": plan.get("efficiency", ""),
+            "rsag_bound_s": rsag, "efficiency_vs_rsag": rsag / pred if pred else "",
+            "within_targets": code == 0 and cpu <= SAMPLE_TARGET_S and rss <= SAMPLE_TARGET_BYTES}
+
+
+def sample_table(rows: list[dict]) -> str:
+    """The markdown table of ``--samples`` rows (BENCHMARKS.md)."""
+    lines = ["| sample | collective | ranks | plan | CPU s | peak RSS | eff (own bound) | eff vs RS+AG | "
+             "within 60 CPU s and 4 GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        eff = f"{_num(r['efficiency']):.3f}" if r["efficiency"] != "" else ""
+        rsag = f"{_num(r['efficiency_vs_rsag']):.3f}" if r["efficiency_vs_rsag"] != "" else ""
+        lines.append(f"| {r['sample']} | {r['collective']} | {r['ranks']} | {r['algorithm'] or 'exit ' + str(r['exit'])} | "
+                     f"{r['cpu_s']} | {_num(r['peak_rss_bytes']) / (1 << 30):.2f} GiB | {eff} | {rsag} | "
+                     f"{'yes' if str(r['within_targets']) == 'True' else 'no'} |")
+    return "\n".join(lines)
 
 
 def _read(path: Path) -> list[dict]:
@@ -238,6 +284,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--samples", action="store_true",
                     help="time `hcc compile` of each sample file (all its collectives), with peak memory")
+    ap.add_argument("--collectives", default="", help="with --samples: only these (comma-separated)")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
     out = Path(args.results)
@@ -246,18 +293,19 @@ def main(argv=None) -> int:
 
         found = []
         for label in args.topologies.split(","):
-            print(f"  hcc compile samples/{label}.hcl ...", file=sys.stderr, flush=True)
-            found.append(compile_sample(label))
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=SAMPLE_FIELDS)
-            w.writeheader()
-            w.writerows(found)
-            atomic_write_text(out / "scale_compile.csv", buf.getvalue())
-        print("| sample | collectives | wall s | CPU s | peak RSS | within 60 s and 4 GiB |")
-        print("|---|---|---|---|---|---|")
-        for r in found:
-            print(f"| {r['sample']} | {r['collectives']} | {r['wall_s']} | {r['cpu_s']} | "
-                  f"{r['peak_rss_bytes'] / (1 << 30):.2f} GiB | {'yes' if r['within_targets'] else 'no'} |")
+            import hcc
+
+            for c in hcc.load(str(TOPOLOGIES[label])).collectives:
+                if args.collectives and c.name not in args.collectives.split(","):
+                    continue
+                print(f"  hcc compile samples/{label}.hcl -c {c.name} ...", file=sys.stderr, flush=True)
+                found.append(compile_sample(label, c.name))
+                buf = io.StringIO()
+                w = csv.DictWriter(buf, fieldnames=SAMPLE_FIELDS)
+                w.writeheader()
+                w.writerows(found)
+                atomic_write_text(out / "scale_compile.csv", buf.getvalue())
+        print(sample_table(found))
         return 0 if all(r["within_targets"] for r in found) else 1
     csv_path = out / "scale.csv"
     rows = _read(csv_path) if (args.append or args.plot_only) else []
