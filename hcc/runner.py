@@ -80,13 +80,14 @@ __all__ = ["cmd_run", "write_trace", "run_model_key", "busbw_factor", "load_plan
 #   message count, so the default is the cost near the chunks it then picks.
 # Both from `python benchmarks/netem_bench.py messages` (no root; results/netem_messages.csv).
 SOCKETS_PER_MESSAGE_S = 100e-6
-# - shm: 20 us. The sockets backend between ranks of one host when the native core is built
+# - shm: 50 us. The sockets backend between ranks of one host when the native core is built
 #   (backends/shm.py: shared-memory channels, the program run by the native runner), measured
-#   the same way on this 2-core machine at a load of 24: a 2-rank broadcast 1.4-16 us per
-#   message in 4-16 KiB chunks, of which the runner's own CPU is 1.3-4.2 us per message
-#   handled (``cpu_per_message_s``; a 4-rank allreduce 3.6-11 us), `netem_messages_shm.csv`;
-#   the rest is waiting for a core.
-SHM_PER_MESSAGE_S = 20e-6
+#   the same way (`netem_bench.py messages --backends sockets`, its ``shm`` rows,
+#   `netem_messages_shm.csv`) on this 2-core machine shared with other jobs: the median of 12
+#   cases x reps is 51 us per message (a 2-rank broadcast 2-50 us, a 4-rank allreduce
+#   52-862 us: four ranks on two cores wait for a core at every hop), of which the runner's
+#   own CPU is 1.4-5.2 us per message handled (``cpu_per_message_s``).
+SHM_PER_MESSAGE_S = 50e-6
 MPI_PER_MESSAGE_S = 300e-6
 RUN_MODELS: dict[str, CostModel] = {
     "sockets": CostModel(per_message_s=SOCKETS_PER_MESSAGE_S),
