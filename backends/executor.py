@@ -81,6 +81,7 @@ explicit, so a later repair step can replace the remaining ops of a rank (design
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -254,6 +255,9 @@ class RankExecution:
         # the optional fused receive-and-reduce of the transport (SocketTransport.irecv_fold);
         # compressed plans decode whole chunks, so they keep the staged path
         self.fold_recv = getattr(comm, "irecv_fold", None) if codec is None else None
+        # hcc run --trace's wrapper (backends/tracing.py) takes the time of each local op and
+        # staged reduction as record_local(op, start, end); None on every other transport
+        self.record_local = getattr(comm, "record_local", None)
         # Reductions are the one kind of write a plan may leave unordered: a direct allreduce
         # posts three RecvReduces into the same block at once. Folded in the readers of three
         # connections they would race (numpy drops the GIL in the loop), so every reduction
@@ -324,6 +328,7 @@ class RankExecution:
                     req = comm.irecv(op.peer, op.tag, memoryview(staging).cast("B"))
                 pending[id(req)] = _Pending(k, req, staging)
                 continue
+            t0 = time.monotonic() if self.record_local is not None else 0.0
             if kind == COPY:
                 if k in self.skip_copy:
                     pass  # fused into the RecvReduce that depends on it (module docstring)
@@ -341,6 +346,8 @@ class RankExecution:
                     reduce_into(self.op_name, self.plan.dtype, self.view(op.dst), self.view(op.src))
             else:  # SCALE
                 scale_into(self.plan.dtype, self.view(op.dst), op.divisor)
+            if self.record_local is not None and k not in self.skip_copy:
+                self.record_local(k, t0, time.monotonic())
             stack.extend(self._complete(k))
 
     def _folder(self, k: int, dst: np.ndarray):
@@ -373,6 +380,7 @@ class RankExecution:
         if kind == RECV and self.codec is not None:
             self.codec.decode(p.staging, self.view(op.dst))
         elif kind == RECV_REDUCE:
+            t0 = time.monotonic() if self.record_local is not None else 0.0
             dst = self.view(op.dst)
             if self.codec is not None:
                 tmp = np.empty(dst.size, dtype=dst.dtype)
@@ -384,6 +392,8 @@ class RankExecution:
                     reduce_staged(self.op_name, self.plan.dtype, dst, p.staging,
                                   None if group is None else self.view(self.fused[p.op]), group, self.started)
                 STAGING.give(p.staging)
+            if self.record_local is not None and (self.codec is not None or p.staging is not None):
+                self.record_local(p.op, t0, time.monotonic())
         # _complete, inlined: this runs once per transfer
         self.completed += 1
         missing = self.missing

@@ -12,6 +12,10 @@ Terms:
   RecvReduce is a receive), ``posted`` when the executor posted the op (its dependencies had
   completed), ``done`` when a wait returned it. A plan has one op per ``(kind, peer, tag)`` on
   a rank, so the parent maps events back to ops (:func:`hcc.ir.viz.measured_trace`).
+- **local event**: ``("local", op, 0, start, end)`` — the executor's own work on op ``op``
+  (its index in the rank's program): a Copy, Reduce or Scale, or the reduction of a staged
+  RecvReduce's message after its receive completed. A receive reduced while it arrives
+  (``irecv_fold``, TCP peers) is inside the receive's own span and has no event of its own.
 
 What it changes in the run: the wrapper hides ``native_run`` (the native core runs a whole
 program without returning to Python, so it has no per-op stamps to give) and ``send_init``
@@ -50,6 +54,10 @@ class TraceTransport:
         """Forget what was recorded (each iteration starts afresh; the last one is kept)."""
         self._posted.clear()
         self.events = []
+
+    def record_local(self, op: int, start: float, end: float) -> None:
+        """The executor ran op ``op``'s local work from ``start`` to ``end`` (its clock)."""
+        self.events.append(("local", op, 0, start, end))
 
     def _stamp(self, req: Any, kind: str, peer: int, tag: int, t: float) -> Any:
         self._posted[id(req)] = (kind, peer, tag, t)

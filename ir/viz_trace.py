@@ -44,11 +44,12 @@ def _lanes(items: list[tuple[float, float, int]]) -> dict[int, int]:
 
 
 def _rank_lanes(out: list[dict], pid: int, per_what: dict[str, list[tuple[float, float, int]]]) -> dict[int, int]:
-    """Name the send and receive lanes of one rank's process ``pid`` (appended to ``out``) and
-    give each item ``(start, end, id)`` its track: ``id -> tid``; the sends' lanes first."""
+    """Name the send, receive and local-work lanes of one rank's process ``pid`` (appended to
+    ``out``) and give each item ``(start, end, id)`` its track: ``id -> tid``; the sends'
+    lanes first."""
     tids: dict[int, int] = {}
     t0 = 0
-    for what in ("send", "recv"):
+    for what in ("send", "recv", "local"):
         items = per_what.get(what, [])
         if not items:
             continue
@@ -195,6 +196,19 @@ def _op_index(program) -> dict[tuple[str, int, int], int]:
     return out
 
 
+_LOCAL = {"Copy": "copy", "Reduce": "reduce", "RecvReduce": "reduce", "Scale": "scale"}
+
+
+def _local_row(program, r: int, k, t0: float, t1: float) -> dict:
+    """The row of a local event: op ``k`` of rank ``r``'s program ran from ``t0`` to ``t1``."""
+    op = program[k] if isinstance(k, int) and 0 <= k < len(program) else None
+    kind = _LOCAL.get(type(op).__name__)
+    if kind is None:
+        raise ArgumentValueError(f"rank {r}: measured local work of op {k!r}, which is no local op of the plan")
+    return {"rank": r, "op": k, "kind": kind, "peer": -1, "tag": -1, "tree": getattr(op, "tree", -1),
+            "chunk": getattr(op, "chunk", -1), "elems": op.dst.count, "start": float(t0), "end": float(t1)}
+
+
 def measured_slices(plan: Plan, records: list[dict], step: int = 0) -> list[dict]:
     """The transfers of one measured run, one dict per op of every rank's program:
     ``rank, op, kind, peer, tag, tree, chunk, bytes, start, end`` (seconds on the ranks'
@@ -202,13 +216,18 @@ def measured_slices(plan: Plan, records: list[dict], step: int = 0) -> list[dict
     posted, done), ...]}`` (backends/tracing.py). A send runs from its post to its completion;
     a receive from the later of its post and its matching send's post (the bytes cannot move
     earlier; every receive is posted when its dependencies are met, often long before) to its
-    completion. Raises :class:`ArgumentValueError` when an event matches no op."""
+    completion. A local event (``("local", op, 0, start, end)``) is a row of kind ``copy``,
+    ``reduce`` (a Reduce, or a RecvReduce's staged reduction) or ``scale`` for that op, peer
+    and tag -1. Raises :class:`ArgumentValueError` when an event matches no op."""
     programs = plan.programs_at(step)
     posted: dict[tuple[int, int, int], float] = {}  # (src, dst, tag) -> the send's post
     rows: list[dict] = []
     for r, rec in enumerate(records):
         index = _op_index(programs[r])
         for kind, peer, tag, t0, t1 in rec["events"]:
+            if kind == "local":
+                rows.append(_local_row(programs[r], r, peer, t0, t1))
+                continue
             k = index.get((kind, int(peer), int(tag)))
             if k is None:
                 raise ArgumentValueError(f"rank {r}: measured {kind} with rank {peer} tag {tag} is no op of the plan")
@@ -228,8 +247,8 @@ def measured_slices(plan: Plan, records: list[dict], step: int = 0) -> list[dict
 
 def measured_trace(runs: list[tuple[Plan, list[dict], object | None]], origin: float | None = None) -> dict:
     """Chrome/Perfetto trace-event JSON of measured runs (``hcc run --trace``), on the axes of
-    :func:`to_trace`: one process per rank (pid ``2 + r``, as the prediction's), with send and
-    receive lanes (no two slices of a lane overlap), slices named as the prediction names them
+    :func:`to_trace`: one process per rank (pid ``2 + r``, as the prediction's), with send,
+    receive and local lanes (copies, reductions; no two slices of a lane overlap), slices named as the prediction names them
     (``send T0 c3``), flows from each send to its matching receive and from a chunk's arrival
     at a rank to the sends that forward it. ``runs``: ``(plan, records, simulation)`` per
     collective, ``records`` as :func:`measured_slices` takes them plus ``start`` (the run's
@@ -251,18 +270,21 @@ def measured_trace(runs: list[tuple[Plan, list[dict], object | None]], origin: f
         start = min(rec["start"] for rec in records)
         end = max(rec.get("end", start) for rec in records)
         summary.append({"plan": plan.name, "measured_s": end - start,
-                        "predicted_s": getattr(sim, "time", None), "ops": len(rows)})
+                        "predicted_s": getattr(sim, "time", None),
+                        "ops": sum(row["kind"] in ("send", "recv") for row in rows)})
         for r in range(plan.n):
             names.setdefault(r, f"rank {r} ({plan.ranks[r]})")
         for row in rows:
             row["collective"] = c
+            local = row["kind"] not in ("send", "recv")
             row["name"] = f"{row['kind']} " + (f"T{row['tree']} c{row['chunk']}" if row["tree"] >= 0 else
+                                               f"op {row['op']}" if local else
                                                (f"r{row['rank']}->r{row['peer']} c{row['chunk']}" if row["kind"] == "send"
                                                 else f"r{row['peer']}->r{row['rank']} c{row['chunk']}"))
             row["bytes"] = row.pop("elems") * plan.itemsize
             i = len(slices)
             slices.append(row)
-            per_lane.setdefault((row["rank"], row["kind"]), []).append((row["start"], row["end"], i))
+            per_lane.setdefault((row["rank"], "local" if local else row["kind"]), []).append((row["start"], row["end"], i))
         if sim is not None:
             shift = (start - origin) * 1e6
             pred = to_trace(plan, sim)["traceEvents"]
@@ -286,7 +308,7 @@ def measured_trace(runs: list[tuple[Plan, list[dict], object | None]], origin: f
         pid = MEASURED_PID + r
         out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[r] + " measured"}})
         out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": 2 * r + 2}})
-        tids = _rank_lanes(out, pid, {what: per_lane.get((r, what), []) for what in ("send", "recv")})
+        tids = _rank_lanes(out, pid, {what: per_lane.get((r, what), []) for what in ("send", "recv", "local")})
         where.update((i, (pid, tid)) for i, tid in tids.items())
     for i, row in enumerate(sorted(range(len(slices)), key=lambda i: (slices[i]["start"], slices[i]["end"]))):
         s = slices[row]

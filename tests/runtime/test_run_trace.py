@@ -39,7 +39,18 @@ def test_measured_trace_of_a_real_run(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     trace = json.loads(out.read_text())
     events = trace["traceEvents"]
-    measured = [e for e in events if e["ph"] == "X" and e["pid"] < 100000]
+    measured = [e for e in events if e["ph"] == "X" and e["pid"] < 100000 and e["name"].startswith(("send", "recv"))]
+    # the executor's own work, on lanes of its own: the allreduce's staged receives reduced
+    # after their receive completed (a reduce slice per RecvReduce of the op it names)
+    local = [e for e in events if e["ph"] == "X" and e["pid"] < 100000 and not e["name"].startswith(("send", "recv"))]
+    assert {e["name"].split()[0] for e in local} <= {"copy", "reduce", "scale"}
+    recv_at = {(e["args"]["collective"], e["args"]["rank"], e["args"]["op"]): e for e in measured}
+    reduced = [e for e in local if (e["args"]["collective"], e["args"]["rank"], e["args"]["op"]) in recv_at]
+    assert reduced and {e["args"]["collective"] for e in reduced} == {1}
+    for e in reduced:
+        rv = recv_at[e["args"]["collective"], e["args"]["rank"], e["args"]["op"]]
+        assert rv["name"] == "recv" + e["name"][len("reduce"):] and rv["tid"] != e["tid"]
+        assert e["ts"] >= rv["ts"] + rv["dur"] - 1e-3  # reduced once the receive completed
     predicted = [e for e in events if e["ph"] == "X" and e["pid"] >= 100000]
     assert predicted, "the prediction is drawn beside the measurement"
     # every transfer op of every rank's program, once (plans compiled as hcc run compiled them)
