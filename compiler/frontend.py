@@ -648,13 +648,8 @@ class _CollectiveChecker:
                 f"collective {self.c.name} has no size",
                 hint="add e.g.: size = 64 MB",
             )
-        size = self._bytes(q, "size")
+        size = self._whole_elements(q, "size", dtype)
         esize = DTYPE_SIZES[dtype]
-        if size % esize:
-            raise SourceError(
-                q.span,
-                f"size {q.text()} ({size} B) is not a multiple of the {dtype} element size ({esize} B)",
-            )
         if self.kind == "alltoall" and size % (n * esize):
             raise SourceError(
                 q.span,
@@ -667,14 +662,18 @@ class _CollectiveChecker:
         q = self._quantity("chunk", "size")
         if q is None:
             return None
-        chunk = self._bytes(q, "chunk")
+        return self._whole_elements(q, "chunk", dtype)
+
+    def _whole_elements(self, q, what: str, dtype: str) -> int:
+        """``q`` in bytes, refused unless it is a whole number of ``dtype`` elements."""
+        nbytes = self._bytes(q, what)
         esize = DTYPE_SIZES[dtype]
-        if chunk % esize:
+        if nbytes % esize:
             raise SourceError(
                 q.span,
-                f"chunk {q.text()} ({chunk} B) is not a multiple of the {dtype} element size ({esize} B)",
+                f"{what} {q.text()} ({nbytes} B) is not a multiple of the {dtype} element size ({esize} B)",
             )
-        return chunk
+        return nbytes
 
     # -- kind-specific keys
     def _check_op(self, op: str | None, dtype: str) -> str | None:
