@@ -6,16 +6,8 @@ imports its dependency on first use and raises :class:`BackendUnavailable`, nami
 to install, when it is missing. ``hcc.backends.runtime.run`` (``hcc.run``) runs a plan.
 """
 from .base import (
-    BACKENDS,
-    BackendUnavailable,
-    Capabilities,
-    CollectiveTimeout,
-    PeerFailed,
-    RankFailed,
-    Request,
-    RootFailed,
-    RuntimeFault,
-    Transport,
+    BACKENDS, BackendUnavailable, Capabilities, CollectiveTimeout, PeerFailed, RankFailed, Request, RootFailed,
+    RuntimeFault, Transport,
 )
 
 __all__ = [
