@@ -38,6 +38,31 @@ def fat_tree(name: str, racks: int, per_rack: int, spines: int, down: str, up: s
             f"    switch spine[0..{spines - 1}]\n    rack[0..{racks - 1}].leaf <-> spine[0..{spines - 1}] : {up}\n}}\n")
 
 
+# four hosts of 8 GPUs on an NVSwitch each, the switches on one ToR (docs/language.md, "Hosts")
+CLUSTER = """\
+topology cluster {
+    host h[0..3] {
+        node gpu[0..7]
+        switch nvs
+        gpu[0..7] <-> nvs : 150 GB/s
+    }
+    switch tor
+    h[0..3].nvs <-> tor : 12.5 GB/s, 5 us
+}
+"""
+
+
+# every collective kind, and the bytes of an element of each dtype the runtime tests use
+KINDS = ("broadcast", "reduce", "allreduce", "allgather", "reduce_scatter", "gather", "scatter",
+         "alltoall", "neighbor_average")
+ITEM = {"float32": 4, "float64": 8, "int32": 4, "bfloat16": 2, "float16": 2}
+
+
+def clique_topology(name: str, n: int, link: str) -> str:
+    """HCL text of topology ``name``: nodes r0..r{n-1}, every pair linked both ways (``link``)."""
+    return f"topology {name} {{\n    node r[0..{n - 1}]\n    r[0..{n - 1}] <-> r[0..{n - 1}] : {link}\n}}\n"
+
+
 def two_ranks(fn0, fn1, timeout: float = 10.0, shm: str | None = None):
     """Run ``fn0`` / ``fn1`` on ranks 0 / 1 of a real sockets job in two threads (loopback;
     ``shm="on"``: their data goes through the native core's shared-memory channels). Returns

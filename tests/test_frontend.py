@@ -19,6 +19,8 @@ from hcc.compiler.frontend import load_program
 from hcc.grammar import parser as parser_module
 from hcc.ir.topology import Link
 
+from conftest import CLUSTER
+
 
 def topo(body: str, name: str = "t"):
     return load_program(f"topology {name} {{\n{body}\n}}\n").topologies[name]
@@ -134,20 +136,7 @@ def test_units_family_of():
     assert [units.family_of(u) for u in ("MiB", "Gbps", "us", "parsec")] == ["size", "bandwidth", "time", None]
 
 
-# ---- hosts -------------------------------------------------------------------------------
-
-CLUSTER = """\
-topology cluster {
-    host h[0..3] {
-        node gpu[0..7]
-        switch nvs
-        gpu[0..7] <-> nvs : 150 GB/s
-    }
-    switch tor
-    h[0..3].nvs <-> tor : 12.5 GB/s, 5 us
-}
-"""
-
+# ---- hosts (conftest.CLUSTER) ------------------------------------------------------------
 
 def test_hosts_qualify_names_and_keep_host_major_order():
     t = load_program(CLUSTER).topologies["cluster"]

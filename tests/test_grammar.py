@@ -10,6 +10,8 @@ from hcc.grammar import ast
 from hcc.grammar.diagnostics import SourceError
 from hcc.grammar.parser import GRAMMAR_PATH, describe_expected, parse
 
+from conftest import CLUSTER
+
 # language.md's examples, verbatim
 LANG_TOPOLOGY = """\
 topology dgx1 {
@@ -24,17 +26,7 @@ topology dgx1 {
     gpu[0..3] <-> pcie0 : 12 GB/s, 5 us   # a range against a single vertex: a star
 }
 """
-LANG_CLUSTER = """\
-topology cluster {
-    host h[0..3] {
-        node gpu[0..7]
-        switch nvs
-        gpu[0..7] <-> nvs : 150 GB/s
-    }
-    switch tor
-    h[0..3].nvs <-> tor : 12.5 GB/s, 5 us
-}
-"""
+LANG_CLUSTER = CLUSTER  # docs/language.md's hosts example
 LANG_COLLECTIVES = """\
 collective bcast = broadcast on dgx1 {
     ranks = gpu[0,1,3,6]       # participants, in rank order; default: every node (not switches)

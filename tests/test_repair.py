@@ -3,7 +3,7 @@ arrival-order heaps, and residual plans over the survivors (lowered here, in the
 ir/verify.py accepts."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -139,7 +139,7 @@ def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = Non
                    for r in survivors) * item
         # lower() splits the survivors' buffer into equal blocks again; keep it exact only when
         # the blocks were equal (E divisible by n), which the callers check
-    spec = _Spec(
+    spec = SimpleNamespace(  # the fields of a collective lower() reads
         name=f"{plan.name}~residual", kind=plan.kind, ranks=tuple(plan.ranks[r] for r in survivors),
         root=new_index[plan.root] if rooted else -1, size_bytes=size, dtype=plan.dtype, op=plan.op,
         compress=plan.compress, on_failure=plan.on_failure, adaptive=plan.adaptive, peers=plan.peers)
@@ -148,21 +148,6 @@ def residual_plan(plan: Plan, dead: Iterable[int], chunk_bytes: int | None = Non
     if not packed:
         raise PlanError(f"plan {plan.name!r} keeps no tree to repair (algorithm {plan.algorithm})")
     return lower(spec, topo, packed, chunk, algorithm=f"{plan.algorithm}+repair")
-
-
-@dataclass(frozen=True)
-class _Spec:
-    name: str
-    kind: str
-    ranks: tuple[str, ...]
-    root: int
-    size_bytes: int
-    dtype: str
-    op: str | None
-    compress: str = "none"
-    on_failure: str = "abort"
-    adaptive: bool | None = None
-    peers: str | None = None
 
 
 SRC = """
