@@ -164,9 +164,15 @@ class ChunkRef:
 
 
 @dataclass(frozen=True)
-class Send:
+class _Message:
+    """The fields every message op starts with: the other rank and the message's tag."""
+
     peer: int
     tag: int
+
+
+@dataclass(frozen=True)
+class Send(_Message):
     src: ChunkRef
     deps: tuple[int, ...] = ()
     tree: int = -1
@@ -174,27 +180,22 @@ class Send:
 
 
 @dataclass(frozen=True)
-class Recv:
+class _Receive(_Message):
+    """The fields of :class:`Recv` and :class:`RecvReduce` (two types: ``type(op) is Recv``
+    tells the executor and the verifier which one an op is)."""
+
+    dst: ChunkRef
+    deps: tuple[int, ...] = ()
+    tree: int = -1
+    chunk: int = -1
+
+
+class Recv(_Receive):
     """``dst := message``."""
 
-    peer: int
-    tag: int
-    dst: ChunkRef
-    deps: tuple[int, ...] = ()
-    tree: int = -1
-    chunk: int = -1
 
-
-@dataclass(frozen=True)
-class RecvReduce:
+class RecvReduce(_Receive):
     """``dst := dst (op) message`` with the plan's reduction op (``avg`` reduces as sum)."""
-
-    peer: int
-    tag: int
-    dst: ChunkRef
-    deps: tuple[int, ...] = ()
-    tree: int = -1
-    chunk: int = -1
 
 
 @dataclass(frozen=True)
