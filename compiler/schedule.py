@@ -72,6 +72,25 @@ HOP_SLACK = 0.25
 # gated: their rarer completions idled their uplinks (2 x A100 0.653 -> 0.473, nvswitch
 # 0.854 -> 0.658)
 PORT_GATE = True
+# the window of a port whose rank reaches the others only through switches (an A100's
+# NVSwitch port and NIC; samples/nvswitch.hcl), for every kind but broadcast, with the
+# receive gate below. Such a rank's completions are the ends of its own messages, which
+# wait at the switch's egress links behind the other ranks' messages; with 4 in flight its
+# 300 GB/s port idled while its NIC traffic queued (2 x A100 allgather at 1 GB, 4 MiB:
+# the schedule's own time 0.745 of the bound, the plan 0.664). 16 in flight let the
+# schedule reach 0.830 (and the plan 0.733 with the receive gate, 0.538 without: the extra
+# sends in flight then reach the receivers' links out of the schedule's order); 8: 0.726,
+# 32: 0.712. Broadcast lost with either (2 x A100 at 1 GB 0.802 -> 0.782), so it keeps
+# PORT_WINDOW and no receive gate.
+SWITCH_ONLY_WINDOW = 16
+# the receive gate (collectives with a switch, every kind but broadcast): a message's
+# Recv depends on the Recv of the message the schedule ended last on the same last link
+# (the receiver's link out of the switch) before this one started. The schedule met that
+# dependency already, so it costs the schedule nothing; in the plan it keeps a message from
+# being posted, and reserving the receiver's link, ahead of the ones the schedule put there
+# first (2 x A100 at 1 GB, best chunk: allgather 0.664 -> 0.733, reduce 0.786 -> 0.899,
+# reduce-scatter 0.666 -> 0.731, allreduce 0.651 -> 0.672; DGX-1 unchanged)
+INGRESS_GATE = True
 # the smallest chunk of a thin tree, as a share of the chunk size (1: one size for every
 # tree; see _job_chunks): scaling chunks by tree rate lost on 2 x A100 allgather at 1 GB
 # (0.663 -> 0.584 at 4 MiB with 0.25) and on DGX-1 split allreduce, where the per-message
@@ -218,10 +237,11 @@ class _Timed:
         rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
         return {rank_of[u] for u, v in self.links.ends if u in rank_of and v in rank_of}
 
-    def schedule(self, window: int, gate: bool = False) -> list[int]:
+    def schedule(self, window: int, gate: bool = False, wide: bool = False) -> list[int]:
         """Messages in the order the WFQ list schedule starts them (see the section
         comment); also fills ``self.pred``: per message, the message ``window`` places
-        earlier on its port (or -1)."""
+        earlier on its port (or -1). ``wide``: ports of ranks without a link to another rank
+        take SWITCH_ONLY_WINDOW messages in flight (see there)."""
         import heapq
         from collections import deque
 
@@ -264,6 +284,9 @@ class _Timed:
         # without a switch every port is a direct link with a window of 1: each send starts at
         # a completion already, and gating would only add dependencies
         self.gated = gated = self.gated_ranks() if gate and relay else set()
+        self.relay = bool(relay)
+        direct = self.gated_ranks() if relay and wide else set()
+        wide_ports = {x for x, r in port_rank.items() if r not in direct} if relay and wide else set()
         for m in range(nm):
             if remaining[m] == 0:
                 ready(m, 0.0)
@@ -290,7 +313,7 @@ class _Timed:
                     continue
             m = heappop(q)[3]
             win = started.setdefault(x, deque())
-            w = window if relay else 1
+            w = (max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window) if relay else 1
             self.pred[m] = win[0][0] if len(win) == w else -1
             nb = nbytes[m]
             hops = path[m]
@@ -326,6 +349,31 @@ class _Timed:
         if len(order) != nm:
             raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
         return order
+
+    def ingress_order(self, on: bool) -> None:
+        """``self.ing``: per message, the message into the same last link (the receiver's
+        link out of a switch) that the schedule ended last before this one started, or -1
+        (all -1 unless ``on``): see INGRESS_GATE."""
+        import bisect
+
+        nm = len(self.src)
+        self.ing = [-1] * nm
+        if not on:
+            return
+        per: dict[int, list[tuple[float, int]]] = {}
+        for m in range(nm):
+            per.setdefault(self.path[m][-1], []).append((self.end[m], m))
+        for lst in per.values():
+            lst.sort()
+        for m in range(nm):
+            lst = per[self.path[m][-1]]
+            i = bisect.bisect_right(lst, (self.start[m] + 1e-15, nm)) - 1
+            if i >= 0:
+                self.ing[m] = lst[i][1]
+
+    def _ingress(self, m: int, recv_op: list[int]) -> tuple[int, ...]:
+        x = self.ing[m]
+        return (recv_op[x],) if x >= 0 and recv_op[x] >= 0 else ()
 
     def emit(self, order: list[int], kind: str, dst_of, gate: bool = False) -> None:
         """Write the scheduled messages as ops, in schedule order (so every dependency,
@@ -397,7 +445,8 @@ class _Timed:
                     up = self.upsend.get((t, k, d))
                     rdeps = (up,) if up is not None else ()
                 sid, rid = B.message(s, d, src, ChunkRef("out", a, cnt), send_deps=_deps(*deps),
-                                     recv_deps=rdeps, tree=self.dtree[t], chunk=self.dbase[t] + k)
+                                     recv_deps=rdeps + self._ingress(m, recv_op), tree=self.dtree[t],
+                                     chunk=self.dbase[t] + k)
             else:
                 sh = ush[t]
                 src = ChunkRef("in", a, cnt) if not sh.children[s] else dst_of(s, t, a, b)
@@ -405,8 +454,9 @@ class _Timed:
                 ck = (d, t, k)
                 if ck not in copies:
                     copies[ck] = B.add(d, Copy(ChunkRef("in", a, cnt), acc))
-                sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps), recv_deps=(copies[ck],),
-                                     reduce=True, tree=self.utree[t], chunk=self.ubase[t] + k)
+                sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps),
+                                     recv_deps=(copies[ck],) + self._ingress(m, recv_op), reduce=True,
+                                     tree=self.utree[t], chunk=self.ubase[t] + k)
                 self.upsend[(t, k, s)] = sid
             send_op[m], recv_op[m] = sid, rid
             if gated:
@@ -539,7 +589,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         except KeyError:  # a message's direction of a tree path is not a link
             return None
         gate = PORT_GATE and window > 1
-        order = T.schedule(window, gate)
+        order = T.schedule(window, gate, wide=kind != "broadcast")
         if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
             best = (T, order, list(spans))
         finish = [0.0] * njobs
@@ -565,6 +615,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     else:
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             return ChunkRef("out", a, b - a)
+    T.ingress_order(INGRESS_GATE and T.relay and kind != "broadcast")
     T.emit(order, kind, dst_of, gate=gate)
     L.timed_makespan = T.makespan  # the schedule's own time (tests compare it with cost.simulate)
     return spans
