@@ -111,18 +111,21 @@ MPI_PORT = "8 GB/s, 100 us"
 # The sockets backend's local ranks exchange through shared memory (backends/shm.py) when the
 # native core is built: no kernel copy, and the native runner's turn per message instead of
 # the Python executor's. A star of 8 GB/s ports, as MPICH's shared memory above; the latency
-# is the runner's per-message cost on this machine (`netem_bench.py messages`, hcc.runner's
-# SHM_PER_MESSAGE_S), rounded up.
-SHM_PORT = "8 GB/s, 20 us"
+# is the runner's per-message cost on this machine, measured by `netem_bench.py messages`:
+# hcc.runner's SHM_PER_MESSAGE_S, what `hcc run` compiles such jobs with.
+def shm_port() -> str:
+    from hcc.runner import SHM_PER_MESSAGE_S
+
+    return f"8 GB/s, {SHM_PER_MESSAGE_S * 1e6:g} us"
 
 
 def sockets_port() -> str:
-    """The star's port for hcc-sockets: :data:`SHM_PORT` when its local ranks will share
+    """The star's port for hcc-sockets: :func:`shm_port` when its local ranks will share
     memory (the native core is built and ``HCC_SHM`` is not ``off``), else loopback TCP's."""
     from hcc.backends import native
 
     if native.available() and os.environ.get("HCC_SHM", "auto").lower() != "off":
-        return SHM_PORT
+        return shm_port()
     return "2 GB/s, 100 us"
 
 
@@ -626,10 +629,52 @@ def bench_pipelining(mib: int, chunk_kib: int, depths: range, iters: int, pace: 
     return rows
 
 
+# --------------------------------------------------------------------------- load
+BURN_LIMIT_S = 4 * 3600  # a burner stops by itself after this long, whatever happens to its parent
+
+
+def _burn(limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    x = 0
+    while time.monotonic() < end:  # pure CPU: the load a busy neighbour puts on a core
+        for _ in range(100_000):
+            x += 1
+
+
+def start_burners(count: int) -> list:
+    """``count`` processes that each keep one core busy (``--burners``: the loaded-machine
+    run), until :func:`stop_burners` ends them (or :data:`BURN_LIMIT_S` passes)."""
+    import multiprocessing as mp
+
+    procs = [mp.Process(target=_burn, args=(BURN_LIMIT_S,), daemon=True) for _ in range(count)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def stop_burners(procs: list) -> None:
+    for p in procs:  # only the burners this run started, by their handles
+        p.terminate()
+        p.join(10)
+
+
 # --------------------------------------------------------------------------- report
 def _bw(kind, n, mib, times):
     med = statistics.median(times)
     return (mib << 20) / med * busbw_factor(kind, n) / 1e9, med
+
+
+# the on/off options of main()
+SWITCHES = {
+    "--quick": "1 and 16 MiB, 3 iterations, depths 1..3",
+    "--out-of-place": "hcc-sockets writes a separate output for every kind (default: allreduce and broadcast "
+                      "in place, as gloo's calls are; see INPLACE_KINDS)",
+    "--restore-each": "in place, restore the input before every iteration (default: chained iterations, as "
+                      "gloo's loop, restored only before the last, checked one)",
+    "--static": "adaptive = off in every hcc-sockets plan (the static executor; default: the default "
+                "runtime, adaptive with its fast path)",
+    "--auto": "the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)",
+}
 
 
 def main(argv=None) -> int:
@@ -648,19 +693,21 @@ def main(argv=None) -> int:
     ap.add_argument("--pipeline", default="1..7", help="chain depths for the pipelining figure ('' to skip)")
     ap.add_argument("--pace", type=float, default=200e6,
                     help="bytes/s per link for the pipelining figure (0 = raw loopback)")
-    ap.add_argument("--quick", action="store_true", help="1 and 16 MiB, 3 iterations, depths 1..3")
-    ap.add_argument("--out-of-place", action="store_true",
-                    help="hcc-sockets writes a separate output for every kind (default: allreduce and "
-                         "broadcast in place, as gloo's calls are; see INPLACE_KINDS)")
-    ap.add_argument("--restore-each", action="store_true",
-                    help="in place, restore the input before every iteration (default: chained "
-                         "iterations, as gloo's loop, restored only before the last, checked one)")
-    ap.add_argument("--static", action="store_true",
-                    help="adaptive = off in every hcc-sockets plan (the static executor; default: the "
-                         "default runtime, adaptive with its fast path)")
-    ap.add_argument("--auto", action="store_true",
-                    help="the compiler's own algorithm and chunk everywhere (ignore SOCKETS_SETTINGS/MPI_SETTINGS)")
+    ap.add_argument("--out", default=None, help="the comparison CSV (default benchmarks/results/runtime.csv)")
+    ap.add_argument("--burners", type=int, default=0,
+                    help="start this many CPU burners (one busy process each) before the run and end "
+                         "them after it: the loaded-machine run")
+    for flag, text in SWITCHES.items():
+        ap.add_argument(flag, action="store_true", help=text)
     a = ap.parse_args(argv)
+    burners = start_burners(a.burners) if a.burners else []
+    try:
+        return _main(a)
+    finally:
+        stop_burners(burners)
+
+
+def _main(a) -> int:
     if a.quick:
         a.sizes, a.iters, a.pipeline, a.reps, a.warmup = "1,16", 3, "1..3", 1, 1
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -670,6 +717,9 @@ def main(argv=None) -> int:
     keys = [(k, m) for k in KINDS for m in sizes]
     rows = []
     rates = memory_bandwidth()
+    if a.burners:
+        print(f"{a.burners} CPU burners running (the loaded-machine run)")
+    print(f"host load average at the start: {os.getloadavg()[0]:.1f}")
     print(f"memory: copy {rates['copy_Bps'] / 1e9:.1f} GB/s, add {rates['add_Bps'] / 1e9:.1f} GB/s "
           f"({os.cpu_count()} processes at once, numpy, 64 MiB arrays); hcc-sockets port {sockets_port()}; "
           f"gloo's shared-memory path: " + {True: "present (LOCAL_WORLD_SIZE set as torchrun does)",
@@ -745,11 +795,14 @@ def main(argv=None) -> int:
         fields = ["kind", "MiB", "ranks", "backend", "algorithm", "chunk_bytes", "settings", "in_place", "hcc_median_s", "hcc_busbw_GBps", "peer",
                   "peer_median_s", "peer_busbw_GBps", "ratio", "ratio_min", "ratio_max", "reps", "hcc_cpu_s",
                   "peer_cpu_s", "hcc_host_idle", "peer_host_idle", "mem_bound_s", "of_mem_bound"]
-        with open(RESULTS / "runtime.csv", "w", newline="") as f:
+        out = Path(a.out) if a.out else RESULTS / "runtime.csv"
+        tmp = out.with_name(out.name + ".part")  # a stopped run leaves no half-written table
+        with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             w.writerows(rows)
-        print(f"wrote {RESULTS / 'runtime.csv'}")
+        tmp.replace(out)
+        print(f"wrote {out}; host load average at the end: {os.getloadavg()[0]:.1f}")
     if a.pipeline:
         lo, hi = (int(x) for x in a.pipeline.split(".."))
         print(f"pipelining: chain broadcast of 16 MiB, 256 KiB chunks vs whole buffer, depth d = {lo}..{hi}, "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -78,11 +79,7 @@ class Run(StarOwnership, FastPath):
         self.op = plan.op or "sum"
         self.kind = plan.kind
         self.rooted = plan.kind in ROOTED_KINDS
-        # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included;
-        # otherwise a star chunk is STAR_CHUNK_S of the slowest rank's link, within
-        # [MIN_CHUNK, STAR_CHUNK]
-        star_b = min(STAR_CHUNK, max(MIN_CHUNK, int(min(self._uplinks()) * STAR_CHUNK_S)))
-        self.flows = make_flows(plan, static, ce, ce if explicit_chunk else max(ce, star_b // plan.itemsize))
+        self._layout = (ce, explicit_chunk)
         self.claims_sent = 0  # claim events this rank appended (maybe_claim)
         self.t_arrived = None
         # the local copy of the log keeps only what this run can need: the deaths so far and
@@ -97,7 +94,20 @@ class Run(StarOwnership, FastPath):
         self.known_dead: set[int] = set()
         self.contrib: list[int] = []
         self.contrib_mask = 0
-        self.stats = {"chunks_received": 0, "chunks_sent": 0, "received_before_repair": 0, "chunks": sum(len(f.chunks) for f in self.flows)}
+        self.stats = {"chunks_received": 0, "chunks_sent": 0, "received_before_repair": 0}
+
+    @cached_property
+    def flows(self) -> list[Flow]:
+        """The run's flows (flows.make_flows), laid out on first use: a fast-path run that
+        turns static never needs them (~0.1-0.3 ms a call in Python)."""
+        ce, explicit_chunk = self._layout
+        # an explicit chunk size (run(chunk_bytes=...)) applies to every flow, stars included;
+        # otherwise a star chunk is STAR_CHUNK_S of the slowest rank's link, within
+        # [MIN_CHUNK, STAR_CHUNK]
+        star_b = min(STAR_CHUNK, max(MIN_CHUNK, int(min(self._uplinks()) * STAR_CHUNK_S)))
+        flows = make_flows(self.plan, self.static, ce, ce if explicit_chunk else max(ce, star_b // self.plan.itemsize))
+        self.stats["chunks"] = sum(len(f.chunks) for f in flows)
+        return flows
 
     # ---- the log -------------------------------------------------------------------------
     def fold(self) -> None:

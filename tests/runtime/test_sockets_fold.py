@@ -143,7 +143,11 @@ def _run_two_counting_folds(plan):
 @pytest.mark.parametrize("dtype,op,elems", [("float32", "sum", 3 * (sockets.FOLD_PIECE // 4) + 7),
                                             ("bfloat16", "avg", 100_003), ("int32", "max", 5)])
 def test_executor_folds_recv_reduce_and_matches_numpy(dtype, op, elems):
-    plan = ring_allreduce(2, elems, dtype, op)
+    _every_recv_reduce_folds(ring_allreduce(2, elems, dtype, op))
+
+
+def _every_recv_reduce_folds(plan) -> None:
+    """Run ``plan`` on 2 ranks: every RecvReduce of each rank was folded, and there were some."""
     folds = _run_two_counting_folds(plan)
     assert folds == [sum(isinstance(o, RecvReduce) for o in prog) for prog in plan.programs] and all(folds)
 
@@ -162,8 +166,7 @@ def test_fold_with_the_fused_copy_of_a_compiled_ring():
                               " chunk = 512 KiB\n adaptive = off")
     bufs = {k: np.zeros(v, np.float32) for k, v in plan.buffer_elems(0).items()}
     assert executor.RankExecution(plan, SimpleNamespace(rank=0), plan.programs[0], bufs, 1.0).fused
-    folds = _run_two_counting_folds(plan)
-    assert folds == [sum(isinstance(o, RecvReduce) for o in prog) for prog in plan.programs] and all(folds)
+    _every_recv_reduce_folds(plan)
 
 
 def test_concurrent_folds_into_one_block_do_not_race():
