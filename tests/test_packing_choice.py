@@ -15,6 +15,8 @@ from hcc.compiler.lower import lower
 from hcc.compiler.packing_choice import faster_allgather_packing, one_uplink_ranks, stars_through_switch
 from hcc.compiler.pipeline import Pack, Unit, run_passes
 
+from test_treepack_shallow import depth_of as depth
+
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1 << 30
 # every chunk size from the whole buffer down to 1 MiB, by halves: an exhaustive search of its
@@ -33,16 +35,6 @@ def best_timed(spec, topo, trees) -> float:
     """The fastest predicted time of the timed lowering of ``trees`` over :data:`CHUNKS`."""
     return min(simulate(lower(spec, topo, trees, c, schedule="timed"), model=DEFAULT_MODEL).time
                for c in CHUNKS)
-
-
-def depth(packing) -> int:
-    most = 0
-    for t in packing.trees:
-        level = {t.root: 0}
-        for p, c, _ in t.edges:  # parents first
-            level[c] = level[p] + 1
-        most = max(most, max(level.values()))
-    return most
 
 
 def test_nvswitch_allgather_is_no_slower_than_the_deep_packing():
