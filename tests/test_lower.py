@@ -178,11 +178,8 @@ def reference(plan: Plan, inputs: list[np.ndarray]) -> list[np.ndarray | None]:
         w = E // n
         return [np.concatenate([inputs[j][r * w:(r + 1) * w] for j in range(n)]) for r in range(n)]
     if kind == "neighbor_average":
-        outs = []
-        for r in range(n):
-            group = [r, *neighbor_peers(plan.peers, n, r)]
-            outs.append(sum(inputs[q] for q in group) / len(group))
-        return outs
+        groups = [[r, *neighbor_peers(plan.peers, n, r)] for r in range(n)]
+        return [sum(inputs[q] for q in g) / len(g) for g in groups]
     raise AssertionError(kind)
 
 
