@@ -2,6 +2,7 @@
 marked ``slow``; they run in CI too."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,17 @@ SAMPLES = ROOT / "samples"
 @pytest.fixture
 def samples_dir() -> Path:
     return SAMPLES
+
+
+@functools.lru_cache(maxsize=None)
+def sample_unit(sample: str, name: str):
+    """``compile_unit`` (default cost model) of collective ``name`` of samples/<sample>.hcl,
+    once per session: test_golden and test_compact compile the same sample collectives
+    (DGX-1 fragmented's seven take seconds each)."""
+    from hcc.compiler.frontend import load_program
+    from hcc.compiler.pipeline import compile_unit
+
+    return compile_unit(load_program(str(SAMPLES / f"{sample}.hcl")), name)
 
 
 def ring_topology(name: str, n: int, link: str, closed: bool = True) -> str:
@@ -61,6 +73,39 @@ ITEM = {"float32": 4, "float64": 8, "int32": 4, "bfloat16": 2, "float16": 2}
 def clique_topology(name: str, n: int, link: str) -> str:
     """HCL text of topology ``name``: nodes r0..r{n-1}, every pair linked both ways (``link``)."""
     return f"topology {name} {{\n    node r[0..{n - 1}]\n    r[0..{n - 1}] <-> r[0..{n - 1}] : {link}\n}}\n"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster on loopback for the module (4 CPUs: the rank actors of one job)."""
+    from hcc.backends import ray as hray
+
+    with hray.local_cluster(num_cpus=4) as ray:
+        yield ray
+
+
+def ray_group_member() -> type:
+    """A base class for the tests' Ray actors that join an hcc group as Ray's collective
+    convention has it (``init_group`` inside the user's actors; ``join`` returns the rank).
+    A new local class per call, so Ray ships it by value to workers that cannot import this
+    file, as it does the test's own subclass."""
+
+    class GroupMember:
+        def __init__(self, rank: int, world: int):
+            self.rank, self.world, self.comm = rank, world, None
+
+        def join(self, name: str) -> int:
+            from hcc.backends import ray as hr
+
+            self.comm = hr.init_group(self.world, self.rank, name)
+            return self.comm.rank
+
+        def leave(self, name: str) -> None:
+            from hcc.backends import ray as hr
+
+            hr.destroy_group(name)
+
+    return GroupMember
 
 
 def two_ranks(fn0, fn1, timeout: float = 10.0, shm: str | None = None):

@@ -18,6 +18,7 @@ from hcc.compiler.frontend import load_program
 from hcc.ir.errors import PlanError
 from hcc.ir.plan import ChunkRef, Copy, Recv, RecvReduce, Send
 
+from conftest import sample_unit
 from test_cost import chain_broadcast, duplex, mkplan
 from hcc.ir.topology import Topology
 
@@ -33,7 +34,7 @@ def candidate_plans(sample: str):
     for c in program.collectives:
         if c.kind == "neighbor_average":
             continue
-        u = compile_unit(program, c.name)
+        u = sample_unit(Path(sample).stem, c.name)
         for cand in u.candidates:
             if any(cand.choice.plan.programs):
                 yield f"{c.name}/{cand.algorithm}", cand.choice.plan

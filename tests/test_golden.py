@@ -14,6 +14,8 @@ import pytest
 import hcc
 from hcc.ir.files import atomic_write_text
 
+from conftest import sample_unit
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -66,8 +68,7 @@ def _golden(sample: str) -> dict:
 
 @pytest.mark.parametrize("sample,name", cases())
 def test_sample_matches_golden(sample, name):
-    program = hcc.load(SAMPLES / f"{sample}.hcl")
-    plan = hcc.compile(program, name)
+    plan = sample_unit(sample, name).plan  # hcc.compile's plan, shared with test_compact
     assert plan.figures.efficiency <= 1 + 1e-9
     got = summarise(plan)
     if UPDATE:
