@@ -563,10 +563,13 @@ class _Header:
         world, rank = comm.world, comm.rank
         comm.plan_id = plan_id
         self.comm, self.seq, self.pred = comm, seq, (rank - 1) % world
-        self.got = np.zeros(1, dtype=np.uint64)
+        self.got = np.array([seq], dtype=np.uint64)  # a world of one has no one to hear from
         mine = np.array([seq], dtype=np.uint64)
-        self.reqs = [comm.irecv(self.pred, HEADER_TAG, memoryview(self.got).cast("B")),
-                     comm.isend((rank + 1) % world, HEADER_TAG, memoryview(mine).cast("B"))]
+        self.reqs = []
+        if world > 1:
+            self.got[0] = 0
+            self.reqs = [comm.irecv(self.pred, HEADER_TAG, memoryview(self.got).cast("B")),
+                         comm.isend((rank + 1) % world, HEADER_TAG, memoryview(mine).cast("B"))]
 
     def finish(self, timeout: float) -> None:
         from .backends.sockets import ProtocolError
