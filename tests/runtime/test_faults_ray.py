@@ -23,6 +23,8 @@ from hcc.backends import ray as hray
 from hcc.backends.reference import _reduce, check, expected, expected_after_failures, make_inputs
 from hcc.backends.testing import kill_after_chunks
 
+from conftest import ray_group_member
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not hray.available(), reason="ray does not import"),
@@ -60,13 +62,7 @@ def plans():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with hray.local_cluster(num_cpus=4) as ray:
-        yield ray
-
-
-@pytest.fixture(scope="module")
-def group(cluster):
+def group(ray_cluster):
     with hray.ActorGroup(N) as g:
         yield g
 
@@ -172,7 +168,7 @@ def test_dead_root_raises_root_failed_on_every_survivor(plans, fresh):
     assert wall < BOUND_S + 5.0, f"took {wall:.1f} s"
 
 
-def test_abort_every_survivor_raises_rank_failed(plans, cluster):
+def test_abort_every_survivor_raises_rank_failed(plans, ray_cluster):
     """Through ``hcc.backends.ray.run``, which makes its own actors on the running cluster."""
     plan = plans["abort"]
     assert plan.on_failure == "abort"
@@ -229,35 +225,19 @@ def test_actor_killed_between_runs_only_ray_can_tell(plans, fresh):
     assert wall < BOUND_S, f"took {wall:.1f} s"
 
 
-def test_users_actors_survive_a_members_death_through_init_group(plans, cluster):
+def test_users_actors_survive_a_members_death_through_init_group(plans, ray_cluster):
     """Ray's collective convention (``init_group`` in the user's own actors, data over the
     object store): the group's coordinator actor serves the agreement log and appends the
     death Ray reports; the survivors' allreduce is exact over the survivors."""
-    ray = cluster
+    ray = ray_cluster
     plan = plans["allreduce"]
 
     @ray.remote(num_cpus=0)
-    class Trainer:
-        def __init__(self, rank: int, world: int):
-            self.rank, self.world, self.comm = rank, world, None
-
-        def join(self, name: str) -> int:
-            from hcc.backends import ray as hr
-
-            self.comm = hr.init_group(self.world, self.rank, name)
-            return os.getpid()
-
+    class Trainer(ray_group_member()):
         def allreduce(self, plan, x, die_at):
-            from hcc.backends import ray as hr
-
             opts = {"progress": kill_after_chunks(die_at)} if die_at is not None else {}
             out = hcc.run(plan, self.comm, x, timeout=TIMEOUT_S, chunk_bytes=CHUNK, **opts)
             return np.asarray(out), out.contributors, out.dead
-
-        def leave(self, name: str) -> None:
-            from hcc.backends import ray as hr
-
-            hr.destroy_group(name)
 
     actors = [Trainer.remote(r, N) for r in range(N)]
     try:

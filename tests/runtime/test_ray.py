@@ -23,6 +23,8 @@ from hcc.backends import RankFailed
 from hcc.backends import ray as hray
 from hcc.backends.reference import check, expected, make_inputs
 
+from conftest import ITEM, KINDS, clique_topology, ray_group_member
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not hray.available(), reason="ray does not import"),
@@ -30,16 +32,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TOPO = """
-topology t4 {
-    node r[0..3]
-    class fast = 1 GB/s, 10 us
-    r[0..3] <-> r[0..3] : fast
-}
-"""
-KINDS = ("broadcast", "reduce", "allreduce", "allgather", "reduce_scatter", "gather", "scatter",
-         "alltoall", "neighbor_average")
-ITEM = {"float32": 4, "float64": 8, "int32": 4, "bfloat16": 2, "float16": 2}
+TOPO = clique_topology("t4", 4, "1 GB/s, 10 us")
 
 
 def program() -> tuple[str, list[str]]:
@@ -78,25 +71,19 @@ def plans():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with hray.local_cluster(num_cpus=4) as ray:
-        yield ray
-
-
-@pytest.fixture(scope="module")
-def group(cluster):
+def group(ray_cluster):
     with hray.ActorGroup(4) as g:
         yield g
 
 
-def test_cluster_is_on_loopback(cluster, group):
+def test_cluster_is_on_loopback(ray_cluster, group):
     """Every Ray process of this cluster (GCS, raylet, agents, our rank actors) listens on
     127.0.0.1 only (``ss -ltnp``)."""
-    node = cluster._private.worker._global_node
+    node = ray_cluster._private.worker._global_node
     pids = {os.getpid(), *group.pids}
     for procs in node.all_processes.values():
         pids.update(p.process.pid for p in procs if p.process is not None)
-    assert cluster.util.get_node_ip_address() == "127.0.0.1"
+    assert ray_cluster.util.get_node_ip_address() == "127.0.0.1"
     try:
         out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
     except FileNotFoundError:
@@ -150,7 +137,7 @@ def test_adaptive_is_the_default_on_both_data_paths(plans, group, data):
 
 
 @pytest.mark.parametrize("data", ["sockets", "objects"])
-def test_killed_actor_fails_every_survivor_quickly(plans, cluster, data):
+def test_killed_actor_fails_every_survivor_quickly(plans, ray_cluster, data):
     """Rank 2 SIGKILLs itself at its second send: the driver names it, and each survivor
     raised RankFailed(2) — through Ray's death notice, far inside the 20 s deadline."""
     plan = plans["big_allreduce"]
@@ -168,41 +155,27 @@ def test_killed_actor_fails_every_survivor_quickly(plans, cluster, data):
     assert elapsed < 10.0, f"survivors took {elapsed:.1f} s: Ray's death notice was not used"
 
 
-def test_run_from_a_driver(plans, cluster):
+def test_run_from_a_driver(plans, ray_cluster):
     """``hcc.backends.ray.run`` reuses the running cluster and makes its own actors."""
     plan = plans["allgather_4_float32"]
     inputs = make_inputs(plan, 7)
     outs = hray.run(plan, inputs, timeout=30.0)
     check(plan, outs, expected(plan, inputs))
-    assert cluster.is_initialized()  # not shut down: run() did not start it
+    assert ray_cluster.is_initialized()  # not shut down: run() did not start it
 
 
-def test_init_group_in_users_actors(plans, cluster):
+def test_init_group_in_users_actors(plans, ray_cluster):
     """Ray's collective convention: the user's actors join a named group and call
     ``hcc.run(plan, comm, x)`` — twice, to show the communicator is reusable."""
-    ray = cluster
+    ray = ray_cluster
     plan = plans["big_allreduce"]
 
     @ray.remote(num_cpus=0)
-    class Trainer:
-        def __init__(self, rank: int, world: int):
-            self.rank, self.world, self.comm = rank, world, None
-
-        def join(self, name: str) -> int:
-            from hcc.backends import ray as hr
-
-            self.comm = hr.init_group(self.world, self.rank, name)
-            return self.comm.rank
-
+    class Trainer(ray_group_member()):
         def allreduce(self, plan, x):
             first = hcc.run(plan, self.comm, x, timeout=30.0)
             second = hcc.run(plan, self.comm, first / 4, timeout=30.0)
             return first, second
-
-        def leave(self, name: str) -> None:
-            from hcc.backends import ray as hr
-
-            hr.destroy_group(name)
 
     actors = [Trainer.remote(r, 4) for r in range(4)]
     assert ray.get([a.join.remote("grads") for a in actors], timeout=120) == [0, 1, 2, 3]
