@@ -370,18 +370,28 @@ class ProcessGroupHCC(dist.ProcessGroup):
         flat = torch.empty(n * t.numel(), dtype=t.dtype)
         wf = _Wire(flat, "gather buffer")
 
-        def body(comm, seqs):
-            if comm is None:
-                wf.arr[...] = w.arr
-            else:
-                comm.run(seqs[0], "gather", wf.arr.size, wf.dtype, w.arr, wf.arr, root=root,
-                         info=_info("gather", wf, root=root))
+        def after() -> None:
             if me == root:
                 with torch.no_grad():
                     for r, o in enumerate(outs):
                         o.copy_(flat[r * t.numel():(r + 1) * t.numel()].reshape(o.shape))
 
-        return self._call(_info("gather", wf, root=root), body, [outs])
+        return self._rooted("gather", wf, w.arr, wf.arr, w.arr, root, after, [outs])
+
+    def _rooted(self, kind: str, wire: _Wire, src, dst, local, root: int, after: Callable[[], None],
+                result: Any):
+        """A gather or scatter of ``wire`` (the ``n``-block buffer): the run from ``src`` into
+        ``dst`` (``local`` copied into ``dst`` in a world of one), then ``after()``."""
+        info = _info(kind, wire, root=root)
+
+        def body(comm, seqs):
+            if comm is None:
+                dst[...] = local
+            else:
+                comm.run(seqs[0], kind, wire.arr.size, wire.dtype, src, dst, root=root, info=info)
+            after()
+
+        return self._call(info, body, result)
 
     def scatter(self, outputs, input_lists, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -397,19 +407,10 @@ class ProcessGroupHCC(dist.ProcessGroup):
         else:
             flat = torch.zeros(n * t.numel(), dtype=t.dtype)
         wi = _Wire(flat, "scatter buffer")
-
-        def body(comm, seqs):
-            if comm is None:
-                wo.arr[...] = wi.arr
-            else:
-                comm.run(seqs[0], "scatter", wi.arr.size, wi.dtype, wi.arr if me == root else None, wo.arr,
-                         root=root, info=_info("scatter", wi, root=root))
-            wo.back()
-
-        return self._call(_info("scatter", wi, root=root), body, [t])
+        return self._rooted("scatter", wi, wi.arr if me == root else None, wo.arr, wi.arr, root, wo.back, [t])
 
     def all_to_all_single(self, output, input, output_split_sizes=(), input_split_sizes=(), opts=None):
-        n, me = self._size, self._rank
+        n = self._size
         wi, wo = _Wire(input, "all_to_all_single input"), _Wire(output, "all_to_all_single output")
         if wi.dtype != wo.dtype:
             raise ValueError("hcc: all_to_all_single: input and output dtypes differ")
