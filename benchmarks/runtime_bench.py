@@ -701,6 +701,10 @@ def main(argv=None) -> int:
         ap.add_argument(flag, action="store_true", help=text)
     a = ap.parse_args(argv)
     burners = start_burners(a.burners) if a.burners else []
+    if burners:  # a SIGTERM (e.g. from `timeout`) still ends them: finally runs on SystemExit
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return _main(a)
     finally:
