@@ -89,6 +89,7 @@ from typing import Any, Callable, Protocol
 
 from .backends.base import RuntimeFault, Transport
 from .grammar.diagnostics import HccError
+from .runner import SHM_PER_MESSAGE_S
 
 __all__ = [
     "Communicator", "Handle", "CollectiveError", "PlanCache", "KeyStore", "star_topology",
@@ -159,17 +160,17 @@ STAR_BPS = 1.25e9  # 10 Gbit/s: a common NIC, and a rate loopback TCP reaches be
 STAR_LATENCY_S = 20e-6
 # Every rank on one host, over the shared-memory channels: 8 GB/s per rank, the single stream
 # of a memory copy between two local ranks rounded down (MPICH's shared memory measured 10-12
-# GB/s for 1-16 MiB; 4 ranks share the host's memory bandwidth), and 20 us, the native
-# runner's cost per message (hcc/runner.py SHM_PER_MESSAGE_S); benchmarks/runtime_bench.py
-# compiles its shared-memory plans on the same star.
+# GB/s for 1-16 MiB; 4 ranks share the host's memory bandwidth), and as latency the native
+# runner's measured cost per message (hcc/runner.py SHM_PER_MESSAGE_S);
+# benchmarks/runtime_bench.py compiles its shared-memory plans on the same star.
 SHM_STAR_BPS = 8e9
-SHM_STAR_LATENCY_S = 20e-6
+SHM_STAR_LATENCY_S = SHM_PER_MESSAGE_S
 
 
 def star_topology(world: int, shm: bool = False) -> str:
     """HCL source of the default topology: ``rank0 .. rank{world-1}`` around one switch
     (``shm``: the links of ranks that share one host's memory)."""
-    link = "8 GB/s, 20 us" if shm else "10 Gbit/s, 20 us"
+    link = f"8 GB/s, {SHM_STAR_LATENCY_S * 1e6:g} us" if shm else "10 Gbit/s, 20 us"
     return (f"topology hcc_star {{\n    node rank[0..{world - 1}]\n    switch hub\n"
             f"    rank[0..{world - 1}] <-> hub : {link}\n}}\n")
 

@@ -362,7 +362,7 @@ def test_the_transport_handshake_has_one_deadline_as_a_whole(monkeypatch):
 
 
 def test_the_transport_caps_unauthenticated_connections(monkeypatch):
-    from hcc.backends import sockets
+    from hcc.backends import rendezvous, sockets
 
     def eof(s) -> bool:
         s.settimeout(5)
@@ -372,7 +372,7 @@ def test_the_transport_caps_unauthenticated_connections(monkeypatch):
             return True
 
     monkeypatch.setattr(sockets, "MAX_PENDING", 3)
-    monkeypatch.setattr(sockets, "PENDING_GRACE_S", 0.0)  # the oldest may always go
+    monkeypatch.setattr(rendezvous, "PENDING_GRACE_S", 0.0)  # the oldest may always go
     with _rank1() as (t, addr):
         idle = [socket.create_connection(addr, timeout=5) for _ in range(8)]
         for s in idle:
@@ -381,7 +381,7 @@ def test_the_transport_caps_unauthenticated_connections(monkeypatch):
         assert len(t._pending) <= 3
         for s in idle:
             s.close()
-    monkeypatch.setattr(sockets, "PENDING_GRACE_S", 3600.0)  # none old enough: newcomers go
+    monkeypatch.setattr(rendezvous, "PENDING_GRACE_S", 3600.0)  # none old enough: newcomers go
     with _rank1() as (t, addr):
         idle = [socket.create_connection(addr, timeout=5) for _ in range(3)]
         import time
