@@ -73,6 +73,8 @@ __all__ = [
     "neighbor_average_time_bound",
     "time_bound",
     "peer_count",
+    "merged_arcs",
+    "effective_capacity",
     "Cut",
     "binding_cut",
 ]
@@ -656,6 +658,22 @@ def latency_aware_bound(cut_s: float, depth: int, per_hop_s: float, capacity_rat
     return cut_s + 2.0 * math.sqrt(cut_s * per_hop_s * k * max(0.0, capacity_ratio)) + k * per_hop_s
 
 
+def merged_arcs(topo: Topology) -> dict[tuple[str, str], tuple[float, float]]:
+    """Each arc's ``(capacity, latency)`` as compiler/cost.py's simulator sees it: parallel
+    declarations of one arc merged, capacities added, the largest latency."""
+    arcs: dict[tuple[str, str], tuple[float, float]] = {}
+    for l in topo.links:
+        c0, a0 = arcs.get((l.src, l.dst), (0.0, 0.0))
+        arcs[(l.src, l.dst)] = (c0 + l.capacity, max(a0, l.latency))
+    return arcs
+
+
+def effective_capacity(capacity: float, message_cost_s: float, message_bytes: float) -> float:
+    """The most bytes per second an arc moves in messages of at most ``message_bytes`` when each
+    message holds it for ``message_cost_s`` besides its bytes (:func:`message_bound`'s ``c'``)."""
+    return capacity * message_bytes / (message_bytes + capacity * message_cost_s)
+
+
 def message_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, message_bytes: float,
                   per_message_s: float, *, peers: str = "ring") -> float:
     """A lower bound, under compiler/cost.py's α-β rules, on the time of *every* plan of the
@@ -697,19 +715,11 @@ def message_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, mes
     base = cut.time(size_bytes)
     if not message_bytes or message_bytes <= 0 or not cut.links or not math.isfinite(base):
         return base
-    cap: dict[tuple[str, str], float] = {}
-    lat: dict[tuple[str, str], float] = {}
-    for l in topo.restricted(tuple(ranks)).links:
-        key = (l.src, l.dst)
-        cap[key] = cap.get(key, 0.0) + l.capacity
-        lat[key] = max(lat.get(key, 0.0), l.latency)
-    k = min(cap[e] * (lat[e] + per_message_s) for e in set(cut.links) if e in cap)
+    arcs = merged_arcs(topo.restricted(tuple(ranks)))
+    k = min(arcs[e][0] * (arcs[e][1] + per_message_s) for e in set(cut.links) if e in arcs)
     s = float(message_bytes)
-    full: dict[tuple[str, str], tuple[float, float]] = {}
-    for l in topo.links:
-        c0, a0 = full.get((l.src, l.dst), (0.0, 0.0))
-        full[(l.src, l.dst)] = (c0 + l.capacity, max(a0, l.latency))
     eff = Topology(topo.name, topo.nodes, topo.switches, tuple(
-        Link(u, v, c * s / (s + c * (a + per_message_s)), a) for (u, v), (c, a) in full.items()), topo.hosts)
+        Link(u, v, effective_capacity(c, a + per_message_s, s), a) for (u, v), (c, a) in merged_arcs(topo).items()),
+        topo.hosts)
     tight = binding_cut(kind, eff, tuple(ranks), root, size_bytes, peers=peers)
     return max(base * (1.0 + k / message_bytes), tight.time(size_bytes) if tight is not None else 0.0)

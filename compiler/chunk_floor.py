@@ -33,15 +33,17 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from .bounds import effective_capacity, merged_arcs
+
 __all__ = ["cut_floor", "plan_floor", "worth_lowering"]
 
 
 def cut_floor(cut: Any, topo: Any, size_bytes: float, per_message_s: float) -> Callable[[int], float] | None:
     """``T(s)`` (module docstring) for ``cut`` (a bounds.Cut) of ``topo`` and a collective of
     ``size_bytes``; None when the cut's links do not add up to its capacity (then no floor)."""
-    links = {(l.src, l.dst): l for l in topo.links}
+    links = merged_arcs(topo)
     try:
-        arcs = [(links[a].capacity, links[a].latency + per_message_s) for a in cut.links]
+        arcs = [(links[a][0], links[a][1] + per_message_s) for a in cut.links]
     except KeyError:
         return None
     cap = sum(c for c, _ in arcs)
@@ -50,7 +52,7 @@ def cut_floor(cut: Any, topo: Any, size_bytes: float, per_message_s: float) -> C
     base = cut.time(size_bytes)
 
     def floor(s: int) -> float:
-        return base * cap / sum(s * c / (s + c * k) for c, k in arcs)
+        return base * cap / sum(effective_capacity(c, k, s) for c, k in arcs)
 
     return floor
 
