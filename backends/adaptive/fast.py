@@ -41,8 +41,8 @@ class StoreCounters:
     """The fast path's counters as keys ``<prefix>/fast/<slot>`` of the rendezvous store (any
     job); the same calls as :class:`~hcc.backends.shm.ShmBoard` (one host)."""
 
-    def __init__(self, client, prefix: str):
-        self.client, self.prefix = client, prefix
+    def __init__(self, client, prefix: str, rank: int):
+        self.client, self.prefix, self.rank = client, prefix, rank
 
     def add(self, slot: int, amount: int, wake: bool = True) -> int:
         return int(self.client.add(f"{self.prefix}/fast/{slot}", amount))
@@ -57,7 +57,7 @@ class StoreCounters:
             return int(self.client.wait(f"{self.prefix}/fast/{slot}", at_least, timeout))
         except RendezvousError as e:
             if "timeout" not in str(e):
-                raise RuntimeFault(f"lost the agreement store ({e})") from None
+                raise RuntimeFault(f"rank {self.rank}: lost the agreement store ({e})") from None
             return None
 
 
@@ -71,7 +71,7 @@ def fast_counters(session, comm):
         board = getattr(comm, "board", None)
         counters = board() if board is not None else None
         if counters is None:
-            counters = StoreCounters(session.log.client, session.log.prefix)
+            counters = StoreCounters(session.log.client, session.log.prefix, comm.rank)
         session.fast_counters = counters
     return counters
 
