@@ -16,6 +16,12 @@ if not os.environ.get("HCC_NO_NATIVE"):
         # -O3: the reduction loops are vectorised; gnu11: _Float16 and stdatomic
         extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"],
     ))
+    # the native core's TCP data plane (backends/native_tcp.py); it takes _native's kernels
+    ext_modules.append(Extension(
+        "hcc.backends._native_tcp",
+        sources=["backends/_native_tcp.c"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall"],
+    ))
 
     # the simulator's event loop (compiler/cost.py runs its Python reference without it);
     # no fused multiply-add, so its sums round exactly as the reference's do

@@ -1879,10 +1879,20 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "hcc.backends._nat
                                        "The native core of hcc's runtime (see backends/native.py).", -1,
                                        module_methods};
 
+/* the kernels, for the TCP core (backends/_native_tcp.c: PyCapsule_Import), which keeps none
+ * of its own: both cores then reduce bit for bit alike */
+typedef struct {
+    int abi;
+    void (*combine)(int, int, void *, const void *, const void *, size_t);
+    void (*scale)(int, void *, size_t, int64_t);
+} hcc_kernels_t;
+static hcc_kernels_t KERNELS = {1, combine, scale};
+
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&EngineType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
+    PyModule_AddObject(m, "_kernels", PyCapsule_New(&KERNELS, "hcc.backends._native._kernels", NULL));
     Py_INCREF(&EngineType);
     PyModule_AddObject(m, "Engine", (PyObject *)&EngineType);
     PyModule_AddIntConstant(m, "BELL_BYTES", BELL_BYTES);
