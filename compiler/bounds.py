@@ -723,3 +723,226 @@ def message_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, mes
         topo.hosts)
     tight = binding_cut(kind, eff, tuple(ranks), root, size_bytes, peers=peers)
     return max(base * (1.0 + k / message_bytes), tight.time(size_bytes) if tight is not None else 0.0)
+
+
+# -- the fixed-chunk pipeline bound (latency-aware) -------------------------------------------------
+# hcc's lowerings cut each share into chunks "all of nearly one size" (schedule._even_chunks,
+# lower._chunks): with two or more chunks per share every message of a plan at chunk s carries
+# between s / 2 and s bytes. The printed latency-aware bound is over that class.
+EVEN_CHUNK_RATIO = 0.5
+
+# spacing of the chunk sizes the bound is minimised over (2^(1/16): 4.4 %); between two of
+# them the bound is taken at the interval's worst ends, so it stays a bound for every s
+_GRID_STEP = 2.0 ** (1.0 / 16.0)
+
+
+def spread_hops(links: int, degree: int, need: int) -> int:
+    """The least ``j`` with ``g_j >= need``, ``g_0 = links``, ``g_j = (1 + degree) g_(j-1) + links``:
+    how many message times one byte needs to reach ``need`` ranks beyond a cut it crosses over
+    ``links`` arcs when no rank sends on more than ``degree`` arcs at once
+    (:func:`pipeline_cut_time`'s argument). 0 when ``need <= links`` or there is no arc.
+
+    >>> spread_hops(1, 1, 7), spread_hops(4, 4, 7), spread_hops(8, 2, 8), spread_hops(1, 0, 3)
+    (2, 1, 0, 2)
+    """
+    if links <= 0 or need <= links:
+        return 0
+    g, j = links, 0
+    while g < need:
+        g = (1 + degree) * g + links
+        j += 1
+    return j
+
+
+@dataclass(frozen=True)
+class PipelineCut:
+    """One cut as :func:`pipeline_cut_time` prices it. ``bytes``: what must cross its arcs
+    (``factor x M``); ``caps``/``costs``: each arc's capacity and per-message hold ``α +
+    per_message_s``; ``hops``: :func:`spread_hops` for the ranks beyond it (0 where the kind has
+    no such tail); ``hop_caps``/``hop_costs``: every arc whose hold bounds one message time of
+    that tail (the cut's arcs and every rank's outgoing arcs, incoming for the reversed kinds)."""
+
+    cut: Cut
+    bytes: float
+    caps: tuple[float, ...]
+    costs: tuple[float, ...]
+    hops: int
+    hop_caps: tuple[float, ...]
+    hop_costs: tuple[float, ...]
+    links_out: int  # arcs of the cut (the spread's first fan-out)
+    degree: int  # the most arcs a rank sends on (receives on, reversed)
+    beyond: int  # ranks beyond the cut that need every byte
+
+    def rate_time(self, s: float) -> float:
+        """The cut's time at messages of at most ``s`` bytes (its arcs at effective capacity)."""
+        cap = sum(effective_capacity(c, k, s) for c, k in zip(self.caps, self.costs))
+        return self.bytes / cap if cap > 0 else math.inf
+
+    def hop_time(self, s_lo: float) -> float:
+        """The least time one message of at least ``s_lo`` bytes holds its first counted arc."""
+        return min((k + s_lo / c for c, k in zip(self.hop_caps, self.hop_costs)), default=0.0)
+
+    def time(self, s_hi: float, s_lo: float) -> float:
+        return self.rate_time(s_hi) + (self.hops * self.hop_time(s_lo) if self.hops else 0.0)
+
+
+# kinds whose cut bound moves bytes from inside S to every rank outside (forward) or gathers
+# every outside rank's contribution into S (reversed): the ones with a spreading tail
+_SPREAD_KINDS = {"broadcast": False, "allgather": False, "reduce": True, "reduce_scatter": True}
+
+
+def pipeline_cuts(kind: str, topo: Topology, ranks, root, size_bytes: float, per_message_s: float,
+                  cut: Cut | None = None) -> list[PipelineCut]:
+    """The cuts :func:`latency_bound` prices: the binding cut (``cut``, else computed) and for
+    broadcast / reduce the root's own arcs out / in."""
+    ranks = tuple(ranks)
+    if cut is None:
+        cut = binding_cut(kind, topo, ranks, root, size_bytes)
+    if cut is None:
+        return []
+    sub = topo.restricted(ranks)
+    arcs = merged_arcs(sub)
+    rank_set = set(ranks)
+    reverse = _SPREAD_KINDS.get(kind)
+    cuts = [cut]
+    rname = _root_name(kind, ranks, root) if kind in ("broadcast", "reduce") else None
+    if rname is not None:
+        if kind == "broadcast":
+            links = tuple(sorted(a for a in arcs if a[0] == rname))
+        else:
+            links = tuple(sorted(a for a in arcs if a[1] == rname))
+        cap = sum(arcs[a][0] for a in links)
+        if links and (set(links) != set(cut.links)):
+            cuts.append(Cut(kind, (rname,), links, cap, 1, 1.0, "in" if reverse else "out",
+                            f"the root's own links ({'out' if not reverse else 'in'})"))
+    if reverse is None:
+        degree = 0
+        hop = []
+    else:
+        side = 1 if reverse else 0  # the rank end of the arcs a rank sends on (receives on)
+        count: dict[str, int] = {}
+        for a in arcs:
+            if a[side] in rank_set:
+                count[a[side]] = count.get(a[side], 0) + 1
+        degree = max(count.values(), default=0)
+        hop = [a for a in arcs if a[side] in rank_set]
+    out = []
+    for c in cuts:
+        try:
+            cc = [arcs[a] for a in c.links]
+        except KeyError:
+            continue
+        beyond = sum(1 for r in ranks if r not in set(c.vertices))
+        hops = spread_hops(len(c.links), degree, beyond) if reverse is not None and c.kind == kind else 0
+        h = sorted(set(hop) | set(c.links))
+        out.append(PipelineCut(c, c.factor * size_bytes, tuple(x for x, _ in cc),
+                               tuple(a + per_message_s for _, a in cc), hops,
+                               tuple(arcs[a][0] for a in h), tuple(arcs[a][1] + per_message_s for a in h),
+                               len(c.links), degree, beyond))
+    return out
+
+
+def pipeline_cut_time(cuts: list[PipelineCut], s_hi: float, s_lo: float) -> float:
+    """A lower bound, under compiler/cost.py's rules, on the time of every plan whose messages
+    each carry between ``s_lo`` and ``s_hi`` wire bytes and whose ranks send only data they
+    hold (a verified plan), for each of ``cuts`` (:func:`pipeline_cuts`); the largest.
+
+    Per cut (arcs E, capacities c, per-message holds a = α + per-message cost):
+
+    - *rate*: a message of ``b <= s_hi`` bytes holds an arc for ``a + b / c >= b / c'``,
+      ``c' = c s_hi / (s_hi + c a)``, and an arc's holds never overlap: by the time ``ε`` the
+      last byte crosses the cut for the first time, the cut has carried every byte that must
+      cross: ``ε >= F / Σ_E c'`` (the message bound on that cut);
+    - *tail* (broadcast, allgather): at ``ε`` no rank beyond the cut holds that byte (every
+      message delivering it crosses a cut arc, and a message ends no earlier than any of its
+      arcs' holds). From then on each cut arc can end one hold per message time ``τ`` and each
+      holder beyond, on each of its at most ``Δ`` outgoing arcs, one more (a hold lasts at
+      least ``τ = min (a + s_lo / c)`` over the cut's arcs and every rank's outgoing arcs): ``j``
+      message times reach at most ``g_j = (1 + Δ) g_(j-1) + K`` ranks beyond, ``g_0 = K``
+      (``K`` cut arcs). ``N`` ranks beyond need ``h = spread_hops(K, Δ, N)`` message times:
+      ``T >= ε + h τ``;
+    - reduce and reduce-scatter are the mirror: contributions from the ``N`` ranks beyond
+      reach S only through cut arcs, a rank's set of contributions grows by at most ``Δ``
+      incoming messages per message time, and the last byte's final crossing starts at least
+      ``h τ`` after time 0 while every byte's final crossing starts no earlier:
+      ``T >= h τ + F / Σ_E c'``.
+
+    Small messages shrink ``τ``: a schedule free to shrink its last chunks pays almost no tail,
+    so this binds only fixed-chunk pipelines (``s_lo`` close to ``s_hi``)."""
+    return max((c.time(s_hi, s_lo) for c in cuts), default=0.0)
+
+
+@dataclass(frozen=True)
+class LatencyBound:
+    """:func:`latency_bound`'s result: ``time_s``, and the arithmetic at the chunk size ``chunk_bytes``
+    where it is least: the binding cut's ``rate_s`` (its arcs at effective capacity), ``hops``
+    message times of ``hop_s`` each for the last byte to reach the ``beyond`` ranks past the
+    cut's ``links_out`` arcs (at most ``degree`` arcs per rank), ``cut`` the one that binds."""
+
+    time_s: float
+    chunk_bytes: float
+    rate_s: float
+    hops: int
+    hop_s: float
+    links_out: int
+    degree: int
+    beyond: int
+    cut: Cut | None
+
+
+def latency_bound(kind: str, topo: Topology, ranks, root, size_bytes: float, per_message_s: float, *,
+                  cut: Cut | None = None, itemsize: int = 1,
+                  ratio: float = EVEN_CHUNK_RATIO) -> LatencyBound | None:
+    """The least time of a *fixed-chunk pipeline*: any plan whose messages, for some chunk size s,
+    all carry between ``ratio x s`` and ``s`` bytes (hcc's plans: :data:`EVEN_CHUNK_RATIO`): the
+    minimum over s of :func:`pipeline_cut_time`. Minimised over a grid of s spaced by
+    :data:`_GRID_STEP`; between neighbours ``s_i < s < s_(i+1)`` it takes the rate at
+    ``s_(i+1)`` and the tail at ``s_i``, and above ``size_bytes`` (no message is larger) the
+    rate at ``size_bytes``, so it is a bound for every s. None without a cut.
+
+    >>> from hcc.ir.topology import Link
+    >>> t = Topology("star", ("a", "b", "c", "d"), ("x",), tuple(
+    ...     Link(u, v, 1e9, 1e-6) for r in "abcd" for u, v in ((r, "x"), ("x", r))))
+    >>> lb = latency_bound("broadcast", t, ("a", "b", "c", "d"), "a", 1e8, 1e-6)
+    >>> lb.hops, round(lb.time_s / 0.1, 3)   # 1 message time after the root's last byte
+    (1, 1.006)
+    """
+    cuts = pipeline_cuts(kind, topo, ranks, root, size_bytes, per_message_s, cut=cut)
+    if not cuts or not size_bytes > 0:
+        return None
+    top = float(size_bytes)
+    grid = [float(max(1, itemsize))]
+    while grid[-1] * _GRID_STEP < top:
+        grid.append(grid[-1] * _GRID_STEP)
+    grid.append(top)
+    caps = [np.array(c.caps) for c in cuts]
+    costs = [np.array(c.costs) for c in cuts]
+    hs = np.array(grid)
+
+    def rate(i: int) -> np.ndarray:  # cut i's rate time at every grid size
+        c, k = caps[i][None, :], costs[i][None, :]
+        eff = (c * hs[:, None] / (hs[:, None] + c * k)).sum(axis=1)
+        return np.where(eff > 0, cuts[i].bytes / np.maximum(eff, 1e-300), np.inf)
+
+    def tail(i: int, lo: np.ndarray) -> np.ndarray:
+        if not cuts[i].hops:
+            return np.zeros_like(lo)
+        c, k = np.array(cuts[i].hop_caps)[None, :], np.array(cuts[i].hop_costs)[None, :]
+        return cuts[i].hops * (k + ratio * lo[:, None] / c).min(axis=1)
+
+    # cell j covers s in [grid[j-1], grid[j]] (cell 0: below the first size; the last: above
+    # the buffer); its value is a lower bound of every s inside it
+    lo_ends = np.concatenate(([0.0], hs))
+    hi_ends = np.concatenate((hs, [top]))
+    hi_idx = np.concatenate((np.arange(len(hs)), [len(hs) - 1]))
+    per_cut = []
+    for i in range(len(cuts)):
+        r = rate(i)[hi_idx]
+        per_cut.append((r, tail(i, lo_ends)))
+    totals = np.max([r + t for r, t in per_cut], axis=0)
+    j = int(np.argmin(totals))
+    i = int(np.argmax([r[j] + t[j] for r, t in per_cut]))
+    pc = cuts[i]
+    return LatencyBound(float(totals[j]), float(hi_ends[j]), float(per_cut[i][0][j]), pc.hops,
+                        float(pc.hop_time(ratio * lo_ends[j])) if pc.hops else 0.0, pc.links_out,
+                        pc.degree, pc.beyond, pc.cut)
