@@ -83,6 +83,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -279,7 +280,6 @@ class RankExecution:
         self.kinds = sched.kinds
         self.dependents = sched.dependents
         self.missing_at_start = sched.missing
-        self.missing = list(sched.missing)  # deps not yet completed
         self.first = sched.first
         self.completed = 0
         self.pending: dict[int, _Pending] = {}  # id(request) -> the transfer it carries
@@ -288,6 +288,12 @@ class RankExecution:
         self.fuse_group = sched.fuse_group
         self.skip_copy: frozenset[int] = sched.skip_copy  # the Copies fused away
         self.started: set[int] = set()  # fused Copies whose destination holds the source now
+
+    @cached_property
+    def missing(self) -> list[int]:
+        """Deps not yet completed, per op: made when the Python loop first needs it (a run in
+        the native core starts from the schedule's counts and never copies them here)."""
+        return list(self.sched.missing)
 
     # -- buffers -------------------------------------------------------------------------
     def view(self, ref) -> np.ndarray:

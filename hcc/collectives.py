@@ -28,7 +28,10 @@ Terms
   the default topology).
 - placement: after the sockets transport is up, the ranks on this host get shared-memory
   channels (backends/shm.py, ``HCC_SHM=auto|on|off``, argument ``shm``) and a run whose every
-  peer is on them runs in the native core without the GIL (backends/native.py). The plans
+  peer is on them runs in the native core without the GIL (backends/native.py). When no
+  rank shares a host with another (every peer over TCP), the native core drives the TCP
+  connections too (backends/native_tcp.py, ``HCC_NATIVE_TCP=0`` keeps the Python transport
+  and executor): every run goes without the GIL, the runs of several lanes at once. The plans
   are compiled with the cost model of that path (hcc/runner.py ``RUN_MODELS``: ``shm`` when
   every rank is on this host, else ``sockets``); both are part of the cache's digest. The
   placement is the same on every rank (ranks share a host or not: an equivalence), so every
@@ -408,6 +411,7 @@ class Communicator:
         transport = SocketTransport(rank, world, token, addresses, listener, timeout=min(timeout, 60.0))
         try:
             transport = _enable_shm(transport, store, prefix, shm, min(timeout, 60.0))
+            transport = _enable_native_tcp(transport, store, prefix, min(timeout, 60.0))
             on_host = len(getattr(transport, "local_peers", ())) == world - 1
             program, name, names = resolve_topology(world, topology, ranks, shm=on_host)
         except BaseException:
@@ -443,7 +447,9 @@ class Communicator:
         biggest = plan.largest_message_bytes()
         if biggest > getattr(self.transport, "max_message", biggest):
             self.transport.max_message = biggest
-        comm = SlotComm(self.transport, 1 + seq % SLOTS, self._engine)
+        # a transport whose runs go at once (the TCP core) needs no turn at the engine
+        engine = None if getattr(self.transport, "concurrent_runs", False) else self._engine
+        comm = SlotComm(self.transport, 1 + seq % SLOTS, engine)
         try:
             header = _Header(comm, plan.wire_id(), seq)
             _run_plan(plan, comm, array, out, self.timeout)
@@ -563,6 +569,24 @@ def _enable_shm(transport, store: KeyStore, prefix: str, mode: str | None, timeo
         raise CollectiveError(f"rank {transport.rank}: shared-memory set-up failed: {e}") from e
     finally:
         transport.store = None
+
+
+def _enable_native_tcp(transport, store: KeyStore, prefix: str, timeout: float):
+    """The native core drives the TCP connections (backends/native_tcp.py) when every rank of
+    the job is eligible (collective: every rank says so in the store, then every rank switches
+    before any rank dials); else ``transport`` unchanged (the Python transport and executor)."""
+    from .backends import native_tcp
+
+    rank, world = transport.rank, transport.world
+    store.set(f"{prefix}/ntcp/want/{rank}", b"1" if native_tcp.eligible(transport) else b"0")
+    if not all(_store_get(store, f"{prefix}/ntcp/want/{p}", timeout) == b"1" for p in range(world)):
+        return transport
+    native_tcp.switch(transport)
+    store.set(f"{prefix}/ntcp/on/{rank}", b"1")
+    for p in range(world):
+        _store_get(store, f"{prefix}/ntcp/on/{p}", timeout)
+    native_tcp.dial(transport, timeout)
+    return transport
 
 
 def _ranks(rs: list[int]) -> str:
