@@ -48,6 +48,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_native_prog.h" /* the op table, its checks and local ops (shared with _native_tcp.c) */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
@@ -324,11 +326,7 @@ typedef struct {
     _Atomic uint64_t *board; /* BOARD_SLOTS counters (see BOARD_OFF) */
 } Engine;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return prog_now_s(); }
 
 /* bump a bell's sequence; write its owner's eventfd only when the owner sleeps */
 static void wake_bell(bell_t *bell, int evfd) {
@@ -1211,8 +1209,6 @@ static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
 }
 
 /* the program runner ------------------------------------------------------------ */
-enum { K_SEND, K_RECV, K_RECV_REDUCE, K_COPY, K_REDUCE, K_SCALE, K_NOP };
-#define NF 10 /* fields per op, see backends/native.py encode() */
 /* a run with transfers over TCP naps at most this long between asking Python whether a TCP
  * peer failed: their completions wake it at once (ext_done), only a failure waits a slice */
 #define EXT_SLICE_S 0.01
@@ -1276,17 +1272,7 @@ static void run_from(runner_t *R, int64_t k0) {
                 post_recv(e, r);
             continue;
         }
-        size_t nb = (size_t)f[5];
-        if (kind == K_COPY) {
-            char *d = at(R, f[3], f[4]);
-            const char *s = at(R, f[6], f[7]);
-            if (d != s && nb) memmove(d, s, nb);
-        } else if (kind == K_REDUCE) {
-            char *d = at(R, f[3], f[4]);
-            combine(R->op, R->dt, d, d, at(R, f[6], f[7]), nb / DT_SIZE[R->dt]);
-        } else if (kind == K_SCALE) {
-            if (f[8] != 1) scale(R->dt, at(R, f[3], f[4]), nb / DT_SIZE[R->dt], f[8]);
-        }
+        prog_local(f, R->bufs, R->op, R->dt, DT_SIZE[R->dt], combine, scale, NULL);
         R->completed++;
         for (int64_t j = R->dep_ptr[k]; j < R->dep_ptr[k + 1]; j++) {
             int64_t d = R->dep_idx[j];
@@ -1374,16 +1360,26 @@ static void abandon(runner_t *R, int64_t n_ops) {
  * reports its completion with ext_done(gen, k) (an external RecvReduce reduces its pieces
  * with fold(gen, k, ...)). While such transfers are outstanding and nothing moves, the
  * runner calls check() (None, or what to return as status 7: a TCP peer failed). An
- * exception in a callback ends the run and is raised. 
+ * exception in a callback ends the run and is raised.
+ * Gate (gate_slot >= 0; the adaptive fast path, backends/adaptive/fast.py): before posting
+ * anything the runner waits, napping, until board slot gate_slot reaches gate_target; a value
+ * of exactly one multiple of it (the static decision) starts the program, any other value,
+ * or gate_wait seconds without one, returns status 9 with nothing posted. Waiting here, not
+ * in board_wait, leaves no Python turn between the decision and the first send (the turn
+ * measured 69-106 us median per rank on this 2-core machine under load). 
  * Releases the GIL for the whole run. */
+static int board_slot(Engine *e, long slot);
+
 static PyObject *Engine_run(Engine *e, PyObject *args) {
     Py_buffer ops, dptr, didx, miss, first, bin = {0}, bout = {0}, btmp = {0};
     PyObject *oin, *oout, *otmp, *post_cb = Py_None, *check_cb = Py_None;
     int op, dt;
     unsigned int plan;
-    double timeout;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiId|OO", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
-                          &dt, &plan, &timeout, &post_cb, &check_cb))
+    double timeout, gate_wait = 0.0;
+    long gate_slot = -1;
+    unsigned long long gate_target = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiId|OOlKd", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
+                          &dt, &plan, &timeout, &post_cb, &check_cb, &gate_slot, &gate_target, &gate_wait))
         return NULL;
     PyObject *result = NULL;
     int got_in = 0, got_out = 0, got_tmp = 0;
@@ -1393,6 +1389,10 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
     }
     if (op < 0 || op >= OP_COUNT || dt < 0 || dt >= DT_COUNT) {
         PyErr_SetString(PyExc_ValueError, "unknown op or dtype code");
+        goto out;
+    }
+    if (gate_slot >= 0 && (board_slot(e, gate_slot) || !gate_target)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a gate needs a target above 0");
         goto out;
     }
     if (oin != Py_None) {
@@ -1416,32 +1416,14 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
     const int64_t *O = ops.buf;
     Py_ssize_t sizes[3] = {got_in ? bin.len : 0, got_out ? bout.len : 0, got_tmp ? btmp.len : 0};
     int ro_in = got_in && bin.readonly;
-    for (int64_t k = 0; k < n_ops; k++) { /* every range inside its buffer, every peer known */
-        const int64_t *f = O + k * NF;
-        int kind = (int)f[0];
-        if (kind < 0 || kind > K_NOP || f[5] < 0) goto bad;
-        if (kind == K_NOP) continue;
-        if (f[3] < 0 || f[3] > 2 || f[4] < 0 || f[4] + f[5] > sizes[f[3]]) goto bad;
-        if (kind != K_SEND && f[3] == 0 && ro_in) goto bad;
-        if ((kind == K_COPY || kind == K_REDUCE || (kind == K_RECV_REDUCE && f[6] >= 0)) &&
-            (f[6] < 0 || f[6] > 2 || f[7] < 0 || f[7] + f[5] > sizes[f[6]]))
-            goto bad;
-        if (kind <= K_RECV_REDUCE && !f[9] && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
-        if (kind <= K_RECV_REDUCE && f[9] && (f[1] < 0 || !PyCallable_Check(post_cb))) goto bad;
-        if ((kind == K_RECV_REDUCE || kind == K_REDUCE || kind == K_SCALE) && f[5] % DT_SIZE[dt]) goto bad;
-        if (kind == K_SCALE && f[8] <= 0) goto bad;
-    }
     const int64_t *DP = dptr.buf;
-    if (DP[0] != 0 || DP[n_ops] * 8 != didx.len) goto bad;
-    for (int64_t k = 0; k < n_ops; k++)
-        if (DP[k + 1] < DP[k]) goto bad;
-    for (int64_t j = 0; j < DP[n_ops]; j++) {
-        int64_t d = ((const int64_t *)didx.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
-    }
-    for (Py_ssize_t j = 0; j < first.len / 8; j++) {
-        int64_t d = ((const int64_t *)first.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
+    if (didx.len % 8 || prog_check(O, n_ops, sizes, ro_in, DT_SIZE[dt], DP, didx.buf, didx.len / 8, first.buf,
+                                   first.len / 8))
+        goto bad;
+    for (int64_t k = 0; k < n_ops; k++) { /* every peer known */
+        const int64_t *f = O + k * NF;
+        if (f[0] <= K_RECV_REDUCE && !f[9] && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
+        if (f[0] <= K_RECV_REDUCE && f[9] && (f[1] < 0 || !PyCallable_Check(post_cb))) goto bad;
     }
     {
         runner_t R;
@@ -1490,11 +1472,30 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
         e->in_runner = 1;
         e->cur_run = &R;
         e->rdone_len = 0;
-        for (int64_t i = 0; i < nfirst; i++)
+        if (gate_slot >= 0) { /* the gate (see run's comment): nothing is posted before it opens */
+            pthread_mutex_unlock(&e->mu);
+            double gate_end = now_s() + gate_wait;
+            for (;;) {
+                uint32_t seq0 = atomic_load(&e->bell->seq);
+                uint64_t v = atomic_load(&e->board[gate_slot]);
+                if (v >= gate_target) {
+                    if (v / gate_target != 1) status = 9;
+                    break;
+                }
+                double left = gate_end - now_s();
+                if (left <= 0 || e->closed) {
+                    status = 9;
+                    break;
+                }
+                nap(e, seq0, left, 0);
+            }
+            pthread_mutex_lock(&e->mu);
+        }
+        for (int64_t i = 0; i < nfirst && !status; i++)
             if (R.missing[F[i]] == 0) run_from(&R, F[i]);
         pthread_mutex_unlock(&e->mu);
         double last = now_s();
-        for (;;) {
+        while (!status) {
             /* the external transfers that became ready: Python posts them over TCP */
             if (R.nxready) {
                 int64_t nx = R.nxready;
@@ -1593,7 +1594,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
             nap(e, seq0, R.ext_out && left > EXT_SLICE_S ? EXT_SLICE_S : left, 0);
         }
         pthread_mutex_lock(&e->mu);
-        if (status && status != 7 && status != 8) {
+        if (status && status != 7 && status != 8 && status != 9) {
             /* blame: the oldest outstanding receive, else the oldest send */
             int64_t best_recv = -1, best_send = -1;
             for (int64_t k = 0; k < n_ops; k++) {

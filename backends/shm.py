@@ -277,11 +277,11 @@ class ShmBoard:
     adaptive runtime's fast path agrees on when a job has one host
     (backends/adaptive/fast.py); a counter is zero until first added to."""
 
-    __slots__ = ("_engine",)
+    __slots__ = ("_engine", "_transport")
     slots = native._native.BOARD_SLOTS if native.available() else 0
 
-    def __init__(self, engine):
-        self._engine = engine
+    def __init__(self, engine, transport: "ShmSocketTransport | None" = None):
+        self._engine, self._transport = engine, transport
 
     def add(self, slot: int, amount: int, wake: bool = True) -> int:
         """Add atomically; returns the new value. ``wake``: wake the local peers (only an add
@@ -295,6 +295,18 @@ class ShmBoard:
         """The slot's value once it is ≥ ``at_least``; None after ``timeout`` seconds."""
         value, reached = self._engine.board_wait(slot, at_least, timeout)
         return value if reached else None
+
+    def run_gated(self, ex, slot: int, target: int, timeout: float) -> bool | None:
+        """Run ``ex`` (a :class:`~hcc.backends.executor.RankExecution` of this transport) in
+        the native core once the slot reaches ``target``, waiting for that inside the core:
+        True when it ran (the slot held exactly one ``target``), False when nothing ran (any
+        other value, or ``timeout`` seconds without one), None when the core cannot run it
+        (the caller waits with :meth:`wait` instead). The adaptive fast path's wait for its
+        static decision (backends/adaptive/fast.py)."""
+        t = self._transport
+        if t is None or ex.native_run is None or getattr(ex.native_run, "__self__", None) is not t:
+            return None
+        return t.native_run(ex, gate=(slot, target, timeout))
 
 
 class ShmSocketTransport(SocketTransport):
@@ -452,7 +464,8 @@ class ShmSocketTransport(SocketTransport):
         super().wake()
 
     # -- the native core ----------------------------------------------------------------
-    def native_run(self, ex, plan: int | None = None, tag_shift: int = 0) -> bool:
+    def native_run(self, ex, plan: int | None = None, tag_shift: int = 0,
+                   gate: tuple[int, int, float] | None = None) -> bool | None:
         """Run ``ex`` (a :class:`~hcc.backends.executor.RankExecution`) in the native core;
         False (nothing ran: the Python executor runs it) when the runner is off or the plan is
         compressed. Transfers to peers on other hosts are posted on the TCP connections when
@@ -460,9 +473,12 @@ class ShmSocketTransport(SocketTransport):
         executor would: :class:`CollectiveTimeout` naming the op, :class:`RankFailed` /
         :class:`RootFailed` for a dead peer. ``plan`` and
         ``tag_shift`` (ORed into every transfer's tag) are a communicator's run in its own
-        tag space (hcc/collectives.py); the core runs one program at a time."""
+        tag space (hcc/collectives.py); the core runs one program at a time. ``gate``:
+        ``(board slot, target, seconds)``, start only once the host's board slot holds exactly
+        one ``target`` (:meth:`ShmBoard.run_gated`); False when it did not (nothing ran), None
+        when the core cannot run ``ex`` at all."""
         if ex.codec is not None or not native.runner_enabled():
-            return False
+            return None if gate is not None else False
         enc = native.encode(ex, self._local)
         ops = enc.ops
         if tag_shift:
@@ -474,9 +490,12 @@ class ShmSocketTransport(SocketTransport):
         status, op, peer, msg = self._engine.run(
             ops, enc.dep_ptr, enc.dep_idx, enc.missing, enc.first,
             native.buffer_arg(bufs.get("in")), bufs["out"], bufs.get("tmp"),
-            enc.op, enc.dtype, pid, float(ex.timeout), post, check)
+            enc.op, enc.dtype, pid, float(ex.timeout), post, check,
+            *((int(gate[0]), int(gate[1]), float(gate[2])) if gate is not None else ()))
         if status == 0:
             return True
+        if status == 9:  # the gate stayed shut: nothing was posted
+            return False
         if status == 7:  # a TCP peer failed (check() below): what the Python executor raises
             k, err = msg
             if not isinstance(err, PeerFailed):
@@ -538,7 +557,7 @@ class ShmSocketTransport(SocketTransport):
     def board(self) -> "ShmBoard | None":
         """The host's shared counters (:class:`ShmBoard`) when every rank of the job is on
         this host (else None: the ranks on other hosts do not map them)."""
-        return ShmBoard(self._engine) if len(self._local) == self.world - 1 else None
+        return ShmBoard(self._engine, self) if len(self._local) == self.world - 1 else None
 
     def native_stats(self) -> dict:
         """The core's counters (``messages``: data messages moved so far; ``held``)."""

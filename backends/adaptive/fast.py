@@ -92,7 +92,8 @@ class FastPath:
         +2 :data:`DECIDE` adaptive). ``add`` is linearizable and returns the new value, so
         exactly one rank learns the outcome first: the n-th arrival when no marker preceded it
         (static), or the first marker when some arrival was still missing (adaptive); it adds
-        the decision, every rank waits for it (server-side, or napping on the board). Nobody
+        the decision, every rank waits for it (server-side, or on the board inside the native
+        core's run of the program: ShmBoard.run_gated). Nobody
         late: 3 counter operations, and the log is not touched."""
         self.fold()
         if self.view.dead:
@@ -101,10 +102,18 @@ class FastPath:
         slot = self.run_id % FAST_SLOTS
         if self.rank == 0:
             counters.set((slot + FAST_SLOTS // 2) % FAST_SLOTS, 0)
+        # over the host's board the wait for a static decision happens in the native core's
+        # run of the program, built before arriving: no Python turn between the decision and
+        # the first send (ShmBoard.run_gated)
+        gated = getattr(counters, "run_gated", None)
+        ex = self.static_execution() if gated is not None else None
         t_arr = time.monotonic()
         v = counters.add(slot, 1, wake=False)  # waiters wait for a decision, not for arrivals
         if v % MARK == self.n and v < MARK:
             counters.add(slot, DECIDE)  # the last arrival, and nobody declared the run late
+        elif ex is not None and gated(ex, slot, DECIDE, max(1e-3, LATE_WAIT_S)):
+            self.ran_static = True  # decided static, and the program ran
+            return True
         posted = False
         while True:
             waited = time.monotonic() - t_arr
@@ -121,13 +130,19 @@ class FastPath:
                 raise CollectiveTimeout(self.rank, -1, f"adaptive run {self.run_id}: waiting for the "
                                         "static/adaptive decision", self.timeout)
 
-    def run_static(self) -> None:
-        """Everyone is present: run this rank's flattened program (backends/executor.py)."""
+    def static_execution(self):
+        """This rank's flattened program over this run's buffers, ready to execute."""
         from ..executor import RankExecution
 
         plan, rank = self.plan, self.rank
         bufs = {"in": self.inp, "out": self.out, "tmp": np.empty(plan.tmp_elems[rank], dtype=self.inp.dtype)}
-        RankExecution(plan, self.comm, plan.programs[rank], bufs, self.timeout).execute()
+        return RankExecution(plan, self.comm, plan.programs[rank], bufs, self.timeout)
+
+    def run_static(self) -> None:
+        """Everyone is present: run this rank's flattened program (backends/executor.py),
+        unless :meth:`decide` already ran it behind the board's gate."""
+        if not self.ran_static:
+            self.static_execution().execute()
         self.ran_static = True
         self.stats["path"] = "static"
         self.gen = len(self.view.dead)

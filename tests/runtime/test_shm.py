@@ -262,3 +262,39 @@ def test_the_board_adds_atomically_and_wakes_a_waiter():
         return got
 
     assert _job(3, fn) == [2 * adds] * 3
+
+
+def test_a_gated_run_starts_only_on_the_static_decision_and_leaves_nothing_posted(plans):
+    # the fast path's gate (ShmBoard.run_gated): an adaptive decision (two targets) and a
+    # decision that never comes both return False with nothing posted or moved; the run then
+    # started by one target on the board is exact, so the shut gates left nothing behind
+    from hcc.backends.executor import RankExecution
+
+    p, target = plans["ar"], 1 << 32
+    ins = make_inputs(p, 5)
+
+    def fn(r, c):
+        board = c.board()
+
+        def execution():
+            out = np.full(p.buffer_elems(r)["out"], -7, np.int32)
+            return out, RankExecution(p, c, p.programs[r], {"in": ins[r], "out": out,
+                                                            "tmp": np.empty(p.tmp_elems[r], np.int32)}, 20.0)
+
+        if r == 0:
+            board.set(9, 2 * target)
+        c.barrier("set")
+        out, ex = execution()
+        assert board.run_gated(ex, 9, target, 20.0) is False and (out == -7).all()
+        out, ex = execution()
+        assert board.run_gated(ex, 10, target, 0.05) is False and (out == -7).all()
+        c.barrier("shut")
+        out, ex = execution()
+        if r == 0:
+            board.add(11, target)
+            ex.execute()
+        else:
+            assert board.run_gated(ex, 11, target, 20.0) is True
+        return out
+
+    check(p, _job(4, fn), expected(p, ins))
