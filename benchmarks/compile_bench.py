@@ -3,8 +3,9 @@ against the cut bound, the plan's efficiency at 64 MiB / 256 MiB / 1 GiB, the be
 baseline and hcc's predicted speedup over it, and the compile time, with ForestColl's compile
 time for the same allgather beside hcc's.
 
-    .venv/bin/python benchmarks/compile_bench.py                 # everything (tens of minutes)
+    .venv/bin/python benchmarks/compile_bench.py                 # the whole table
     .venv/bin/python benchmarks/compile_bench.py --quick         # DGX-1, 2xA100, 1xMI250, allgather
+    .venv/bin/python benchmarks/compile_bench.py --compile-scale # the 512/1024-rank samples compiled too
     .venv/bin/python benchmarks/compile_bench.py --no-scale      # without the 512/1024-rank samples
     .venv/bin/python benchmarks/compile_bench.py --no-forestcoll
     .venv/bin/python benchmarks/compile_bench.py --only a100x2,a100x4,mi250x1,mi250x2 --kinds allgather --append
@@ -13,8 +14,12 @@ Topologies: DGX-1 (samples/dgx1.hcl); 2 and 4 A100 servers and 1 and 2 MI250 nod
 ForestColl (Zhao et al. 2024) describes them, written here in hcc's language (A100: 8 GPUs on
 an NVSwitch at 300 GB/s, GPU i's 25 GB/s NIC on InfiniBand switch i mod 2; MI250: 16 GCDs on
 the xGMI mesh of ForestColl's adjacency matrix, 50 GB/s per link, each GCD's 16 GB/s NIC on
-one InfiniBand switch); and every collective of samples/*.hcl (the 512- and 1024-rank
-samples unless ``--no-scale``). Links get 1 us (NVLink, NVSwitch, xGMI) or 2 us (NIC and
+one InfiniBand switch); and every collective of samples/*.hcl. The 512- and 1024-rank
+samples (fattree1024, dgx1x64) take minutes and GiBs per collective, so their rows are by
+default copied from benchmarks/results/scale_compile.csv (``benchmarks/scale_bench.py
+--samples``, one process per collective: the plan, its 256 MiB efficiency and the compile CPU
+seconds; the table marks them ``scale_bench``); ``--compile-scale`` compiles them here instead
+(at 256 MiB and 1 GiB), ``--no-scale`` leaves them out. Links get 1 us (NVLink, NVSwitch, xGMI) or 2 us (NIC and
 switch hops); the cost model is the compiler's default, 1 us per message.
 
 Figures, all from the compiler's own cost model (compiler/cost.py):
@@ -59,6 +64,7 @@ MiB = 1 << 20
 SIZES = (64 * MiB, 256 * MiB, 1024 * MiB)
 KINDS = ("allgather", "broadcast", "allreduce")
 SCALE_SAMPLES = {"fattree1024", "dgx1x64"}
+SCALE_CSV = ROOT / "benchmarks" / "results" / "scale_compile.csv"
 
 # ForestColl's MI250 xGMI adjacency: links between GCDs in units of 50 GB/s (their paper's
 # figure of one MI250 node), the same numbers as the peer's topologies.py
@@ -140,6 +146,25 @@ def time_forestcoll(label: str, timeout_s: float):
     return cpu, wall, algbw
 
 
+def scale_rows(only: set[str] | None = None) -> list[dict]:
+    """The 512- and 1024-rank samples' rows from scale_compile.csv (what it measured: the plan,
+    its 256 MiB efficiency, compile CPU seconds), ``source`` naming the file; [] without it."""
+    if not SCALE_CSV.exists():
+        return []
+    with open(SCALE_CSV, newline="") as fh:
+        got = list(csv.DictReader(fh))
+    rows = []
+    for r in got:
+        if r["sample"] not in SCALE_SAMPLES or (only is not None and r["sample"] not in only) or r["exit"] != "0":
+            continue
+        rows.append({"topology": r["sample"], "collective": r["collective"], "kind": r["collective"],
+                     "ranks": int(r["ranks"]), "algorithm": r["algorithm"], "chunk_bytes": int(r["chunk_bytes"]),
+                     "eff_256MiB": round(float(r["efficiency"]), 4), "predicted_s_256MiB": float(r["predicted_s"]),
+                     "eff_vs_rsag_256MiB": round(float(r["efficiency_vs_rsag"]), 4), "cpu_s": float(r["cpu_s"]),
+                     "peak_rss_GiB": round(int(r["peak_rss_bytes"]) / 2**30, 2), "source": SCALE_CSV.name})
+    return rows
+
+
 def cases(quick: bool, scale: bool, only: set[str] | None = None):
     """(label, program, collective names) in table order (``only``: these labels)."""
     for label, program, names in _cases(quick, scale):
@@ -191,7 +216,8 @@ def write_rows(path: str, rows: list[dict], keep_others: bool) -> list[dict]:
             old = list(csv.DictReader(fh))
         fresh = {(r["topology"], r["collective"]) for r in rows}
         rows = [r for r in old if (r["topology"], r["collective"]) not in fresh] + rows
-    order = [label for label, _, _ in _cases(False, True)]
+    order = ["dgx1", "a100x2", "a100x4", "mi250x1", "mi250x2"] + sorted(
+        p.stem for p in (ROOT / "samples").glob("*.hcl") if p.stem != "dgx1")
     rows = sorted(rows, key=lambda r: order.index(r["topology"]) if r["topology"] in order else len(order))
     for r in rows:  # rows read back from a CSV: both algbw columns rounded to 1 MB/s
         if r.get("forestcoll_algbw_GBps") not in ("", None) and isinstance(r["forestcoll_algbw_GBps"], str):
@@ -212,7 +238,7 @@ def run(args) -> list[dict]:
     warm_imports()
     rows = []
     only = set(args.only.split(",")) if args.only else None
-    for label, program, names in cases(args.quick, args.scale, only):
+    for label, program, names in cases(args.quick, args.scale == "compile", only):
         for c in program.collectives:
             if names is not None and c.name not in names:
                 continue
@@ -281,6 +307,8 @@ def run(args) -> list[dict]:
             rows.append(row)
             # every finished row is on disk at once: an interrupted run keeps its rows
             write_rows(args.output, rows, args.append)
+    if args.scale == "list" and not args.quick and not args.kinds:
+        rows += scale_rows(only)
     return rows
 
 
@@ -306,6 +334,8 @@ def markdown(rows: list[dict]) -> str:
                 v = f"{v} ({r['ring_channels']} ch)" if v == "rings" else v
             if k in ("speedup_over_baseline", "treepack_vs_baseline_1024MiB") and v not in ("", None):
                 v = f"{float(v):.2f}x"
+            if k == "cpu_s" and r.get("source"):
+                v = f"{v} (scale_bench)"
             cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -313,7 +343,10 @@ def markdown(rows: list[dict]) -> str:
 
 OPTIONS = (
     (("--quick",), dict(action="store_true", help="DGX-1, 2xA100 and 1xMI250 allgather only")),
-    (("--no-scale",), dict(dest="scale", action="store_false", help="skip the 512/1024-rank samples")),
+    (("--no-scale",), dict(dest="scale", action="store_const", const="skip", default="list",
+                           help="leave the 512/1024-rank samples out (default: their rows from scale_compile.csv)")),
+    (("--compile-scale",), dict(dest="scale", action="store_const", const="compile",
+                                help="compile the 512/1024-rank samples here (minutes and GiBs each)")),
     (("--no-forestcoll",), dict(dest="forestcoll", action="store_false", help="do not run ForestColl")),
     (("--forestcoll-timeout",), dict(type=float, default=1800.0,
                                      help="stop ForestColl after this many wall seconds (default 1800)")),

@@ -41,7 +41,7 @@ from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan
 from ..ir.topology import Topology
-from . import chunk_floor, progress, registry
+from . import chunk_floor, progress, registry, tree_floor
 from .chunks import ChunkChoice, choose_chunk, chunk_candidates
 from .cost import DEFAULT_MODEL, CostModel, least_latency
 from .program import CollectiveSpec, Program
@@ -201,8 +201,9 @@ class Lower:
             most = registry.algorithm(alg).max_chunks
             if most and not spec.chunk_bytes:
                 mine = tuple(c for c in cands if c * most >= spec.size_bytes) or cands[:1]
-            if prune and registry.algorithm(alg).chunked:  # sizes that cannot win (chunk_floor.py)
-                mine = chunk_floor.worth_lowering(floor, mine, best)
+            if prune and registry.algorithm(alg).chunked:  # sizes that cannot win (chunk_floor.py,
+                # and for the tree packings their own trees' floor, tree_floor.py)
+                mine = chunk_floor.worth_lowering(tree_floor.with_trees(floor, u, alg, best), mine, best)
             # the timed tree plans are not unimodal in the chunk size while a tree share holds
             # only 1-3 chunks (DGX-1 allgather at 1 GB: 32 MiB 7.0 ms, 16 MiB 7.5, 8 MiB 6.8, 2 MiB
             # 6.2): they get a second chance past the first slower size

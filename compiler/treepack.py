@@ -90,12 +90,12 @@ import numpy as np
 from ..ir.topology import Topology
 from . import bounds
 from .switches import Indexed
-from .treepack_few import _FEW_ALLGATHER_BUDGET_S, _FEW_BROADCAST_BUDGET_S, _few_trees
+from .treepack_few import _FEW_ALLGATHER_BUDGET_S, _FEW_BROADCAST_BUDGET_S, _FEW_MAX_ALLGATHER_RANKS, _few_trees
 from .treepack_few import _quanta  # noqa: F401  (re-exported: tests check the quanta)
 from .treepack_master import PackError, _Col, _colgen, _Pricer, min_arborescence
 from .treepack_shallow import shallow_packing
 from .treepack_seeds import _btree_columns, _ring_columns, _seed_columns
-from .treepack_symmetry import _SYMMETRY_MIN_RANKS, _colgen_symmetric, _host_symmetry, _translate
+from .treepack_symmetry import _SYMMETRY_MIN_RANKS, _colgen_symmetric, _host_symmetry, _rank_symmetry, _translate
 from .trees import PackedTree
 
 __all__ = ["PackedTree", "Packing", "PackError", "pack_broadcast", "pack_allgather", "min_arborescence",
@@ -181,9 +181,13 @@ def _memo(fn, args):
 
 
 def clear_cache() -> None:
-    """Forget memoised packings (benchmarks that time the solver call this first)."""
+    """Forget memoised packings and the tree shapes lowered from them (benchmarks that time
+    the solver call this first)."""
+    from . import trees
+
     _pack_broadcast.cache_clear()
     _pack_allgather.cache_clear()
+    trees._shape.cache_clear()
 
 
 def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, few_trees: bool = True,
@@ -295,8 +299,29 @@ def _pack_allgather(topo: Topology, ranks: tuple[str, ...], reverse: bool, few_t
     roots = list(range(n))
     deadline = t0 + time_limit
     sym = _host_symmetry(topo, ranks, ix) if n >= _SYMMETRY_MIN_RANKS else None
+    # a switchless graph of 9-32 ranks with a few automorphisms moving every rank (one MI250
+    # node): both phases over the symmetric master (treepack_symmetry._rank_symmetry); up to
+    # 8 ranks CP-SAT's few-trees search runs on the plain master's columns instead
+    small = (_rank_symmetry(ix) if sym is None and shallow and _FEW_MAX_ALLGATHER_RANKS < n <= _SHALLOW_PHASE_MAX_RANKS
+             and not ix.has_switches else None)
     shallow_depth = None  # the second phase's depth bound, when it found one
-    if sym is not None:
+    if small is not None:
+        slots = list(small.slots)
+        weights, cols, obj, scale, stop = _colgen_symmetric(ix, pricer, small, deadline, bound,
+                                                            _seed_columns(ix, pricer, slots), shallowest=False)
+        method = f"colgen-symmetric x{len(small.vperm)}" + (f"({stop})" if stop else "")
+        lp_x = obj * scale
+        if obj > 0 and not stop:
+            got = shallow_packing(ix, pricer, slots, cols, weights, obj, scale, max(1, _SHALLOW_PHASE_PRICINGS // n),
+                                  sym=small)
+            if got is not None:
+                weights, cols, _, depth = got
+                method += f"+shallow(depth {depth})"
+                shallow_depth = depth
+        kept = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_x * 1e-12]
+        pairs = _equalise([(_translate(c, small, k), w) for c, w in kept for k in range(len(small.vperm))],
+                          roots, lp_x)
+    elif sym is not None:
         slots = list(sym.slots)
         seeds = _ring_columns(ix, pricer, slots) + _btree_columns(ix, pricer, slots)
         weights, cols, obj, scale, stop = _colgen_symmetric(ix, pricer, sym, deadline, bound, seeds)

@@ -289,7 +289,7 @@ def eccentricity(w: np.ndarray, root: int) -> int | None:
 
 
 def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_Col], weights: list[float],
-                    target: float, scale: float, rounds: int):
+                    target: float, scale: float, rounds: int, sym=None):
     """Second phase: a packing of scaled rate >= ``target`` (_HOLD relative; the first phase's
     optimum: x per root with several roots, the total with one) whose trees are all at most
     D deep, for the least D this search finds below the first phase's deepest tree of
@@ -298,7 +298,11 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
     failed and the first that reached the rate; one master serves every probe, the columns
     deeper than the probe's D held at zero. Returns ``(weights, columns, rate, D)`` (scaled
     units, like treepack_master._colgen) or None when no shallower packing was found within
-    ``rounds`` pricing rounds."""
+    ``rounds`` pricing rounds.
+
+    With ``sym`` (a treepack_symmetry._Symmetry) the master is the symmetric one: ``roots``
+    are its slots, ``cols`` representatives, each column standing for the tree and its
+    images at one weight, one row per link orbit; the returned columns are representatives."""
     capn = pricer.cap / scale
     w1, route1 = pricer.matrix(1.0 / capn)
     ecc = [eccentricity(w1, r) for r in roots]
@@ -308,12 +312,23 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
     lo = max(ecc)
     if lo >= top:
         return None
-    master = _Master(capn, roots, feasibility=_FEASIBILITY)
-    depth: list[int] = []
+    if sym is None:
+        master = _Master(capn, roots, feasibility=_FEASIBILITY)
+    else:
+        from .treepack_symmetry import _orbit_caps, _orbit_usage
 
-    def add(col: _Col) -> None:
-        if master.add(col):
-            depth.append(_depth(col))
+        master = _Master(_orbit_caps(capn, sym), roots, feasibility=_FEASIBILITY)
+        lift = np.array(sym.weight, dtype=float)[list(sym.orbit)]
+    depth: list[int] = []
+    reps: list[_Col] = []  # the columns as priced (with sym: the representatives)
+
+    def add(col: _Col, d: int | None = None) -> bool:
+        row = col if sym is None else _Col(col.root, col.parent, col.paths, _orbit_usage(col, sym))
+        if not master.add(row):
+            return False
+        depth.append(_depth(col) if d is None else d)
+        reps.append(col)
+        return True
 
     for c in cols:
         add(c)
@@ -342,7 +357,8 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
             master.solve()
             obj = master.objective()
             if obj >= target * (1.0 - _HOLD):
-                return _sparsify(master, min(target, obj))
+                # least link time over the links themselves (with sym, a row is an orbit)
+                return _sparsify(master, min(target, obj), [sum(m / capn[li] for li, m in c.usage) for c in reps])
             history.append(obj)
             # a depth whose rate gained less than _STALL_SHARE of its remaining gap over the
             # last _STALL_ROUNDS rounds is given up: the heuristic pricer crawls where the
@@ -351,6 +367,8 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
             if len(history) > _STALL_ROUNDS and obj - history[-1 - _STALL_ROUNDS] < _STALL_SHARE * (target - obj):
                 return None
             y, z = master.duals()
+            if sym is not None:  # a link's cost: its orbit's dual x |G| / |orbit|
+                y = y[list(sym.orbit)] * lift
             w, route = pricer.matrix(y)
             added = False
             for r in roots:
@@ -361,8 +379,7 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
                     continue
                 col = _col(pricer, route, par, r)
                 cost = sum(m * y[li] for li, m in col.usage)
-                if cost < z[r] * (1.0 - _EPS) and master.add(col):
-                    depth.append(D if _levels(par, r) <= D else _depth(col))
+                if cost < z[r] * (1.0 - _EPS) and add(col, D if _levels(par, r) <= D else None):
                     added = True
             if not added:
                 return None
@@ -372,20 +389,19 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
     while D < top and budget[0] > 0:  # steps of 1, 1, 2, 4, ... up from the eccentricity
         got = probe(D)
         if got is not None:
-            return got, list(master.cols), target, D
+            return got, reps, target, D
         D += step
         step *= 1 if D == lo + 1 else 2
     return None
 
 
-def _sparsify(master: _Master, target: float) -> list[float]:
+def _sparsify(master: _Master, target: float, cost: list[float]) -> list[float]:
     """Among the packings of rate ``target`` over the master's columns: first the one of
     least link time (sum over links of load / capacity), so links off the binding cut keep
     slack for the schedule; then fewer trees by reweighted l1 (Candes, Wakin & Boyd 2008):
     minimise sum_T w_T / (w'_T + delta) with w' the previous solution, which drives small
-    weights to zero. Returns the weights of the solution with the fewest trees."""
-    capn = master.capn
-    cost = [sum(m / capn[li] for li, m in c.usage) for c in master.cols]
+    weights to zero. ``cost``: each column's link time per unit weight. Returns the weights
+    of the solution with the fewest trees."""
     if not master.settle(target, cost, _HOLD):
         return master.weights()
     best = master.weights()

@@ -76,6 +76,80 @@ def _host_symmetry(topo: Topology, ranks: tuple[str, ...], ix: Indexed) -> _Symm
     return _Symmetry(tuple(vperm), rperm, tuple(lperm), slots, tuple(orbit), tuple(H // s for s in sizes))
 
 
+# a switchless allgather pack of at most _SHALLOW_PHASE_MAX_RANKS ranks (treepack.py) whose rank
+# graph has between 2 and _RANK_GROUP_MAX automorphisms, each moving every rank, solves the
+# symmetric master over them (:func:`_rank_symmetry`): one MI250 node's xGMI mesh has 4 (16
+# ranks, 4 root orbits), so both phases price 4 roots per round instead of 16. A larger group
+# is not enumerated (a switch's ports or a full mesh have factorially many)
+_RANK_GROUP_MAX = 64
+
+
+def _rank_symmetry(ix: Indexed) -> _Symmetry | None:
+    """The automorphisms of ``ix``'s graph (vertex maps keeping every arc's capacity and
+    mapping ranks to ranks) when there are 2 to _RANK_GROUP_MAX of them and none but the
+    identity fixes a rank, as a :class:`_Symmetry` (element 0 the identity; slots the least
+    rank position of each rank orbit); else None. Without a fixed rank every tree's
+    images have distinct roots, so a column of the symmetric master gives each root of an
+    orbit one tree, as host translations do."""
+    import networkx as nx
+    from networkx.algorithms.isomorphism import DiGraphMatcher
+
+    rank_set = set(ix.ranks)
+    g = nx.DiGraph()
+    for v in range(len(ix.vertices)):
+        g.add_node(v, kind=(ix.is_switch[v], v in rank_set))
+    for a, b, c in ix.links:
+        g.add_edge(a, b, capacity=c)
+    matcher = DiGraphMatcher(g, g, node_match=lambda x, y: x["kind"] == y["kind"],
+                             edge_match=lambda x, y: x["capacity"] == y["capacity"])
+    maps = []
+    for m in matcher.isomorphisms_iter():
+        maps.append(m)
+        if len(maps) > _RANK_GROUP_MAX:
+            return None
+    if len(maps) < 2:
+        return None
+    nv = len(ix.vertices)
+    ident = tuple(range(nv))
+    vperm = sorted((tuple(m[v] for v in range(nv)) for m in maps), key=lambda p: p != ident)
+    rpos = {v: j for j, v in enumerate(ix.ranks)}
+    rperm = tuple(tuple(rpos[vp[r]] for r in ix.ranks) for vp in vperm)
+    if any(rp[j] == j for rp in rperm[1:] for j in range(len(rp))):
+        return None
+    link_of = ix.link_of()
+    lperm = tuple(tuple(link_of[(vp[a], vp[b])] for a, b, _ in ix.links) for vp in vperm)
+    orbit = [-1] * len(ix.links)
+    sizes: list[int] = []
+    for li in range(len(ix.links)):
+        if orbit[li] < 0:
+            members = {lp[li] for lp in lperm}
+            for k in members:
+                orbit[k] = len(sizes)
+            sizes.append(len(members))
+    slots = tuple(sorted(min(rp[j] for rp in rperm) for j in range(len(ix.ranks))
+                         if min(rp[j] for rp in rperm) == j))
+    G = len(vperm)
+    return _Symmetry(tuple(vperm), rperm, lperm, slots, tuple(orbit), tuple(G // s for s in sizes))
+
+
+def _orbit_usage(col: _Col, sym: _Symmetry) -> tuple[tuple[int, float], ...]:
+    """``col``'s row coefficients in the symmetric master: per link orbit L, (|G| / |L|) x the
+    tree's uses of L's links (the load each link of L gets from the tree and its images)."""
+    use: dict[int, float] = {}
+    for li, m in col.usage:
+        o = sym.orbit[li]
+        use[o] = use.get(o, 0.0) + m * sym.weight[o]
+    return tuple(sorted(use.items()))
+
+
+def _orbit_caps(capn: np.ndarray, sym: _Symmetry) -> np.ndarray:
+    """The capacity of each link orbit's row (every link of an orbit has the same)."""
+    orbit = np.array(sym.orbit)
+    rep = np.zeros(len(sym.weight), dtype=int)
+    rep[orbit[::-1]] = np.arange(len(orbit))[::-1]  # first link of each orbit
+    return capn[rep]
+
+
 def _translate(col: _Col, sym: _Symmetry, k: int) -> _Col:
     """The tree ``col`` moved k hosts on."""
     if k == 0:
@@ -93,7 +167,7 @@ def _translate(col: _Col, sym: _Symmetry, k: int) -> _Col:
 
 
 def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: float, bound: float,
-                      seeds: list[_Col], max_rounds: int = 0):
+                      seeds: list[_Col], max_rounds: int = 0, shallowest: bool = True):
     """Column generation of the allgather packing restricted to host-symmetric packings: a
     column is a tree T rooted at a rank of the first host together with its H translates,
     all at one weight. The LP is invariant under the translations, so averaging any optimal
@@ -106,21 +180,16 @@ def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: fl
     per host slot: 8 minimum arborescences per round on 64 DGX-1s instead of 512.
 
     Returns (weights, columns, objective, scale, stop) like :func:`_colgen`; the columns are
-    the representatives (expand with :func:`_translate`)."""
+    the representatives (expand with :func:`_translate`). ``shallowest``: end with
+    treepack_master._shallowest (the least depth-weighted packing of the rate found), for
+    callers that run no depth-bounded phase after it."""
     orbit, weight = np.array(sym.orbit), np.array(sym.weight, dtype=float)
     scale = float(pricer.cap.max())
-    rows = len(sym.weight)
-    rep = np.zeros(rows, dtype=int)
-    rep[orbit[::-1]] = np.arange(len(orbit))[::-1]  # first link of each orbit
-    master = _Master(pricer.cap[rep] / scale, list(sym.slots))
+    master = _Master(_orbit_caps(pricer.cap, sym) / scale, list(sym.slots))
     trees: list[_Col] = []
 
     def add(col: _Col) -> bool:
-        use: dict[int, float] = {}
-        for li, m in col.usage:
-            o = int(orbit[li])
-            use[o] = use.get(o, 0.0) + m * weight[o]
-        if master.add(_Col(col.root, col.parent, col.paths, tuple(sorted(use.items())))):
+        if master.add(_Col(col.root, col.parent, col.paths, _orbit_usage(col, sym))):
             trees.append(col)
             return True
         return False
@@ -151,6 +220,7 @@ def _colgen_symmetric(ix: Indexed, pricer: _Pricer, sym: _Symmetry, deadline: fl
             stop = end
             break
     master.solve()
-    _shallowest(master, [_depth(c) for c in trees], master.objective())
+    if shallowest:
+        _shallowest(master, [_depth(c) for c in trees], master.objective())
     # x after the second phase: every root's weights sum to at least it (its root row)
     return master.weights(), trees, master.objective(), scale, stop

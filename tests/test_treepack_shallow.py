@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hcc
-from hcc.compiler import treepack
+from hcc.compiler import bounds, treepack
 from hcc.compiler.treepack import pack_allgather
 from hcc.compiler.treepack_master import min_arborescence
 from hcc.compiler.treepack_shallow import bounded_parents, eccentricity
@@ -201,3 +201,53 @@ def test_shallow_phase_is_deterministic():
     treepack.clear_cache()
     b = pack_allgather(topo, ranks)
     assert a.trees == b.trees and a.method == b.method
+
+
+def mi250_node():
+    """One MI250 node as compile_bench writes it (ForestColl's xGMI adjacency)."""
+    import importlib.util
+    import sys
+
+    bench = ROOT / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))  # compile_bench imports its bench_util
+    spec = importlib.util.spec_from_file_location("compile_bench_under_test", bench / "compile_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    program = hcc.load(mod.mi250_source(1) + "\ncollective ag = allgather on mi250x1 { size = 1 GB }")
+    c = program.collectives[0]
+    return program.topology_of(c), c.ranks
+
+
+def test_mi250_allgather_packs_symmetric_trees_at_the_bound():
+    # the xGMI mesh has 4 automorphisms, none fixing a GCD (networkx's matcher over the
+    # undirected capacities finds them here, independently of the compiler's digraph): the
+    # pack prices one root per orbit, and every tree's images under them are in the packing
+    # at the same rate
+    import networkx as nx
+    from networkx.algorithms.isomorphism import GraphMatcher
+
+    topo, ranks = mi250_node()
+    g = nx.Graph()
+    for l in topo.links:
+        g.add_edge(l.src, l.dst, capacity=l.capacity)
+    autos = list(GraphMatcher(g, g, edge_match=lambda a, b: a["capacity"] == b["capacity"]).isomorphisms_iter())
+    assert len(autos) == 4
+    for reverse in (False, True):
+        treepack.clear_cache()
+        p = pack_allgather(topo, ranks, reverse=reverse)
+        deep = pack_allgather(topo, ranks, reverse=reverse, shallow=False)  # the plain master
+        assert "colgen-symmetric x4" in p.method and "symmetric" not in deep.method
+        assert p.rate == pytest.approx(deep.rate, rel=1e-7)
+        assert p.rate == pytest.approx(bounds.allgather_rate_bound(topo, ranks, reverse=reverse), rel=1e-7)
+        for x in per_root_rate(p).values():
+            assert x == pytest.approx(p.rate, rel=1e-9)
+        check_packing(topo, ranks, p, reverse)
+        claim = shallow_claim(p.method)
+        assert claim is not None and depth_of(p) <= claim < depth_of(deep)
+        have = {(t.root, frozenset(e[:2] for e in t.edges)): t.rate for t in p.trees}
+        assert len(have) == len(p.trees)
+        for s in autos:
+            for (root, edges), rate in have.items():
+                image = (s[root], frozenset((s[a], s[b]) for a, b in edges))
+                assert have.get(image) == pytest.approx(rate, rel=1e-9)

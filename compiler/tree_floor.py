@@ -1,0 +1,187 @@
+"""hcc.compiler.tree_floor — a lower bound on a tree packing's plans at a chunk size.
+
+Terms
+- *share* of a tree: the bytes it carries. Every tree plan of a packing (lower.lower_priced:
+  the timed schedule, whatever shares its rebalancing gives the trees, and the plain order)
+  splits each *group*'s bytes between the group's trees — the whole buffer among the trees
+  of a broadcast or reduce, each root's block among that root's trees for allgather and
+  reduce-scatter — and moves a tree's share over every edge of the tree in messages of at
+  most the chunk size ``s``, each hop over the links of the edge's path (walked backwards
+  for the in-trees of reduce and reduce-scatter).
+- *effective capacity* ``c'(e) = c(e) s / (s + c(e) k(e))``, ``k(e) = α(e) +
+  per_message_s`` (bounds.effective_capacity): a link busy for ``k(e) + b / c(e)`` per
+  message of ``b <= s`` bytes moves at most ``c'(e)`` bytes per second (compiler/
+  chunk_floor.py derives it).
+
+The floor (:func:`tree_floor`): with shares ``f_T`` of their groups, link ``e`` is busy at
+least ``busy(e) = sum_T m_T(e) f_T B_g / c'(e)`` (``m_T(e)`` the tree's hops over ``e``,
+``B_g`` the group's bytes), and the plan lasts at least ``max_e busy(e)``. The least of that
+over every split of the groups is an LP; any link weights ``y >= 0`` summing to 1 bound it
+from below (weak duality): ``max_e busy(e) >= sum_e y(e) busy(e) >= sum_g B_g min_{T in g}
+sum_e y(e) m_T(e) / c'(e)``. GLOP's duals give the ``y``, and the bound is evaluated from
+them here, so it holds whatever the solver's tolerance. It is the chunk floor restricted to
+the packing's own trees, and tighter where the trees crowd fast links, whose effective
+capacity drops most at small chunks: on one MI250 node the allgather trees' floor at 1 MiB
+chunks is 1.18x the cut bound (the cut floor 1.125x), above the multi-channel rings' 1.148x,
+so that size, the costliest of the trees' chunk search, is not lowered.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .bounds import effective_capacity, merged_arcs
+
+__all__ = ["tree_floor", "packing_floor"]
+
+# the kinds whose tree plans move each tree's share once over every tree edge
+_FORWARD = frozenset({"broadcast", "allgather"})
+_BACKWARD = frozenset({"reduce", "reduce_scatter"})
+
+
+def tree_floor(trees, topo: Any, kind: str, ranks, size_bytes: int, itemsize: int,
+               per_message_s: float) -> "_TreeFloor | None":
+    """``T(s)`` (module docstring) for the tree plans of ``trees`` (PackedTree values of a
+    ``kind`` packing over ``ranks``), or None where it does not apply (another kind, a path
+    off the topology's links)."""
+    if kind not in _FORWARD and kind not in _BACKWARD or not trees:
+        return None
+    arcs = merged_arcs(topo)
+    index: dict[tuple[str, str], int] = {}
+    use: dict[tuple[int, int], int] = {}
+    back = kind in _BACKWARD
+    for t, tree in enumerate(trees):
+        for parent, child, *rest in tree.edges:
+            path = tuple(rest[0]) if rest else (parent, child)
+            hops = zip(path[1:], path) if back else zip(path, path[1:])
+            for hop in hops:
+                if hop not in arcs:
+                    return None
+                a = index.setdefault(hop, len(index))
+                use[(t, a)] = use.get((t, a), 0) + 1
+    keys = list(index)
+    cap = np.array([arcs[k][0] for k in keys])
+    cost = np.array([arcs[k][1] + per_message_s for k in keys])
+    elems = size_bytes // itemsize
+    if kind in ("allgather", "reduce_scatter"):
+        group_of = {r: g for g, r in enumerate(ranks)}
+        block = (elems // len(ranks)) * itemsize  # the smallest block: the floor stays below
+        groups = [group_of.get(t.root) for t in trees]
+        if any(g is None for g in groups):
+            return None
+    else:
+        block = elems * itemsize
+        groups = [0] * len(trees)
+    m = np.zeros((len(trees), len(keys)))
+    for (t, a), k in use.items():
+        m[t, a] = k
+    members: dict[int, list[int]] = {}
+    for t, g in enumerate(groups):
+        members.setdefault(g, []).append(t)
+    rate = np.array([max(0.0, float(t.rate)) for t in trees])
+    share = np.zeros(len(trees))  # each tree's packed share of its group
+    for ts in members.values():
+        total = float(rate[ts].sum())
+        share[ts] = rate[ts] / total if total > 0 else 1.0 / len(ts)
+    return _TreeFloor(m, cap, cost, block, members, share)
+
+
+class _TreeFloor:
+    """``T(s)`` of one packing (call it); :meth:`upper` is the busiest link at the packed
+    shares, an upper bound of the LP (so of ``T(s)``) without solving it."""
+
+    def __init__(self, m: np.ndarray, cap: np.ndarray, cost: np.ndarray, block: float,
+                 members: dict[int, list[int]], share: np.ndarray):
+        self.m, self.cap, self.cost, self.block = m, cap, cost, block
+        self.members, self.share = members, share
+
+    def _busy(self, s: int) -> np.ndarray:
+        """Seconds per unit share, per (tree, link), at chunks of ``s`` bytes."""
+        inv = 1.0 / np.array([effective_capacity(c, k, s) for c, k in zip(self.cap, self.cost)])
+        return self.m * (self.block * inv)
+
+    def upper(self, s: int) -> float:
+        return float((self.share @ self._busy(s)).max())
+
+    def __call__(self, s: int) -> float:
+        busy = self._busy(s)
+        y = _link_weights(busy, self.members)
+        if y is None:
+            return 0.0
+        per_tree = busy @ y
+        # less a hair for the rounding of these sums (the bound itself is exact)
+        return float(sum(per_tree[ts].min() for ts in self.members.values())) * (1 - 1e-9)
+
+
+def _link_weights(busy: np.ndarray, members: dict[int, list[int]]) -> np.ndarray | None:
+    """Link weights (>= 0, summing to 1) from the duals of ``min t`` s.t. ``sum_T busy[T, e]
+    f_T <= t`` on every link and every group's shares summing to 1; None if GLOP fails."""
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    if solver is None:
+        return None
+    norm = float(busy.max())
+    if norm <= 0:
+        return None
+    a = busy / norm  # coefficients near 1: GLOP drops entries below its tolerance
+    inf = solver.infinity()
+    f = [solver.NumVar(0.0, inf, "") for _ in range(a.shape[0])]
+    t = solver.NumVar(0.0, inf, "t")
+    rows = []
+    for e in range(a.shape[1]):
+        ct = solver.Constraint(-inf, 0.0)
+        for k in np.flatnonzero(a[:, e]):
+            ct.SetCoefficient(f[int(k)], float(a[k, e]))
+        ct.SetCoefficient(t, -1.0)
+        rows.append(ct)
+    for ts in members.values():
+        ct = solver.Constraint(1.0, 1.0)
+        for k in ts:
+            ct.SetCoefficient(f[k], 1.0)
+    solver.Minimize(t)
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    y = np.array([abs(ct.dual_value()) for ct in rows])
+    total = float(y.sum())
+    return y / total if total > 0 else None
+
+
+def packing_floor(u: Any, algorithm: str) -> "_TreeFloor | None":
+    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: only ``treepack``
+    (its plans are lower.lower_priced over the packing's trees), uncompressed, of the four
+    kinds above; None elsewhere."""
+    from ..ir.plan import DTYPE_SIZES
+
+    spec = u.spec
+    if algorithm != "treepack" or spec.compress != "none" or len(spec.ranks) < 2:
+        return None
+    packing = u.packing("trees")
+    if packing is None:
+        return None
+    return tree_floor(packing.trees, u.topology, spec.kind, spec.ranks, spec.size_bytes,
+                      DTYPE_SIZES[spec.dtype], u.model.per_message_s)
+
+
+def with_trees(floor: Callable[[int], float] | None, u: Any, algorithm: str,
+               incumbent: float) -> Callable[[int], float] | None:
+    """``floor`` (the cut's chunk floor, or None) raised to ``algorithm``'s tree floor where
+    it alone would not exceed ``incumbent``; the tree floor's LP is solved only then, and
+    only at sizes where the trees at their packed shares would exceed ``incumbent`` too
+    (elsewhere the LP's optimum, below that, cannot prune)."""
+    if not incumbent < float("inf"):
+        return floor
+    made: list = []
+
+    def both(s: int) -> float:
+        base = floor(s) if floor is not None else 0.0
+        if base > incumbent:
+            return base
+        if not made:
+            made.append(packing_floor(u, algorithm))
+        if made[0] is None or made[0].upper(s) <= incumbent:
+            return base
+        return max(base, made[0](s))
+
+    return both
