@@ -328,6 +328,7 @@ class FiguresPass:
             cut_direction=cut.direction if cut else "",
             cut_note=cut.what if cut else "",
             message_bound_s=self._message_bound(u, plan, cut),
+            **self._latency_bound(u, plan, cut),
             **parts,
         )
         return replace(u, plan=replace(plan, figures=figures))
@@ -347,6 +348,25 @@ class FiguresPass:
         root = spec.ranks[spec.root] if spec.root >= 0 else None
         return max(u.bound_s, message_bound(spec.kind, u.topology, spec.ranks, root, _bound_size(spec), largest,
                                             u.model.per_message_s, peers=spec.peers or "ring"))
+
+    @staticmethod
+    def _latency_bound(u: Unit, plan: Plan, cut) -> dict:
+        """bounds.latency_bound over the named cut (no max-flow beyond the one that named it),
+        at least bound_s, as Figures fields; none for compressed plans (their wire bytes are
+        not the buffer's) or without a cut."""
+        from .bounds import latency_bound
+
+        spec = u.spec
+        if cut is None or plan.compress != "none":
+            return {}
+        root = spec.ranks[spec.root] if spec.root >= 0 else None
+        lb = latency_bound(spec.kind, u.topology, spec.ranks, root, _bound_size(spec), u.model.per_message_s,
+                           cut=cut, itemsize=plan.itemsize)
+        if lb is None:
+            return {}
+        return dict(latency_bound_s=max(u.bound_s, lb.time_s), latency_chunk_bytes=lb.chunk_bytes,
+                    latency_rate_s=lb.rate_s, latency_hops=lb.hops, latency_hop_s=lb.hop_s,
+                    latency_fanout=lb.links_out, latency_degree=lb.degree, latency_beyond=lb.beyond)
 
     @staticmethod
     def _cut(u: Unit):

@@ -165,7 +165,7 @@ def cmd_compile(args) -> int:
             f"({', '.join(names)}); choose one with -c NAME",
         )
     header = ["collective", "kind", "ranks", "size", "algorithm", "trees", "chunk", "predicted",
-              "bound", "msg bound", "eff", "algbw", "busbw", "NCCL-like", "vs NCCL-like", "compile"]
+              "bound", "msg bound", "lat bound", "eff", "algbw", "busbw", "NCCL-like", "vs NCCL-like", "compile"]
     # compressed plans: their wire bytes and the predicted speedup over the best exact plan
     lossy = any(c.compress != "none" for c in program.collectives if c.name in names)
     if lossy:
@@ -213,7 +213,7 @@ def cmd_compile(args) -> int:
 # each human_* formatter writes, e.g. "476.8 MiB", "12.30 ms", "150.0 GB/s"); a longer cell
 # only shifts the rest of its own row
 _WIDTHS = {"ranks": 5, "size": 9, "algorithm": 13, "trees": 5, "chunk": 9, "predicted": 9, "bound": 9,
-           "msg bound": 9,
+           "msg bound": 9, "lat bound": 9,
            "eff": 5, "algbw": 10, "busbw": 10, "NCCL-like": 19, "vs NCCL-like": 12, "compile": 9,
            "compress": 8, "wire": 9, "vs exact": 8}
 
@@ -241,7 +241,8 @@ def _row(p: Plan, lossy: bool) -> list[str]:
     row = [
         p.name, p.kind, str(p.n), human_bytes(p.size_bytes), p.algorithm, str(len(p.trees)),
         human_bytes(p.chunk_bytes), human_time(f.predicted_s), human_time(f.bound_s),
-        human_time(f.message_bound_s) if f.message_bound_s else "-", f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
+        human_time(f.message_bound_s) if f.message_bound_s else "-",
+        human_time(f.latency_bound_s) if f.latency_bound_s else "-", f"{f.efficiency:.3f}", human_rate(f.algbw_Bps), human_rate(f.busbw_Bps),
         (f.baseline + (f"x{f.ring_channels}" if f.baseline == "rings" else "")
          + f" {human_time(f.baseline_predicted_s)}") if f.baseline_predicted_s else "-",
         f"{f.baseline_predicted_s / f.predicted_s:.2f}x" if f.baseline_predicted_s and f.predicted_s else "-",
@@ -286,7 +287,27 @@ def explain(plan: Plan) -> str:
                      f"{f.bottleneck_link[0]}->{f.bottleneck_link[1]}")
     elif pack:
         lines.append(f"    {pack.rstrip('; ')}")
+    if f.latency_bound_s:
+        lines.append("    " + _latency_line(f))
     return "\n".join(lines)
+
+
+def _latency_line(f) -> str:
+    """The latency-aware bound with its arithmetic (compiler/bounds.py ``latency_bound``)."""
+    ms = lambda s: f"{s * 1e3:.4g}"
+    head = (f"lat bound {human_time(f.latency_bound_s)} for fixed-chunk pipelines (every message between half a "
+            f"chunk and a chunk; the plan runs at {f.latency_bound_s / f.predicted_s:.3f} of it): "
+            f"least at {human_bytes(int(f.latency_chunk_bytes))} chunks, where the cut's links take "
+            f"{ms(f.latency_rate_s)} ms")
+    if f.latency_hops:
+        tail = (f", then the last byte to cross needs {f.latency_hops} more message time(s) of >= "
+                f"{f.latency_hop_s * 1e6:.3g} us (latency + per-message cost + half a chunk / link) to reach "
+                f"the {f.latency_beyond} ranks beyond over {f.latency_fanout} cut link(s), <= "
+                f"{f.latency_degree} link(s) per rank: {ms(f.latency_rate_s)} + {f.latency_hops} x "
+                f"{f.latency_hop_s * 1e3:.3g} ms")
+    else:
+        tail = " (no hop after the cut binds: one rank beyond it per cut link, or a kind without that tail)"
+    return head + tail
 
 
 # ---------------------------------------------------------------- viz

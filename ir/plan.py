@@ -315,6 +315,17 @@ class Figures:
     # compiler.bounds.message_bound at the plan's largest message: no plan whose messages are
     # that small runs faster (the cut bound plus the per-message cost on the cut's links)
     message_bound_s: float = 0.0
+    # compiler.bounds.latency_bound: no fixed-chunk pipeline (messages between half a chunk and
+    # a chunk, for any chunk size) runs faster; its arithmetic at the chunk where it is least:
+    # the cut's time at that chunk, then latency_hops message times of latency_hop_s each
+    latency_bound_s: float = 0.0
+    latency_chunk_bytes: float = 0.0
+    latency_rate_s: float = 0.0
+    latency_hops: int = 0
+    latency_hop_s: float = 0.0
+    latency_fanout: int = 0  # the cut's links (the last byte's first copies)
+    latency_degree: int = 0  # the most links a rank sends (receives) on at once
+    latency_beyond: int = 0  # ranks past the cut that need the last byte
 
 
 _FIGURE_NAMES = frozenset(Figures.__dataclass_fields__)
