@@ -645,7 +645,8 @@ def latency_aware_bound(cut_s: float, depth: int, per_hop_s: float, capacity_rat
 
     ``capacity_ratio`` is ``c_t / c_max`` over the tree's links; 1 when they have one
     capacity. Trees of depth 1 (a star, a direct exchange) pay no fill. Not a bound for
-    schedules that re-chunk at relays or that do not pipeline over trees.
+    schedules that re-chunk at relays or that do not pipeline over trees. It prices given
+    trees; :func:`latency_bound` bounds every fixed-chunk pipeline of the collective.
 
     >>> round(latency_aware_bound(6.25e-3, 7, 2e-6) * 1e3, 4)   # 6.25 + 2 sqrt(6.25e-3 x 2e-6 x 6) + 6 x 2e-6
     6.8097

@@ -160,6 +160,22 @@ def check_breakdown(plan) -> None:
     assert tuple(f.bottleneck_link) in {(l.src, l.dst) for l in plan.topology.links}
     if f.pack_rate_Bps:
         assert f.pack_rate_Bps <= f.bound_rate_Bps * (1 + 1e-9)
+    check_latency_bound(plan)
+
+
+def check_latency_bound(plan) -> None:
+    """The latency-aware bound sits between the cut bound and the prediction whenever the plan is a
+    fixed-chunk pipeline (messages between half its largest and its largest), and its printed
+    arithmetic adds up to it."""
+    from hcc.ir.plan import Send
+
+    f = plan.figures
+    assert f.latency_bound_s >= f.bound_s
+    if f.latency_bound_s > f.bound_s:
+        assert f.latency_bound_s == pytest.approx(f.latency_rate_s + f.latency_hops * f.latency_hop_s, rel=1e-12)
+    sizes = [op.src.count for prog in plan.programs for op in prog if type(op) is Send]
+    if sizes and min(sizes) >= bounds.EVEN_CHUNK_RATIO * max(sizes):
+        assert f.latency_bound_s <= f.predicted_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("seed", range(4))
