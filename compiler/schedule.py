@@ -91,6 +91,20 @@ SWITCH_ONLY_WINDOW = 16
 # first (2 x A100 at 1 GB, best chunk: allgather 0.664 -> 0.733, reduce 0.786 -> 0.899,
 # reduce-scatter 0.666 -> 0.731, allreduce 0.651 -> 0.672; DGX-1 unchanged)
 INGRESS_GATE = True
+# exact replay (collectives with a switch, gated windows; Timed.schedule_exact): the gates
+# above pin a port's order and a receiver link's last message, but a message posted early
+# still reserves the links after the first in the order the simulator pops it, not the
+# schedule's (2 x A100 allgather at 1 GB, 4 MiB chunks: 2 067 of 8 962 link reservations
+# swapped with a neighbour, the plan 0.733 of the bound against the schedule's 0.830). The
+# simulator reserves every hop of a message when it pops it, at the later of its Send's and
+# Recv's posting; so a schedule whose every start is the completion of an op of the sender
+# or the receiver (the plan depends on that op), whose same-instant starts follow the
+# simulator's pop order, and whose times use the simulator's floating-point operations is
+# replayed exactly: the plan's time is the schedule's (tests/test_schedule_ingress.py). A
+# port that frees between completions starts its next message at the last completion
+# before it frees (the port reservation then waits, as in the simulator). 2 x A100 at 1 GB,
+# 4 MiB: allgather 0.733 -> 0.829, reduce-scatter 0.73 -> 0.755, allreduce 0.67 -> 0.79
+EXACT_GATE = True
 # the smallest chunk of a thin tree, as a share of the chunk size (1: one size for every
 # tree; see _job_chunks): scaling chunks by tree rate lost on 2 x A100 allgather at 1 GB
 # (0.663 -> 0.584 at 4 MiB with 0.25) and on DGX-1 split allreduce, where the per-message
@@ -120,6 +134,11 @@ def _msg_paths(topo: Topology, ranks: Sequence[str]):
     return links
 
 
+def _has_relay(links, ranks: Sequence[str]) -> bool:
+    names = set(ranks)
+    return any(v not in names for _, v in links.ends)
+
+
 class _Timed:
     """Messages of a tree collective (one per job, chunk and tree edge) with their data
     dependencies, scheduled by :meth:`schedule` and emitted by :meth:`emit`. ``ush[j]`` /
@@ -143,6 +162,7 @@ class _Timed:
         self.itemsize = DTYPE_SIZES[L.spec.dtype]
         self.hop_s = HOP_SLACK
         self.upsend: dict[tuple[int, int, int], int] = {}
+        self.upmsg: dict[tuple[int, int, int], int] = {}  # (job, chunk, sender) -> up message
         self.rootrecv: dict[tuple[int, int], list[int]] = {}
         self.pieces: list[tuple[int, int, int]] = []
         # per job, the chunk number of its first chunk on its up / down tree (a tree's chunks
@@ -202,6 +222,7 @@ class _Timed:
                 m = self.add(r, p, t, k, a, b, False, into.get(r, ()), upaths[r][1],
                              key - dl * (udepth[r] + below))
                 into.setdefault(p, []).append(m)
+                self.upmsg[(t, k, r)] = m
         got: dict[int, tuple[int, ...]] = {ds.root: tuple(into.get(us.root, ()))}
         if down:
             for r in ds.order:
@@ -350,6 +371,222 @@ class _Timed:
             raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
         return order
 
+    def schedule_exact(self, window: int, wide: bool) -> list[int]:
+        """:meth:`schedule` for collectives with a switch, written so that the plan replays it
+        exactly (see EXACT_GATE): every message starts at time 0 or at the completion of an
+        op of its sender or its receiver (``self.gate_by[m]``: that message and the side, 0
+        sender, 1 receiver), messages that start at one instant start in the order the
+        simulator will pop them (:meth:`_sim_key`), and every time is computed with the
+        simulator's own floating-point operations. Fills ``pred``, ``start``, ``end``,
+        ``makespan`` like :meth:`schedule`."""
+        import bisect
+        import heapq
+        from collections import deque
+
+        lat, cap, per_msg = self.links.lat, self.links.cap, self.per_msg
+        fixed = [l + per_msg for l in lat]
+        inv = [1.0 / c for c in cap]
+        nm = len(self.src)
+        src, dst, path, key, down = self.src, self.dst, self.path, self.key, self.down
+        nbytes = [(self.hi[m] - self.lo[m]) * self.itemsize for m in range(nm)]
+        cmin: dict[tuple[int, ...], float] = {}
+        for pth in set(path):
+            cmin[pth] = min(cap[e] for e in pth)
+        stream = [nbytes[m] / cmin[path[m]] for m in range(nm)]
+        remaining = [len(d) for d in self.deps]
+        dependents: list[list[int]] = [[] for _ in range(nm)]
+        for m, ds in enumerate(self.deps):
+            for d in ds:
+                dependents[d].append(m)
+        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
+        port_rank = {x: rank_of[self.links.ends[x][0]] for x in {p[0] for p in path}}
+        direct = self.gated_ranks() if wide else set()
+        wide_ports = {x for x, r in port_rank.items() if r not in direct} if wide else set()
+        link_free = [0.0] * len(cap)
+        queue: dict[int, list] = {}
+        allow: dict[int, float] = {}  # port -> when its window next allows a start
+        started: dict[int, deque] = {}
+        last: dict[int, float] = {}  # port -> its latest start (one start per port and instant)
+        comp: list[list[tuple[float, int]]] = [[] for _ in range(self.L.n)]  # per rank, sorted
+        self.pred = [-1] * nm
+        self.end = [0.0] * nm
+        self.start = [0.0] * nm
+        self.pop = [-1] * nm  # position in the start order (the simulator's pop order)
+        self.gate_by = {}
+        self.first_in: dict[tuple[int, int, int], int] = {}  # (rank, job, chunk) -> first up message in
+        self.makespan = 0.0
+        self.ungated = 0
+        order: list[int] = []
+        ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
+        seq = 0
+        heappush, heappop = heapq.heappush, heapq.heappop
+        inf = float("inf")
+
+        def ready(m: int, t: float) -> None:
+            nonlocal seq
+            port = path[m][0]
+            heappush(queue.setdefault(port, []), (key[m], not down[m], -m, m))
+            heappush(ev, (max(t, allow.get(port, 0.0)), 1, seq, port))
+            seq += 1
+
+        def pending(r: int, t: float) -> list[tuple[float, int]]:
+            c = comp[r]
+            i = bisect.bisect_left(c, (t, -1))
+            if i:
+                del c[:i]
+            return c
+
+        def decide(x: int, m: int, t: float):
+            """('go', gate or None) or ('wait', time)."""
+            if t == 0.0 and x not in last:  # everything without dependencies is posted at 0
+                return "go", None
+            s, d = port_rank[x], dst[m]
+            cs, cd = pending(s, t), pending(d, t)
+            now = None
+            if last.get(x) != t:
+                if cs and cs[0][0] == t:
+                    now = (cs[0][1], 0)
+                elif cd and cd[0][0] == t:
+                    now = (cd[0][1], 1)
+            busy = link_free[x]
+            # the latest completion after t while the port is still busy: a start there
+            # reserves the port the moment it frees, and the order is committed as late as
+            # it can be
+            later = None
+            for c in (cs, cd):
+                i = bisect.bisect_right(c, (busy, nm)) - 1
+                if i >= 0 and c[i][0] > t and (later is None or c[i][0] > later):
+                    later = c[i][0]
+            if now is not None and later is None:
+                return "go", now
+            if later is not None:
+                return "wait", later
+            nxt = min(next((e for e, _ in cs if e > t), inf), next((e for e, _ in cd if e > t), inf))
+            if nxt < inf:
+                return "wait", nxt
+            self.ungated += 1
+            return "go", None
+
+        def start(x: int, m: int, t: float, gate) -> None:
+            nonlocal seq
+            heappop(queue[x])
+            win = started.setdefault(x, deque())
+            w = max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window
+            self.pred[m] = win[0][0] if len(win) == w else -1
+            if gate is not None:
+                self.gate_by[m] = gate
+            nb, st = nbytes[m], stream[m]
+            t_hop = t
+            end = t + per_msg
+            for e in path[m]:  # cost.simulate's reservation, operation for operation
+                if link_free[e] > t_hop:
+                    t_hop = link_free[e]
+                link_free[e] = t_hop + (fixed[e] + nb * inv[e])
+                t_hop += lat[e]
+                if t_hop + per_msg + st > end:
+                    end = t_hop + per_msg + st
+            self.pop[m] = len(order)
+            order.append(m)
+            if not down[m]:
+                self.first_in.setdefault((dst[m], self.tree[m], self.chunk[m]), m)
+            self.start[m], self.end[m] = t, end
+            bisect.insort(comp[src[m]], (end, m))
+            bisect.insort(comp[dst[m]], (end, m))
+            last[x] = t
+            if len(win) == w:
+                win.popleft()
+            win.append((m, end))
+            allow[x] = win[0][1] if len(win) == w else 0.0
+            heappush(ev, (end, 0, seq, m))
+            seq += 1
+            if end > self.makespan:
+                self.makespan = end
+            if queue[x]:
+                heappush(ev, (max(t, allow[x]), 1, seq, x))
+                seq += 1
+
+        for m in range(nm):
+            if remaining[m] == 0:
+                ready(m, 0.0)
+        while ev:
+            t, phase, _, x = heappop(ev)
+            if phase == 0:
+                for d in dependents[x]:
+                    remaining[d] -= 1
+                    if remaining[d] == 0:
+                        ready(d, t)
+                continue
+            ports = {x}
+            while ev and ev[0][0] == t and ev[0][1] == 1:
+                ports.add(heappop(ev)[3])
+            go = []
+            for x in sorted(ports):
+                q = queue.get(x)
+                if not q or t < allow.get(x, 0.0):
+                    continue
+                m = q[0][3]
+                what, arg = decide(x, m, t)
+                if what == "go":
+                    go.append((x, m, arg))
+                else:
+                    heappush(ev, (arg, 1, seq, x))
+                    seq += 1
+            if len(go) > 1:  # in the simulator's order among messages ready at one instant
+                keyed = sorted((self._sim_key(x, m, g, started, window, wide_ports), x, m, g) for x, m, g in go)
+                if keyed[0][0][0] < 0 and any(not down[m] for _, _, m, _ in keyed):
+                    # an up message's key depends on which Copy the others' starts create
+                    while keyed:
+                        i = min(range(len(keyed)), key=lambda i: self._sim_key(*keyed[i][1:], started, window,
+                                                                                wide_ports))
+                        start(keyed[i][1], keyed[i][2], t, keyed[i][3])
+                        keyed.pop(i)
+                else:
+                    for _, x, m, g in keyed:
+                        start(x, m, t, g)
+            elif go:
+                start(go[0][0], go[0][1], t, go[0][2])
+        if len(order) != nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        return order
+
+    def _sim_key(self, x: int, m: int, gate, started, window: int, wide_ports) -> tuple:
+        """Where cost.simulate puts message ``m`` among the messages ready at the same
+        instant: it pushes a message when the later of its Send and Recv is posted, which
+        happens while it processes the start of the latest-started message an op of either
+        depends on (a Send's dependents before its Recv's), or, for ops without message
+        dependencies, in the first pass over every rank's program (rank by rank). Returns
+        ``(start position of that message, 0 send / 1 recv / 2 after a Scale, rank, copy)``."""
+        pop, src, dst = self.pop, self.src, self.dst
+        s, d, t, k = src[m], dst[m], self.tree[m], self.chunk[m]
+        best = (-1, 0, s, 0)
+        deps = self.deps[m]
+        if deps:
+            if self.down[m] and self.L.spec.kind == "allreduce" and self.L.op == "avg" and self.L.n > 1 \
+                    and s == self.dsh[t].root:
+                best = max(best, (max(pop[z] for z in deps), 2, 0, 0))
+            else:
+                best = max(best, max((pop[z], 1, 0, 0) for z in deps))
+        win = started.get(x)
+        w = max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window
+        if win is not None and len(win) == w:
+            best = max(best, (pop[win[0][0]], 0, 0, 0))
+        if gate is not None and gate[1] == 0:
+            z = gate[0]
+            best = max(best, (pop[z], 0 if src[z] == s else 1, 0, 0))
+        if self.down[m]:
+            recv = (-1, 0, d, 0)
+            if self.L.spec.kind == "allreduce":
+                z = self.upmsg.get((t, k, d))
+                if z is not None:
+                    recv = (pop[z], 0, 0, 0)
+        else:  # the receive depends on the Copy into its accumulator, made at its first use
+            f = self.first_in.get((d, t, k))
+            recv = (-1, 1, d, pop[f] if f is not None else len(pop))
+        if gate is not None and gate[1] == 1:
+            z = gate[0]
+            recv = max(recv, (pop[z], 0 if src[z] == d else 1, 0, 0))
+        return max(best, recv)
+
     def ingress_order(self, on: bool) -> None:
         """``self.ing``: per message, the message into the same last link (the receiver's
         link out of a switch) that the schedule ended last before this one started, or -1
@@ -409,6 +646,16 @@ class _Timed:
             deps = [recv_op[x] for x in self.deps[m]]
             if self.pred[m] >= 0:
                 deps.append(send_op[self.pred[m]])
+            gdep: tuple[int, ...] = ()  # the receive side's gate (EXACT_GATE)
+            g = self.gate_by.get(m) if self.exact else None
+            if g is not None:
+                x, side = g
+                r = s if side == 0 else d
+                op = send_op[x] if self.src[x] == r else recv_op[x]
+                if side == 0:
+                    deps.append(op)
+                else:
+                    gdep = (op,)
             if gate and s in gated:
                 # the rank's op that last completed before this send's scheduled start: the
                 # send is then posted near that start, not as soon as its data and window allow
@@ -445,7 +692,7 @@ class _Timed:
                     up = self.upsend.get((t, k, d))
                     rdeps = (up,) if up is not None else ()
                 sid, rid = B.message(s, d, src, ChunkRef("out", a, cnt), send_deps=_deps(*deps),
-                                     recv_deps=rdeps + self._ingress(m, recv_op), tree=self.dtree[t],
+                                     recv_deps=rdeps + gdep + self._ingress(m, recv_op), tree=self.dtree[t],
                                      chunk=self.dbase[t] + k)
             else:
                 sh = ush[t]
@@ -455,7 +702,7 @@ class _Timed:
                 if ck not in copies:
                     copies[ck] = B.add(d, Copy(ChunkRef("in", a, cnt), acc))
                 sid, rid = B.message(s, d, src, acc, send_deps=_deps(*deps),
-                                     recv_deps=(copies[ck],) + self._ingress(m, recv_op), reduce=True,
+                                     recv_deps=(copies[ck],) + gdep + self._ingress(m, recv_op), reduce=True,
                                      tree=self.utree[t], chunk=self.ubase[t] + k)
                 self.upsend[(t, k, s)] = sid
             send_op[m], recv_op[m] = sid, rid
@@ -589,7 +836,12 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         except KeyError:  # a message's direction of a tree path is not a link
             return None
         gate = PORT_GATE and window > 1
-        order = T.schedule(window, gate, wide=kind != "broadcast")
+        if gate and EXACT_GATE and _has_relay(links, L.spec.ranks):
+            order = T.schedule_exact(window, wide=kind != "broadcast")
+            T.relay, T.exact, T.gated = True, True, set()
+        else:
+            order = T.schedule(window, gate, wide=kind != "broadcast")
+            T.exact = False
         if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
             best = (T, order, list(spans))
         finish = [0.0] * njobs
@@ -615,7 +867,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     else:
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             return ChunkRef("out", a, b - a)
-    T.ingress_order(INGRESS_GATE and T.relay and kind != "broadcast")
+    T.ingress_order(INGRESS_GATE and T.relay and kind != "broadcast" and not T.exact)
     T.emit(order, kind, dst_of, gate=gate)
     L.timed_makespan = T.makespan  # the schedule's own time (tests compare it with cost.simulate)
     return spans

@@ -1,20 +1,28 @@
-"""The timed lowering's receive gate (compiler/schedule.py, INGRESS_GATE): over a switch, a
-message's Recv depends on the Recv of an earlier message into the same rank, so the plan
-keeps the schedule's order on the receivers' links; without a switch, and in a broadcast,
-no Recv waits for another. Plans stay correct (verify, numeric run). No timing."""
+"""The timed lowering over switches replays its schedule exactly (compiler/schedule.py,
+EXACT_GATE): every message after time 0 waits for an op of its sender or receiver that the
+schedule ended at the message's start, messages ready at one instant are scheduled in the
+order the simulator pops them, so cost.simulate's time of the plan equals the schedule's own
+makespan. Plans stay correct (verify, numeric run). Without a switch no receive waits for
+another. No timing."""
 from __future__ import annotations
 
 import pytest
 
-from hcc.compiler.lower import lower
+from hcc.compiler.builder import _Lowering
+from hcc.compiler.cost import simulate
+from hcc.compiler.lower import _root_spans, assemble, lower
+from hcc.compiler.schedule import PORT_WINDOW, lower_timed
+from hcc.compiler.builder import split_by_rate
+from hcc.compiler.trees import TreeShape
 from hcc.ir.plan import Recv, RecvReduce
+from hcc.ir.verify import verify
 
 from test_lower import check_numeric, mesh, spec, switched, trees_for, via_switch
 
 RECVS = (Recv, RecvReduce)
 
 
-def gated_recvs(plan) -> int:
+def waiting_recvs(plan) -> int:
     """Receives whose deps name another receive of the same rank (each an earlier op)."""
     count = 0
     for prog in plan.programs:
@@ -26,21 +34,38 @@ def gated_recvs(plan) -> int:
     return count
 
 
+def timed(s, topo, trees, chunk_bytes: int):
+    """(plan, the schedule's own makespan) of the timed lowering."""
+    L = _Lowering(s, chunk_bytes // 8)
+    shapes = [TreeShape.of(t, s.ranks, i) for i, t in enumerate(trees)]
+    per_root = s.kind == "allreduce" and {sh.root for sh in shapes} == set(range(len(s.ranks)))
+    if s.kind in ("allgather", "reduce_scatter") or per_root:
+        spans = _root_spans(L, shapes)
+    else:
+        spans = split_by_rate(0, L.E, [sh.rate for sh in shapes])
+    got = lower_timed(L, shapes, spans, per_root, topo, 1e-6, PORT_WINDOW)
+    assert got is not None
+    plan = assemble(s, topo, L.B, tuple(sh.to_tree(i, got[i]) for i, sh in enumerate(shapes)), "treepack", L.ce)
+    return plan, L.timed_makespan
+
+
+@pytest.mark.parametrize("kind,op", [("broadcast", None), ("reduce", "sum"), ("allgather", None),
+                                     ("reduce_scatter", "sum"), ("allreduce", "sum"), ("allreduce", "avg")])
+@pytest.mark.parametrize("n", [3, 5])
+def test_plans_over_a_switch_replay_their_schedule(kind, op, n):
+    s = spec(kind, n, 240, op=op)
+    trees = [via_switch(t) for t in trees_for(kind, n, s.root)]
+    plan, makespan = timed(s, switched(n), trees, chunk_bytes=10 * 8)
+    verify(plan)
+    check_numeric(plan, seed=3)
+    assert simulate(plan).time == pytest.approx(makespan, rel=1e-9)
+
+
 @pytest.mark.parametrize("kind", ["reduce", "allgather", "reduce_scatter", "allreduce", "broadcast"])
-@pytest.mark.parametrize("net", ["switched", "mesh"])
-def test_receives_wait_for_the_schedules_order_only_over_a_switch(kind, net):
-    n, elems = 4, 240
-    s = spec(kind, n, elems)
-    trees = trees_for(kind, n, s.root)
-    topo = switched(n) if net == "switched" else mesh(n)
-    if net == "switched":
-        trees = [via_switch(t) for t in trees]
-    plan = lower(s, topo, trees, chunk_bytes=10 * 8, schedule="timed")
+def test_without_a_switch_no_receive_waits(kind):
+    n = 4
+    s = spec(kind, n, 240)
+    plan = lower(s, mesh(n), trees_for(kind, n, s.root), chunk_bytes=10 * 8, schedule="timed")
     plan.verify()
     check_numeric(plan, seed=3)
-    got = gated_recvs(plan)
-    if net == "switched" and kind != "broadcast":
-        # 4 ranks, several chunks per tree: most receives follow another into the same rank
-        assert got > sum(isinstance(op, RECVS) for p in plan.programs for op in p) // 2
-    else:
-        assert got == 0
+    assert waiting_recvs(plan) == 0
