@@ -48,6 +48,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_native_prog.h" /* the op table, its checks and local ops (shared with _native_tcp.c) */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
@@ -324,11 +326,7 @@ typedef struct {
     _Atomic uint64_t *board; /* BOARD_SLOTS counters (see BOARD_OFF) */
 } Engine;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return prog_now_s(); }
 
 /* bump a bell's sequence; write its owner's eventfd only when the owner sleeps */
 static void wake_bell(bell_t *bell, int evfd) {
@@ -1211,8 +1209,6 @@ static PyObject *Engine_stats(Engine *e, PyObject *noargs) {
 }
 
 /* the program runner ------------------------------------------------------------ */
-enum { K_SEND, K_RECV, K_RECV_REDUCE, K_COPY, K_REDUCE, K_SCALE, K_NOP };
-#define NF 10 /* fields per op, see backends/native.py encode() */
 /* a run with transfers over TCP naps at most this long between asking Python whether a TCP
  * peer failed: their completions wake it at once (ext_done), only a failure waits a slice */
 #define EXT_SLICE_S 0.01
@@ -1276,17 +1272,7 @@ static void run_from(runner_t *R, int64_t k0) {
                 post_recv(e, r);
             continue;
         }
-        size_t nb = (size_t)f[5];
-        if (kind == K_COPY) {
-            char *d = at(R, f[3], f[4]);
-            const char *s = at(R, f[6], f[7]);
-            if (d != s && nb) memmove(d, s, nb);
-        } else if (kind == K_REDUCE) {
-            char *d = at(R, f[3], f[4]);
-            combine(R->op, R->dt, d, d, at(R, f[6], f[7]), nb / DT_SIZE[R->dt]);
-        } else if (kind == K_SCALE) {
-            if (f[8] != 1) scale(R->dt, at(R, f[3], f[4]), nb / DT_SIZE[R->dt], f[8]);
-        }
+        prog_local(f, R->bufs, R->op, R->dt, DT_SIZE[R->dt], combine, scale, NULL);
         R->completed++;
         for (int64_t j = R->dep_ptr[k]; j < R->dep_ptr[k + 1]; j++) {
             int64_t d = R->dep_idx[j];
@@ -1430,32 +1416,14 @@ static PyObject *Engine_run(Engine *e, PyObject *args) {
     const int64_t *O = ops.buf;
     Py_ssize_t sizes[3] = {got_in ? bin.len : 0, got_out ? bout.len : 0, got_tmp ? btmp.len : 0};
     int ro_in = got_in && bin.readonly;
-    for (int64_t k = 0; k < n_ops; k++) { /* every range inside its buffer, every peer known */
-        const int64_t *f = O + k * NF;
-        int kind = (int)f[0];
-        if (kind < 0 || kind > K_NOP || f[5] < 0) goto bad;
-        if (kind == K_NOP) continue;
-        if (f[3] < 0 || f[3] > 2 || f[4] < 0 || f[4] + f[5] > sizes[f[3]]) goto bad;
-        if (kind != K_SEND && f[3] == 0 && ro_in) goto bad;
-        if ((kind == K_COPY || kind == K_REDUCE || (kind == K_RECV_REDUCE && f[6] >= 0)) &&
-            (f[6] < 0 || f[6] > 2 || f[7] < 0 || f[7] + f[5] > sizes[f[6]]))
-            goto bad;
-        if (kind <= K_RECV_REDUCE && !f[9] && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
-        if (kind <= K_RECV_REDUCE && f[9] && (f[1] < 0 || !PyCallable_Check(post_cb))) goto bad;
-        if ((kind == K_RECV_REDUCE || kind == K_REDUCE || kind == K_SCALE) && f[5] % DT_SIZE[dt]) goto bad;
-        if (kind == K_SCALE && f[8] <= 0) goto bad;
-    }
     const int64_t *DP = dptr.buf;
-    if (DP[0] != 0 || DP[n_ops] * 8 != didx.len) goto bad;
-    for (int64_t k = 0; k < n_ops; k++)
-        if (DP[k + 1] < DP[k]) goto bad;
-    for (int64_t j = 0; j < DP[n_ops]; j++) {
-        int64_t d = ((const int64_t *)didx.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
-    }
-    for (Py_ssize_t j = 0; j < first.len / 8; j++) {
-        int64_t d = ((const int64_t *)first.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
+    if (didx.len % 8 || prog_check(O, n_ops, sizes, ro_in, DT_SIZE[dt], DP, didx.buf, didx.len / 8, first.buf,
+                                   first.len / 8))
+        goto bad;
+    for (int64_t k = 0; k < n_ops; k++) { /* every peer known */
+        const int64_t *f = O + k * NF;
+        if (f[0] <= K_RECV_REDUCE && !f[9] && (f[1] < 0 || f[1] >= e->npeers)) goto bad;
+        if (f[0] <= K_RECV_REDUCE && f[9] && (f[1] < 0 || !PyCallable_Check(post_cb))) goto bad;
     }
     {
         runner_t R;

@@ -45,6 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_native_prog.h"
+
 typedef struct {
     int abi;
     void (*combine)(int, int, void *, const void *, const void *, size_t);
@@ -53,8 +55,6 @@ typedef struct {
 static hcc_kernels_t *K;
 
 static const int DT_SIZE[8] = {2, 2, 4, 8, 1, 4, 8, 1};
-enum { K_SEND, K_RECV, K_RECV_REDUCE, K_COPY, K_REDUCE, K_SCALE, K_NOP };
-#define NF 10
 enum { R_SEND, R_RECV, R_RECV_REDUCE };
 enum { F_DATA, F_FAIL, F_BYE };
 #define FRAME 32
@@ -79,6 +79,7 @@ typedef struct treq {
 
 typedef struct held {
     uint32_t tag, plan;
+    int peer;
     size_t len;
     char *data;
     int complete;
@@ -87,6 +88,16 @@ typedef struct held {
 } held_t;
 
 typedef struct engine engine_t;
+
+/* the tag-space table (backends/sockets.py "tag space"): per space, the plan its entries
+ * belong to, how many there are and the peer of the last one. Within one space every rank
+ * runs one plan, so this is O(1) per frame where scanning every list was O(outstanding). */
+typedef struct {
+    uint32_t plan;
+    int peer;
+    int64_t n;
+} space_t;
+#define SPACES 128
 
 typedef struct {
     engine_t *e;
@@ -141,16 +152,11 @@ struct engine {
     int *fwd;          /* FAIL frames sent for this rank already */
     run_t *runs;       /* active */
     preq_t **table;
-    int64_t table_len;
+    int64_t table_len, *free_h, nfree;
+    space_t posted_sp[SPACES], early_sp[SPACES];
     int closed;
     uint64_t messages, nruns;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void deadline_ts(struct timespec *ts, double secs) {
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -252,26 +258,37 @@ static int failure_of(engine_t *e, int peer, int *named) {
 
 static inline uint32_t tag_space(uint32_t tag) { return (tag >> 31) ? 0 : (tag >> 24) & 0x7Fu; }
 
-static tpeer_t *space_clash(engine_t *e, uint32_t tag, uint32_t plan, int held, uint32_t *other) {
+/* count one receive posted (t = e->posted_sp) or one early frame no receive claims yet (t =
+ * e->early_sp) in its tag's space, `by` = +1 / -1 */
+static void space_count(space_t *t, uint32_t tag, uint32_t plan, int peer, int by) {
     uint32_t sp = tag_space(tag);
-    if (!sp) return NULL;
-    for (int q = 0; q < e->world; q++) {
-        tpeer_t *p = &e->peers[q];
-        if (held) {
-            for (held_t *h = p->held; h; h = h->next)
-                if (!h->waiter && tag_space(h->tag) == sp && h->plan != plan) {
-                    *other = h->plan;
-                    return p;
-                }
-        } else {
-            for (treq_t *r = p->posted; r; r = r->next)
-                if (tag_space(r->tag) == sp && r->plan != plan) {
-                    *other = r->plan;
-                    return p;
-                }
-        }
+    if (!sp) return;
+    if (by > 0) {
+        if (!t[sp].n) t[sp].plan = plan;
+        t[sp].peer = peer;
     }
-    return NULL;
+    t[sp].n += by;
+}
+
+/* the entry of `tag`'s nonzero space when it counts something of a plan other than `plan` */
+static space_t *space_other(space_t *t, uint32_t tag, uint32_t plan) {
+    uint32_t sp = tag_space(tag);
+    return sp && t[sp].n > 0 && t[sp].plan != plan ? &t[sp] : NULL;
+}
+
+/* take the posted receive at *pp off its peer's list */
+static treq_t *unpost(engine_t *e, treq_t **pp) {
+    treq_t *r = *pp;
+    *pp = r->next;
+    r->next = NULL;
+    space_count(e->posted_sp, r->tag, r->plan, r->peer, -1);
+    return r;
+}
+
+/* a held frame's claim by a receive: claimed (`r`) or given up (NULL) */
+static void claim(engine_t *e, held_t *hd, treq_t *r) {
+    space_count(e->early_sp, hd->tag, hd->plan, r ? r->peer : hd->peer, r ? -1 : 1);
+    hd->waiter = r;
 }
 
 /* ------------------------------------------------------------------ posting (mutex held) */
@@ -291,12 +308,12 @@ static void post_recv(engine_t *e, treq_t *r) {
     tpeer_t *p = &e->peers[r->peer];
     r->next = NULL;
     r->posted = 1;
-    uint32_t other = 0;
-    tpeer_t *from = space_clash(e, r->tag, r->plan, 1, &other);
-    if (from) {
+    space_t *o = space_other(e->early_sp, r->tag, r->plan);
+    if (o) {
+        tpeer_t *from = &e->peers[o->peer];
         char msg[200];
         snprintf(msg, sizeof msg, "a message of plan %08x arrived in tag space %u, where this rank receives for "
-                 "plan %08x: the ranks are running different plans as one call", other, tag_space(r->tag), r->plan);
+                 "plan %08x: the ranks are running different plans as one call", o->plan, tag_space(r->tag), r->plan);
         proto_error(e, from, msg);
         if (p != from) proto_error(e, p, msg);
         return;
@@ -316,31 +333,20 @@ static void post_recv(engine_t *e, treq_t *r) {
             proto_error(e, p, msg);
             return;
         }
+        claim(e, hd, r);
         if (hd->complete) { /* held frames are early ones: copied under the mutex (one piece) */
             *pp = hd->next;
             land(r, 0, hd->data, hd->len);
             free(hd->data);
             free(hd);
             complete_req(e, r);
-        } else {
-            hd->waiter = r;
         }
         return;
     }
     treq_t **q = &p->posted;
     while (*q) q = &(*q)->next;
     *q = r;
-}
-
-static treq_t *take_posted(tpeer_t *p, uint32_t tag) {
-    for (treq_t **pp = &p->posted; *pp; pp = &(*pp)->next)
-        if ((*pp)->tag == tag) {
-            treq_t *r = *pp;
-            *pp = r->next;
-            r->next = NULL;
-            return r;
-        }
-    return NULL;
+    space_count(e->posted_sp, r->tag, r->plan, r->peer, 1);
 }
 
 /* ------------------------------------------------------------------ threads */
@@ -503,15 +509,12 @@ static void *reader_main(void *arg) {
             proto_error(e, p, msg);
             goto stop;
         }
-        treq_t *r = NULL;
+        treq_t *r = NULL, **at = &p->posted;
         held_t *hd = NULL;
+        space_t *o = NULL;
         msg[0] = 0;
-        for (treq_t *q = p->posted; q; q = q->next)
-            if (q->tag == tag) {
-                r = q;
-                break;
-            }
-        uint32_t other = 0;
+        while (*at && (*at)->tag != tag) at = &(*at)->next;
+        r = *at;
         if (r) {
             if (r->plan != plan)
                 snprintf(msg, sizeof msg, "message tag %u belongs to plan %08x, the posted receive to plan %08x: "
@@ -520,10 +523,10 @@ static void *reader_main(void *arg) {
                 snprintf(msg, sizeof msg, "message tag %u has %llu bytes, the posted receive expects %zu", tag,
                          (unsigned long long)len, r->nbytes);
             else
-                take_posted(p, tag);
-        } else if (space_clash(e, tag, plan, 0, &other)) {
+                unpost(e, at);
+        } else if ((o = space_other(e->posted_sp, tag, plan))) {
             snprintf(msg, sizeof msg, "message tag %u belongs to plan %08x, this rank runs plan %08x in its tag "
-                     "space %u: the ranks are running different plans as one call", tag, plan, other, tag_space(tag));
+                     "space %u: the ranks are running different plans as one call", tag, plan, o->plan, tag_space(tag));
         } else if (len > early_bound(e, plan)) {
             snprintf(msg, sizeof msg, "frame length %llu exceeds the bound of %zu bytes", (unsigned long long)len,
                      early_bound(e, plan));
@@ -538,8 +541,10 @@ static void *reader_main(void *arg) {
             } else {
                 hd->tag = tag;
                 hd->plan = plan;
+                hd->peer = p->rank;
                 hd->len = len;
                 hd->data = data;
+                space_count(e->early_sp, tag, plan, p->rank, 1);
                 held_t **pp = &p->held;
                 while (*pp) pp = &(*pp)->next;
                 *pp = hd;
@@ -628,6 +633,8 @@ static void engine_free(engine_t *e) {
             }
         free(e->table);
         e->table = NULL;
+        free(e->free_h);
+        e->free_h = NULL;
     }
     free(e->gone);
     free(e->gone_how);
@@ -649,7 +656,9 @@ static void Engine_dealloc(engine_t *e) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
-    Py_TYPE(e)->tp_free((PyObject *)e);
+    PyTypeObject *type = Py_TYPE(e);
+    type->tp_free((PyObject *)e);
+    Py_DECREF(type);
 }
 
 /* Engine(rank, world, max_message) */
@@ -736,21 +745,24 @@ out:
     return res;
 }
 
+/* a handle for `r`: a released one (a stack of them, O(1)), else the table grows by half */
 static int64_t table_put(engine_t *e, preq_t *r) {
-    for (int64_t i = 0; i < e->table_len; i++)
-        if (!e->table[i]) {
-            e->table[i] = r;
-            return i;
+    if (!e->nfree) {
+        int64_t grown = e->table_len + e->table_len / 2 + 16;
+        preq_t **t = realloc(e->table, grown * sizeof(preq_t *));
+        int64_t *f = realloc(e->free_h, grown * sizeof(int64_t));
+        if (t) e->table = t;
+        if (f) e->free_h = f;
+        if (!t || !f) return -1;
+        for (int64_t h = grown - 1; h >= e->table_len; h--) {
+            e->table[h] = NULL;
+            e->free_h[e->nfree++] = h;
         }
-    int64_t nl = e->table_len ? e->table_len * 2 : 64;
-    preq_t **nt = realloc(e->table, nl * sizeof(preq_t *));
-    if (!nt) return -1;
-    memset(nt + e->table_len, 0, (nl - e->table_len) * sizeof(preq_t *));
-    int64_t i = e->table_len;
-    e->table = nt;
-    e->table_len = nl;
-    e->table[i] = r;
-    return i;
+        e->table_len = grown;
+    }
+    int64_t h = e->free_h[--e->nfree];
+    e->table[h] = r;
+    return h;
 }
 
 /* isend/irecv(peer, tag, plan, buffer) -> handle; the engine holds the buffer until release */
@@ -831,7 +843,7 @@ static PyObject *Engine_wait(engine_t *e, PyObject *args) {
     int status = 1, fpeer = -1;
     char *done = calloc(n ? n : 1, 1);
     Py_BEGIN_ALLOW_THREADS
-    double end = now_s() + timeout;
+    double end = prog_now_s() + timeout;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         int any = 0;
@@ -844,12 +856,16 @@ static PyObject *Engine_wait(engine_t *e, PyObject *args) {
             break;
         }
         int st = 0;
-        for (Py_ssize_t i = 0; i < n && !st; i++) st = failure_of(e, handle_req(e, hs[i])->r.peer, &fpeer);
+        for (int pass = 0; pass < 2 && !st; pass++) /* a protocol error first, as in run() */
+            for (Py_ssize_t i = 0; i < n && !st; i++) {
+                int peer = handle_req(e, hs[i])->r.peer;
+                if (pass || e->peers[peer].broken) st = failure_of(e, peer, &fpeer);
+            }
         if (st) {
             status = st;
             break;
         }
-        double left = end - now_s();
+        double left = end - prog_now_s();
         if (left <= 0 || e->closed) break;
         timed_wait(&e->cv, &e->mu, left < 0.5 ? left : 0.5);
     }
@@ -892,10 +908,10 @@ static PyObject *Engine_release(engine_t *e, PyObject *args) {
         tpeer_t *p = &e->peers[pr->r.peer];
         busy = p->wcur == &pr->r || p->rcur == &pr->r;
         for (held_t *hd = p->held; hd; hd = hd->next)
-            if (hd->waiter == &pr->r) hd->waiter = NULL;
+            if (hd->waiter == &pr->r) claim(e, hd, NULL);
         for (treq_t **pp = &p->posted; *pp; pp = &(*pp)->next)
             if (*pp == &pr->r) {
-                *pp = pr->r.next;
+                unpost(e, pp);
                 break;
             }
         treq_t *prev = NULL;
@@ -910,7 +926,10 @@ static PyObject *Engine_release(engine_t *e, PyObject *args) {
             }
         if (busy) shutdown(p->fd, SHUT_RDWR); /* the thread moving it stops at once */
     }
-    if (pr && !busy) e->table[h] = NULL;
+    if (pr && !busy) {
+        e->table[h] = NULL;
+        e->free_h[e->nfree++] = h;
+    }
     pthread_mutex_unlock(&e->mu);
     if (pr && !busy) {
         PyBuffer_Release(&pr->b);
@@ -920,26 +939,23 @@ static PyObject *Engine_release(engine_t *e, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------ the program runner */
-static inline char *at(run_t *R, int64_t buf, int64_t off) { return R->bufs[buf] + off; }
-
 /* run op k and, depth first, every local op it releases; transfers are posted (mutex held;
  * released around large local ops) */
 static void run_from(run_t *R, int64_t k0) {
-    engine_t *e = R->e;
-    R->stack[R->sp++] = k0;
-    while (R->sp) {
+    for (R->stack[R->sp++] = k0; R->sp > 0;) {
         int64_t k = R->stack[--R->sp];
         const int64_t *f = R->ops + k * NF;
         int kind = (int)f[0];
+        engine_t *e = R->e;
         if (kind <= K_RECV_REDUCE) {
             treq_t *r = &R->reqs[k];
             r->kind = kind == K_SEND ? R_SEND : kind == K_RECV ? R_RECV : R_RECV_REDUCE;
             r->peer = (int)f[1];
             r->tag = (uint32_t)f[2] | R->shift;
             r->plan = R->plan;
-            r->buf = at(R, f[3], f[4]);
+            r->buf = R->bufs[f[3]] + f[4];
             r->nbytes = (size_t)f[5];
-            r->fsrc = f[6] >= 0 ? at(R, f[6], f[7]) : NULL;
+            r->fsrc = f[6] >= 0 ? R->bufs[f[6]] + f[7] : NULL;
             r->id = k;
             r->run = R;
             R->pout[r->peer]++;
@@ -949,21 +965,9 @@ static void run_from(run_t *R, int64_t k0) {
                 post_recv(e, r);
             continue;
         }
-        size_t nb = (size_t)f[5];
-        int unlock = nb > UNLOCKED_LOCAL && kind != K_NOP;
+        int unlock = (size_t)f[5] > UNLOCKED_LOCAL && kind != K_NOP;
         if (unlock) pthread_mutex_unlock(&e->mu);
-        if (kind == K_COPY) {
-            char *d = at(R, f[3], f[4]);
-            const char *s = at(R, f[6], f[7]);
-            if (d != s && nb) memmove(d, s, nb);
-        } else if (kind == K_REDUCE) {
-            char *d = at(R, f[3], f[4]);
-            pthread_mutex_lock(&R->rmu);
-            K->combine(R->op, R->dt, d, d, at(R, f[6], f[7]), nb / DT_SIZE[R->dt]);
-            pthread_mutex_unlock(&R->rmu);
-        } else if (kind == K_SCALE) {
-            if (f[8] != 1) K->scale(R->dt, at(R, f[3], f[4]), nb / DT_SIZE[R->dt], f[8]);
-        }
+        prog_local(f, R->bufs, R->op, R->dt, DT_SIZE[R->dt], K->combine, K->scale, &R->rmu);
         if (unlock) pthread_mutex_lock(&e->mu);
         R->completed++;
         for (int64_t j = R->dep_ptr[k]; j < R->dep_ptr[k + 1]; j++) {
@@ -982,24 +986,20 @@ static void abandon(run_t *R) {
         tpeer_t *p = &e->peers[q];
         for (treq_t **pp = &p->posted; *pp;)
             if (MINE(*pp))
-                *pp = (*pp)->next;
+                unpost(e, pp);
             else
                 pp = &(*pp)->next;
         for (held_t *h = p->held; h; h = h->next)
-            if (MINE(h->waiter)) h->waiter = NULL;
-        treq_t *nh = NULL, *nt = NULL;
-        for (treq_t *r = p->sq_head, *nx; r; r = nx) {
-            nx = r->next;
-            if (MINE(r)) continue;
-            r->next = NULL;
-            if (nt)
-                nt->next = r;
-            else
-                nh = r;
-            nt = r;
+            if (MINE(h->waiter)) claim(e, h, NULL);
+        p->sq_tail = NULL; /* its sends not yet started are dropped (one being written is below) */
+        for (treq_t **pp = &p->sq_head; *pp;) {
+            if (MINE(*pp)) {
+                *pp = (*pp)->next;
+                continue;
+            }
+            p->sq_tail = *pp;
+            pp = &(*pp)->next;
         }
-        p->sq_head = nh;
-        p->sq_tail = nt;
     }
     for (int round = 0; round < 500; round++) { /* bounded: 5 s */
         int busy = 0;
@@ -1023,70 +1023,42 @@ static void abandon(run_t *R) {
  * `shift` is ORed into every tag. GIL released for the whole run; runs on several threads at
  * once share the connections. */
 static PyObject *Engine_run(engine_t *e, PyObject *args) {
-    Py_buffer ops, dptr, didx, miss, first, bin = {0}, bout = {0}, btmp = {0};
-    PyObject *oin, *oout, *otmp;
-    int op, dt;
+    /* the program's arrays, then in (read), out and tmp (written; None: absent) */
+    Py_buffer arr[5], buf[3];
+    PyObject *obj[3];
+    int op, dt, nbuf = 0;
     unsigned int plan, shift;
     Py_ssize_t plan_max;
     double timeout;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiIInd", &ops, &dptr, &didx, &miss, &first, &oin, &oout, &otmp, &op,
-                          &dt, &plan, &shift, &plan_max, &timeout))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*OOOiiIInd", &arr[0], &arr[1], &arr[2], &arr[3], &arr[4], &obj[0],
+                          &obj[1], &obj[2], &op, &dt, &plan, &shift, &plan_max, &timeout))
         return NULL;
     PyObject *result = NULL;
-    int got_in = 0, got_out = 0, got_tmp = 0;
-    if (e->closed || !e->peers) {
-        PyErr_SetString(PyExc_RuntimeError, "engine closed");
+    Py_ssize_t sizes[3] = {0, 0, 0};
+    char *bufs[3] = {NULL, NULL, NULL};
+    int ro_in = 0;
+    if (e->closed || !e->peers || op < 0 || op > 3 || dt < 0 || dt > 7) {
+        PyErr_SetString(PyExc_ValueError, "engine closed, or an unknown op or dtype code");
         goto out;
     }
-    if (op < 0 || op > 3 || dt < 0 || dt > 7) {
-        PyErr_SetString(PyExc_ValueError, "unknown op or dtype code");
-        goto out;
+    for (; nbuf < 3; nbuf++) {
+        buf[nbuf].obj = NULL;
+        if (obj[nbuf] == Py_None) continue;
+        if (PyObject_GetBuffer(obj[nbuf], &buf[nbuf], nbuf ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) goto out;
+        sizes[nbuf] = buf[nbuf].len;
+        bufs[nbuf] = buf[nbuf].buf;
     }
-    if (oin != Py_None) {
-        if (PyObject_GetBuffer(oin, &bin, PyBUF_SIMPLE) < 0) goto out;
-        got_in = 1;
-    }
-    if (oout != Py_None) {
-        if (PyObject_GetBuffer(oout, &bout, PyBUF_WRITABLE) < 0) goto out;
-        got_out = 1;
-    }
-    if (otmp != Py_None) {
-        if (PyObject_GetBuffer(otmp, &btmp, PyBUF_WRITABLE) < 0) goto out;
-        got_tmp = 1;
-    }
-    int64_t n_ops = ops.len / (int64_t)(NF * sizeof(int64_t));
-    if (ops.len != n_ops * (Py_ssize_t)(NF * sizeof(int64_t)) || dptr.len != (n_ops + 1) * 8 ||
-        miss.len != n_ops * 4)
+    ro_in = buf[0].obj && buf[0].readonly;
+    const int64_t *O = arr[0].buf, *DP = arr[1].buf;
+    int64_t n_ops = arr[0].len / (int64_t)(NF * sizeof(int64_t));
+    if (arr[0].len != n_ops * (Py_ssize_t)(NF * sizeof(int64_t)) || arr[1].len != (n_ops + 1) * 8 ||
+        arr[3].len != n_ops * 4 || arr[2].len % 8 ||
+        prog_check(O, n_ops, sizes, ro_in, DT_SIZE[dt], DP, arr[2].buf, arr[2].len / 8, arr[4].buf, arr[4].len / 8))
         goto bad;
-    const int64_t *O = ops.buf;
-    Py_ssize_t sizes[3] = {got_in ? bin.len : 0, got_out ? bout.len : 0, got_tmp ? btmp.len : 0};
-    int ro_in = got_in && bin.readonly;
-    for (int64_t k = 0; k < n_ops; k++) { /* every range inside its buffer, every peer a rank */
+    for (int64_t k = 0; k < n_ops; k++) { /* every transfer's peer a rank, its tag in 32 bits */
         const int64_t *f = O + k * NF;
-        int kind = (int)f[0];
-        if (kind < 0 || kind > K_NOP || f[5] < 0) goto bad;
-        if (kind == K_NOP) continue;
-        if (f[3] < 0 || f[3] > 2 || f[4] < 0 || f[4] + f[5] > sizes[f[3]]) goto bad;
-        if (kind != K_SEND && f[3] == 0 && ro_in) goto bad;
-        if ((kind == K_COPY || kind == K_REDUCE || (kind == K_RECV_REDUCE && f[6] >= 0)) &&
-            (f[6] < 0 || f[6] > 2 || f[7] < 0 || f[7] + f[5] > sizes[f[6]]))
+        if (f[0] <= K_RECV_REDUCE && (f[1] < 0 || f[1] >= e->world || f[1] == e->rank || (f[2] | shift) > 0xFFFFFFFFLL))
             goto bad;
-        if (kind <= K_RECV_REDUCE && (f[1] < 0 || f[1] >= e->world || f[1] == e->rank || (f[2] | shift) > 0xFFFFFFFFLL))
-            goto bad;
-        if ((kind == K_RECV_REDUCE || kind == K_REDUCE || kind == K_SCALE) && f[5] % DT_SIZE[dt]) goto bad;
-        if (kind == K_SCALE && f[8] <= 0) goto bad;
-    }
-    const int64_t *DP = dptr.buf;
-    if (DP[0] != 0 || DP[n_ops] * 8 != didx.len) goto bad;
-    for (int64_t k = 0; k < n_ops; k++)
-        if (DP[k + 1] < DP[k]) goto bad;
-    for (int64_t j = 0; j < DP[n_ops]; j++) {
-        int64_t d = ((const int64_t *)didx.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
-    }
-    for (Py_ssize_t j = 0; j < first.len / 8; j++) {
-        int64_t d = ((const int64_t *)first.buf)[j];
-        if (d < 0 || d >= n_ops) goto bad;
     }
     {
         run_t R;
@@ -1094,16 +1066,14 @@ static PyObject *Engine_run(engine_t *e, PyObject *args) {
         R.e = e;
         R.ops = O;
         R.dep_ptr = DP;
-        R.dep_idx = didx.buf;
+        R.dep_idx = arr[2].buf;
         R.n_ops = n_ops;
         R.op = op;
         R.dt = dt;
         R.plan = plan;
         R.shift = shift;
         R.plan_max = (size_t)plan_max;
-        R.bufs[0] = got_in ? bin.buf : NULL;
-        R.bufs[1] = got_out ? bout.buf : NULL;
-        R.bufs[2] = got_tmp ? btmp.buf : NULL;
+        memcpy(R.bufs, bufs, sizeof bufs);
         R.missing = malloc((n_ops ? n_ops : 1) * sizeof(int32_t));
         R.reqs = calloc(n_ops ? n_ops : 1, sizeof(treq_t));
         R.stack = malloc((n_ops + 1) * sizeof(int64_t));
@@ -1118,12 +1088,12 @@ static PyObject *Engine_run(engine_t *e, PyObject *args) {
             PyErr_NoMemory();
             goto out;
         }
-        memcpy(R.missing, miss.buf, n_ops * sizeof(int32_t));
+        memcpy(R.missing, arr[3].buf, n_ops * sizeof(int32_t));
         for (int64_t k = 0; k < n_ops; k++) R.reqs[k].id = -1; /* not posted */
         cond_init(&R.cv);
         pthread_mutex_init(&R.rmu, NULL);
-        int64_t nfirst = first.len / 8;
-        const int64_t *F = first.buf;
+        int64_t nfirst = arr[4].len / 8;
+        const int64_t *F = arr[4].buf;
         int status = 0, fpeer = -1;
         int64_t fop = -1;
         int64_t *batch = malloc((n_ops + 1) * sizeof(int64_t));
@@ -1133,7 +1103,7 @@ static PyObject *Engine_run(engine_t *e, PyObject *args) {
         e->runs = &R;
         for (int64_t i = 0; i < nfirst; i++)
             if (R.missing[F[i]] == 0) run_from(&R, F[i]);
-        double last = now_s();
+        double last = prog_now_s();
         while (batch) {
             if (R.done_len) {
                 int64_t nb = R.done_len;
@@ -1147,17 +1117,20 @@ static PyObject *Engine_run(engine_t *e, PyObject *args) {
                         if (--R.missing[d] == 0) run_from(&R, d);
                     }
                 }
-                last = now_s();
+                last = prog_now_s();
                 continue; /* run_from may have let the mutex go: completions may be waiting */
             }
             if (R.completed >= n_ops) break;
+            /* a protocol error first: it says why the peers stopped, their deaths do not */
+            for (int q = 0; q < e->world && !status; q++)
+                if (R.pout[q] > 0 && e->peers[q].broken) status = failure_of(e, q, &fpeer);
             for (int q = 0; q < e->world && !status; q++)
                 if (R.pout[q] > 0) status = failure_of(e, q, &fpeer);
             if (status || e->closed) {
                 if (!status) status = 4;
                 break;
             }
-            double left = last + timeout - now_s();
+            double left = last + timeout - prog_now_s();
             if (left <= 0) {
                 status = 1;
                 break;
@@ -1213,14 +1186,9 @@ static PyObject *Engine_run(engine_t *e, PyObject *args) {
 bad:
     PyErr_SetString(PyExc_ValueError, "program outside its buffers or peers (encode() and the buffers disagree)");
 out:
-    PyBuffer_Release(&ops);
-    PyBuffer_Release(&dptr);
-    PyBuffer_Release(&didx);
-    PyBuffer_Release(&miss);
-    PyBuffer_Release(&first);
-    if (got_in) PyBuffer_Release(&bin);
-    if (got_out) PyBuffer_Release(&bout);
-    if (got_tmp) PyBuffer_Release(&btmp);
+    for (int i = 0; i < 5; i++) PyBuffer_Release(&arr[i]);
+    for (int i = 0; i < nbuf && i < 3; i++)
+        if (buf[i].obj) PyBuffer_Release(&buf[i]);
     return result;
 }
 
@@ -1291,14 +1259,14 @@ static PyObject *Engine_close(engine_t *e, PyObject *args) {
             pthread_cond_signal(&p->wcv);
         }
     }
-    double end = now_s() + timeout;
+    double end = prog_now_s() + timeout;
     for (;;) { /* our BYEs out, the peers' in (their readers end) */
         int busy = 0;
         for (int q = 0; q < e->world; q++) {
             tpeer_t *p = &e->peers[q];
             if (p->connected && !p->broken && !e->gone[q] && (!p->bye || p->want_bye)) busy = 1;
         }
-        if (!busy || now_s() >= end) break;
+        if (!busy || prog_now_s() >= end) break;
         timed_wait(&e->cv, &e->mu, 0.05);
     }
     e->closed = 1;
@@ -1350,35 +1318,37 @@ static PyObject *Engine_connected(engine_t *e, PyObject *noargs) {
     return PyLong_FromLong(n);
 }
 
+/* the methods, one line each: M(name, flags, doc) is {"name", Engine_name, flags, doc} */
+#define M(name, flags, doc) {#name, (PyCFunction)Engine_##name, flags, doc}
 static PyMethodDef Engine_methods[] = {
-    {"add_peer", (PyCFunction)Engine_add_peer, METH_VARARGS, "add_peer(rank, fd, session): take over a connection"},
-    {"set_max_message", (PyCFunction)Engine_set_max_message, METH_VARARGS, "the bound of an early frame"},
-    {"connected", (PyCFunction)Engine_connected, METH_NOARGS, "how many peers are connected"},
-    {"isend", (PyCFunction)Engine_isend, METH_VARARGS, "isend(peer, tag, plan, buffer) -> handle"},
-    {"irecv", (PyCFunction)Engine_irecv, METH_VARARGS, "irecv(peer, tag, plan, buffer) -> handle"},
-    {"wait", (PyCFunction)Engine_wait, METH_VARARGS, "wait(handles, timeout) -> (done, (status, peer, message))"},
-    {"done", (PyCFunction)Engine_done, METH_VARARGS, "done(handle) -> bool"},
-    {"release", (PyCFunction)Engine_release, METH_VARARGS, "release(handle): forget a request"},
-    {"run", (PyCFunction)Engine_run, METH_VARARGS, "run one rank's encoded program (GIL released)"},
-    {"dead", (PyCFunction)Engine_dead, METH_NOARGS, "{rank: (how, reported by or -1)}"},
-    {"failure", (PyCFunction)Engine_failure, METH_VARARGS, "failure(peer) -> (status, rank, message)"},
-    {"set_failed", (PyCFunction)Engine_set_failed, METH_VARARGS, "set_failed(rank, how)"},
-    {"interrupt", (PyCFunction)Engine_interrupt, METH_NOARGS, "wake every waiter"},
-    {"close", (PyCFunction)Engine_close, METH_VARARGS, "close(timeout)"},
-    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "counters"},
+    M(add_peer, METH_VARARGS, "add_peer(rank, fd, session): take over a connection"),
+    M(set_max_message, METH_VARARGS, "the bound of an early frame"),
+    M(connected, METH_NOARGS, "how many peers are connected"),
+    M(isend, METH_VARARGS, "isend(peer, tag, plan, buffer) -> handle"),
+    M(irecv, METH_VARARGS, "irecv(peer, tag, plan, buffer) -> handle"),
+    M(wait, METH_VARARGS, "wait(handles, timeout) -> (done, (status, peer, message))"),
+    M(done, METH_VARARGS, "done(handle) -> bool"),
+    M(release, METH_VARARGS, "release(handle): forget a request"),
+    M(run, METH_VARARGS, "run one rank's encoded program (GIL released)"),
+    M(dead, METH_NOARGS, "{rank: (how, reported by or -1)}"),
+    M(failure, METH_VARARGS, "failure(peer) -> (status, rank, message)"),
+    M(set_failed, METH_VARARGS, "set_failed(rank, how)"),
+    M(interrupt, METH_NOARGS, "wake every waiter"),
+    M(close, METH_VARARGS, "close(timeout)"),
+    M(stats, METH_NOARGS, "counters"),
     {NULL, NULL, 0, NULL},
 };
+#undef M
 
-static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hcc.backends._native_tcp.Engine",
-    .tp_basicsize = sizeof(engine_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Engine_init,
-    .tp_dealloc = (destructor)Engine_dealloc,
-    .tp_methods = Engine_methods,
-    .tp_doc = "TCP connections of one rank and the runner of its programs (backends/native_tcp.py)",
+/* a heap type (PyType_FromSpec): its instances hold a reference to it */
+static PyType_Slot engine_slots[] = {
+    {Py_tp_new, PyType_GenericNew}, {Py_tp_init, Engine_init},   {Py_tp_dealloc, Engine_dealloc},
+    {Py_tp_methods, Engine_methods}, {Py_tp_doc, (void *)"TCP connections of one rank and the runner of its programs "
+                                                "(backends/native_tcp.py)"},
+    {0, NULL},
 };
+static PyType_Spec engine_spec = {"hcc.backends._native_tcp.Engine", sizeof(engine_t), 0, Py_TPFLAGS_DEFAULT,
+                                  engine_slots};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "hcc.backends._native_tcp",
                                        "The native core's TCP data plane (see backends/native_tcp.py).", -1, NULL};
@@ -1393,10 +1363,12 @@ PyMODINIT_FUNC PyInit__native_tcp(void) {
         PyErr_SetString(PyExc_ImportError, "hcc.backends._native has another kernel ABI");
         return NULL;
     }
-    if (PyType_Ready(&EngineType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
-    if (!m) return NULL;
-    Py_INCREF(&EngineType);
-    PyModule_AddObject(m, "Engine", (PyObject *)&EngineType);
+    PyObject *type = m ? PyType_FromSpec(&engine_spec) : NULL;
+    if (!type || PyModule_AddObject(m, "Engine", type) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(m);
+        return NULL;
+    }
     return m;
 }

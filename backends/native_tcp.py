@@ -37,8 +37,7 @@ from typing import AbstractSet, Callable
 
 from . import native
 from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RootFailed, RuntimeFault
-from .rendezvous import AuthenticationError
-from .sockets import ProtocolError, SocketTransport, dial_handshake
+from .sockets import ProtocolError, SocketTransport
 
 try:  # built by `pip install -e .` beside _native (whose kernels it uses)
     from . import _native_tcp
@@ -106,25 +105,11 @@ class NativeTcpTransport(SocketTransport):
                 raise RuntimeFault(f"rank {self.rank}: no peer rank {peer} in a world of {self.world}")
             conn = self._conns[peer] = _Conn(peer)
             if self.rank < peer:
+                # the base class's dial and handshake; _attach hands the socket to the core
                 conn.writer = threading.Thread(target=self._dial, args=(conn,), daemon=True,
                                                name=f"hcc-dial{self.rank}-{peer}")
                 conn.writer.start()
         return conn
-
-    def _dial(self, conn) -> None:
-        peer = conn.peer
-        try:
-            sock, session = dial_handshake(self.addresses[peer], self.token, self.rank, peer, self.world,
-                                           min(self.timeout, 30.0))
-        except AuthenticationError as e:
-            with self._cond:
-                self._errors[peer] = e
-                self._cond.notify_all()
-            return
-        except OSError as e:
-            self._mark_dead(peer, f"connection refused: {e.strerror or e}")
-            return
-        self._attach(conn, sock, session)
 
     @property
     def max_message(self) -> int:
@@ -186,19 +171,9 @@ class NativeTcpTransport(SocketTransport):
     def wait_change(self, requests: list[Request], timeout: float, *,
                     ignore: AbstractSet[int] = frozenset(),
                     woken: Callable[[], bool] = lambda: False) -> list[int]:
-        end = time.monotonic() + timeout
-        while True:
-            done = [i for i, r in enumerate(requests) if r.done]
-            if done:
-                return done
-            left = end - time.monotonic()
-            if woken() or (self.failed() - set(ignore)) or left <= 0:
-                return []
-            live = [r.handle for r in requests if not r._done and r.peer not in ignore]
-            if live:
-                self._engine.wait(live, min(left, 0.05))
-            else:
-                time.sleep(min(left, 0.05))
+        """Not offered: only the adaptive runtime waits this way, and it needs a store for its
+        agreement log, which this transport (the communicator's) does not keep."""
+        raise RuntimeFault(f"rank {self.rank}: the native TCP transport runs static plans only")
 
     def wake(self) -> None:
         self._engine.interrupt()
@@ -258,14 +233,7 @@ class NativeTcpTransport(SocketTransport):
                 return
             self._closing = True
         self._engine.close(min(self.timeout, 5.0))
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        if self.store is not None:
-            self.store.close()
-        if self._server is not None:
-            self._server.close()
+        self._close_endpoints()
 
 
 def switch(comm: SocketTransport) -> NativeTcpTransport:

@@ -311,22 +311,29 @@ class SocketTransport(Transport):
                 c.queue.insert(at, ("fail", dead))
                 c.cv.notify()
 
+    def _dial(self, conn: _Conn) -> bool:
+        """Dial ``conn``'s peer, authenticate and attach the connection; False when that failed
+        (recorded: an authentication error, or the peer marked dead)."""
+        peer = conn.peer
+        try:
+            sock, session = dial_handshake(self.addresses[peer], self.token, self.rank, peer,
+                                           self.world, min(self.timeout, 30.0))
+        except AuthenticationError as e:
+            with self._cond:
+                self._errors[peer] = e
+                self._cond.notify_all()
+            return False
+        except OSError as e:
+            self._mark_dead(peer, f"connection refused: {e.strerror or e}")
+            return False
+        self._attach(conn, sock, session)
+        return True
+
     # -- writer ---------------------------------------------------------------------------
     def _writer(self, conn: _Conn, dial: bool) -> None:
         peer = conn.peer
-        if dial:
-            try:
-                sock, session = dial_handshake(self.addresses[peer], self.token, self.rank, peer,
-                                               self.world, min(self.timeout, 30.0))
-            except AuthenticationError as e:
-                with self._cond:
-                    self._errors[peer] = e
-                    self._cond.notify_all()
-                return
-            except OSError as e:
-                self._mark_dead(peer, f"connection refused: {e.strerror or e}")
-                return
-            self._attach(conn, sock, session)
+        if dial and not self._dial(conn):
+            return
         sock = conn.sock
         link_free = time.monotonic()
         while True:
@@ -810,6 +817,10 @@ class SocketTransport(Transport):
                 c.reader.join(max(0.0, deadline - time.monotonic()))
             if c.sock is not None:
                 c.sock.close()
+        self._close_endpoints()
+
+    def _close_endpoints(self) -> None:
+        """Close what is not a connection: the listener, the store client, the store server."""
         try:
             self._listener.close()
         except OSError:
