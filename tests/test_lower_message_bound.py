@@ -1,5 +1,6 @@
 """bounds.message_bound against plans priced by the cost model: never above any plan's
-simulated time at that plan's largest message (brute force over chunk sizes and lowerings),
+simulated time at that plan's largest message (brute force over chunk sizes and lowerings;
+the latency-aware bound checked on the same plans),
 never below the cut bound, and met exactly by a pipeline over one link. No timing."""
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 
 from hcc.compiler import treepack
 from hcc.compiler.baselines import ring_plan
-from hcc.compiler.bounds import binding_cut, message_bound
+from hcc.compiler.bounds import (EVEN_CHUNK_RATIO, binding_cut, latency_bound, message_bound,
+                                 pipeline_cut_time, pipeline_cuts)
 from hcc.compiler.cost import CostModel, simulate
 from hcc.compiler.lower import lower
 from hcc.ir.plan import Send
@@ -69,11 +71,19 @@ def test_no_plan_beats_the_message_bound(kind, topo):
     cut = binding_cut(kind, topo, ranks, root, size).time(size)
     for pm in (0.0, 1e-6, 20e-6):
         model = CostModel(per_message_s=pm)
+        # the latency-aware bound too (tests/test_latency_bound.py has the other lowerings):
+        # at each plan's own smallest and largest message, and the printed one for its class
+        cuts = pipeline_cuts(kind, topo, ranks, root, size, pm)
+        lat = latency_bound(kind, topo, ranks, root, size, pm, itemsize=4).time_s
         for chunk in (64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20):
             for plan in plans(kind, topo, s, chunk):
                 t = simulate(plan, model=model).time
                 b = message_bound(kind, topo, ranks, root, size, largest_message(plan), pm)
                 assert cut <= b <= t * (1 + 1e-9), (plan.algorithm, chunk, pm)
+                sizes = [op.src.count * 4 for prog in plan.programs for op in prog if isinstance(op, Send)]
+                assert pipeline_cut_time(cuts, max(sizes), min(sizes)) <= t * (1 + 1e-9), (plan.algorithm, chunk, pm)
+                if min(sizes) >= EVEN_CHUNK_RATIO * max(sizes):
+                    assert lat <= t * (1 + 1e-9), (plan.algorithm, chunk, pm)
 
 
 def test_a_pipeline_over_one_link_meets_the_bound_exactly():
