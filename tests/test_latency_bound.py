@@ -18,7 +18,6 @@ import json
 
 import pytest
 
-from hcc.compiler import treepack
 from hcc.compiler.baselines import dbtree_plan, rd_plan, ring_plan
 from hcc.compiler.bounds import (EVEN_CHUNK_RATIO, binding_cut, latency_bound, pipeline_cut_time,
                                  pipeline_cuts, spread_hops)
@@ -28,7 +27,7 @@ from hcc.compiler.lower import lower
 from hcc.ir.plan import Send
 from hcc.ir.topology import Link, Topology
 
-from test_lower_message_bound import path_graph
+from test_lower_message_bound import packed, path_graph
 from test_schedule_efficiency import dgx1_nvlink, random_graph, spec
 
 KINDS = ("broadcast", "reduce", "allgather", "reduce_scatter", "allreduce")
@@ -56,13 +55,8 @@ def message_range(plan) -> tuple[int, int]:
 
 def plans(kind, topo, s, chunks):
     """Every lowering hcc prices for ``kind`` on ``topo``, at each chunk size."""
-    ranks = topo.nodes
-    if kind in ("broadcast", "reduce"):
-        trees = treepack.pack_broadcast(topo, ranks, ranks[0], reverse=kind == "reduce").trees
-    else:
-        trees = treepack.pack_allgather(topo, ranks, reverse=kind == "reduce_scatter").trees
-    alg = "treepack-rsag" if kind == "allreduce" else "treepack"
-    channels = ring_channels(topo, ranks)
+    trees, alg = packed(kind, topo)
+    channels = ring_channels(topo, topo.nodes)
     for chunk in chunks:
         yield lower(s, topo, trees, chunk, algorithm=alg, schedule="timed")
         yield lower(s, topo, trees, chunk, algorithm=alg)

@@ -48,13 +48,19 @@ def largest_message(plan) -> int:
     return max(op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)) * plan.itemsize
 
 
-def plans(kind, topo, s, chunk):
+def packed(kind, topo):
+    """The optimal packing's trees of ``kind`` on ``topo`` (rooted kinds from its first rank) and
+    the treepack algorithm that lowers them."""
     ranks = topo.nodes
     if kind in ("broadcast", "reduce"):
         trees = treepack.pack_broadcast(topo, ranks, ranks[0], reverse=kind == "reduce").trees
     else:
         trees = treepack.pack_allgather(topo, ranks, reverse=kind == "reduce_scatter").trees
-    alg = "treepack-rsag" if kind == "allreduce" else "treepack"
+    return trees, "treepack-rsag" if kind == "allreduce" else "treepack"
+
+
+def plans(kind, topo, s, chunk):
+    trees, alg = packed(kind, topo)
     yield lower(s, topo, trees, chunk, algorithm=alg, schedule="timed")
     yield lower(s, topo, trees, chunk, algorithm=alg)
     yield ring_plan(s, topo, chunk)
