@@ -167,6 +167,15 @@ def memory_bandwidth(nbytes: int = 64 << 20, procs: int | None = None, reps: int
     return out
 
 
+def remeasure(rates: dict) -> None:
+    """Measure the memory rates again after a half's runs and keep the best of each in
+    ``rates``: a rate measured while other jobs held the cores understates the machine."""
+    later = memory_bandwidth()
+    rates.update({k: max(v, later[k]) for k, v in rates.items()})
+    print(f"memory, measured again: copy {later['copy_Bps'] / 1e9:.1f} GB/s, add {later['add_Bps'] / 1e9:.1f} GB/s;"
+          f" the bound uses the best of the two", flush=True)
+
+
 def memory_traffic(kind: str, n: int, nbytes: int) -> tuple[int, int]:
     """(bytes copied, bytes of reduction output) the host's memory must move for one ``kind``
     on ``n`` ranks of one host whose buffers are private (nccl-tests' size: ``nbytes`` is each
@@ -511,15 +520,23 @@ def bench_mpi(plans: dict, iters: int, reps: int = 1, warmup: int = WARMUP) -> d
     return out
 
 
-def sockets_vs_mpich(plans: dict, keys: list, n: int, iters: int, reps: int, warmup: int = WARMUP) -> dict:
+def sockets_vs_mpich(plans: dict, keys: list, n: int, iters: int, reps: int, warmup: int = WARMUP,
+                     budget_s: float | None = None) -> dict:
     """Per key ``(hcc times, MPICH times, ratios)``: hcc's default runtime (the sockets
     backend; shared memory between these local ranks) run, then MPICH's own collective in an
-    mpiexec job of its own, ``reps`` times back to back (one busbw ratio per rep)."""
+    mpiexec job of its own, ``reps`` times back to back (one busbw ratio per rep). With
+    ``budget_s``, no rep starts once that many seconds have passed (``--budget``: a loaded
+    run whose reps take far longer than a quiet one's still ends with whole reps; each row
+    says how many it has)."""
     peers_mod = _mpi_peers("mpich")
     if peers_mod is None:
         return {}
     out = {k: ([], [], []) for k in keys}
-    for _ in range(max(1, reps)):
+    start = time.monotonic()
+    for rep in range(max(1, reps)):
+        if rep and budget_s is not None and time.monotonic() - start > budget_s:
+            print(f"  mpich: {rep} of {reps} reps within the budget of {budget_s:g} s", flush=True)
+            break
         h, _, _ = bench_sockets(plans, iters, warmup=warmup)
         for k in keys:
             try:
@@ -694,6 +711,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pace", type=float, default=200e6,
                     help="bytes/s per link for the pipelining figure (0 = raw loopback)")
     ap.add_argument("--out", default=None, help="the comparison CSV (default benchmarks/results/runtime.csv)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds after which the MPICH half starts no further rep (default: none)")
     ap.add_argument("--burners", type=int, default=0,
                     help="start this many CPU burners (one busy process each) before the run and end "
                          "them after it: the loaded-machine run")
@@ -769,21 +788,20 @@ def _main(a) -> int:
           + f"; {n} ranks; {a.iters} iterations after {a.warmup} warm-up x {a.reps} reps; settings: "
           + ("the compiler's own (--auto)" if a.auto else "SOCKETS_SETTINGS / MPI_SETTINGS, else auto"))
     print(f"{'kind':10s} {'size':8s}  {'hcc':12s} {'busbw':>13s}   {'peer':16s} {'busbw':>13s}  hcc/peer   plan")
-    if "sockets" in peers:
+    # hcc alone only when no peer half measures it (--peers sockets); the MPICH half runs
+    # hcc beside each MPICH job itself
+    if "sockets" in peers and ("gloo" in peers or "mpich" not in peers):
         m = sockets_vs_gloo(plans, n, keys, a.iters, a.reps, "gloo" in peers,
                             frozenset() if a.out_of_place else INPLACE_KINDS,
                             True if a.restore_each else INPLACE_MODE, a.warmup)
-        # the bound takes the best rates seen: a rate measured while other jobs held the
-        # cores understates the machine
-        later = memory_bandwidth()
-        rates.update({k: max(v, later[k]) for k, v in rates.items()})
-        print(f"memory, measured again: copy {later['copy_Bps'] / 1e9:.1f} GB/s, add {later['add_Bps'] / 1e9:.1f} GB/s;"
-              f" the bound uses the best of the two", flush=True)
+        remeasure(rates)
         for k in keys:
             emit(*k, "hcc-sockets", m.hcc[k], "gloo", m.gloo[k] if m.gloo else None, m.ratios.get(k),
                  cpu=(m.hcc_cpu[k], m.gloo_cpu.get(k)), idle=(m.hcc_idle[k], m.gloo_idle.get(k)))
     if "mpich" in peers:  # hcc's default runtime (sockets: shared memory here) against MPICH's own
-        for k, (ht, nt, rs) in sockets_vs_mpich(plans, keys, n, a.iters, a.reps, a.warmup).items():
+        res = sockets_vs_mpich(plans, keys, n, a.iters, a.reps, a.warmup, a.budget)
+        remeasure(rates)
+        for k, (ht, nt, rs) in res.items():
             emit(*k, "hcc-sockets", ht, "mpich-native", nt, rs)
     if "mpi" in peers:
         mpi_plans = compile_plans(n, sizes, MPI_PORT, settings=None if a.auto else MPI_SETTINGS)
