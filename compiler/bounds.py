@@ -761,7 +761,8 @@ class PipelineCut:
     (``factor x M``); ``caps``/``costs``: each arc's capacity and per-message hold ``α +
     per_message_s``; ``hops``: :func:`spread_hops` for the ranks beyond it (0 where the kind has
     no such tail); ``hop_caps``/``hop_costs``: every arc whose hold bounds one message time of
-    that tail (the cut's arcs and every rank's outgoing arcs, incoming for the reversed kinds)."""
+    that tail (the cut's arcs and the outgoing arcs of the ranks beyond it, incoming for the
+    reversed kinds)."""
 
     cut: Cut
     bytes: float
@@ -771,7 +772,7 @@ class PipelineCut:
     hop_caps: tuple[float, ...]
     hop_costs: tuple[float, ...]
     links_out: int  # arcs of the cut (the spread's first fan-out)
-    degree: int  # the most arcs a rank sends on (receives on, reversed)
+    degree: int  # the most arcs a rank beyond the cut sends on (receives on, reversed)
     beyond: int  # ranks beyond the cut that need every byte
 
     def rate_time(self, s: float) -> float:
@@ -816,30 +817,27 @@ def pipeline_cuts(kind: str, topo: Topology, ranks, root, size_bytes: float, per
         if links and (set(links) != set(cut.links)):
             cuts.append(Cut(kind, (rname,), links, cap, 1, 1.0, "in" if reverse else "out",
                             f"the root's own links ({'out' if not reverse else 'in'})"))
-    if reverse is None:
-        degree = 0
-        hop = []
-    else:
-        side = 1 if reverse else 0  # the rank end of the arcs a rank sends on (receives on)
-        count: dict[str, int] = {}
-        for a in arcs:
-            if a[side] in rank_set:
-                count[a[side]] = count.get(a[side], 0) + 1
-        degree = max(count.values(), default=0)
-        hop = [a for a in arcs if a[side] in rank_set]
+    side = 1 if reverse else 0  # the rank end of the arcs a rank sends on (receives on, reversed)
     out = []
     for c in cuts:
         try:
             cc = [arcs[a] for a in c.links]
         except KeyError:
             continue
-        beyond = sum(1 for r in ranks if r not in set(c.vertices))
-        hops = spread_hops(len(c.links), degree, beyond) if reverse is not None and c.kind == kind else 0
-        h = sorted(set(hop) | set(c.links))
+        outside = rank_set - set(c.vertices)
+        # only ranks beyond the cut relay the last byte (gather contributions, reversed) before
+        # it reaches them all: their arcs and the cut's bound the spread
+        own = [a for a in arcs if a[side] in outside] if reverse is not None else []
+        count: dict[str, int] = {}
+        for a in own:
+            count[a[side]] = count.get(a[side], 0) + 1
+        degree = max(count.values(), default=0)
+        hops = spread_hops(len(c.links), degree, len(outside)) if reverse is not None and c.kind == kind else 0
+        h = sorted(set(own) | set(c.links))
         out.append(PipelineCut(c, c.factor * size_bytes, tuple(x for x, _ in cc),
                                tuple(a + per_message_s for _, a in cc), hops,
                                tuple(arcs[a][0] for a in h), tuple(arcs[a][1] + per_message_s for a in h),
-                               len(c.links), degree, beyond))
+                               len(c.links), degree, len(outside)))
     return out
 
 
@@ -858,14 +856,15 @@ def pipeline_cut_time(cuts: list[PipelineCut], s_hi: float, s_lo: float) -> floa
       message delivering it crosses a cut arc, and a message ends no earlier than any of its
       arcs' holds). From then on each cut arc can end one hold per message time ``τ`` and each
       holder beyond, on each of its at most ``Δ`` outgoing arcs, one more (a hold lasts at
-      least ``τ = min (a + s_lo / c)`` over the cut's arcs and every rank's outgoing arcs): ``j``
+      least ``τ = min (a + s_lo / c)`` over the cut's arcs and those arcs): ``j``
       message times reach at most ``g_j = (1 + Δ) g_(j-1) + K`` ranks beyond, ``g_0 = K``
       (``K`` cut arcs). ``N`` ranks beyond need ``h = spread_hops(K, Δ, N)`` message times:
       ``T >= ε + h τ``;
     - reduce and reduce-scatter are the mirror: contributions from the ``N`` ranks beyond
-      reach S only through cut arcs, a rank's set of contributions grows by at most ``Δ``
-      incoming messages per message time, and the last byte's final crossing starts at least
-      ``h τ`` after time 0 while every byte's final crossing starts no earlier:
+      first reach S only through cut arcs, a rank beyond's set of contributions not yet in S
+      grows only by messages from ranks beyond, at most ``Δ`` incoming per message time, and
+      the last byte's final crossing starts at least ``h τ`` after time 0 while every byte's
+      final crossing starts no earlier:
       ``T >= h τ + F / Σ_E c'``.
 
     Small messages shrink ``τ``: a schedule free to shrink its last chunks pays almost no tail,
