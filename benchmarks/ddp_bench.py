@@ -26,6 +26,9 @@ model; hcc/collectives.py). gloo runs as torchrun starts it (``LOCAL_WORLD_SIZE`
 hosts joined by one slow link) with ``hcc netem``, runs every rank in its namespace (gloo bound
 to the rank's link, hcc listening on the rank's address) and removes the emulation afterwards.
 
+``--burners N`` starts N CPU burners (one busy process each, benchmarks/runtime_bench.py) beside
+the measured job: a loaded machine, reproducibly.
+
 Prints a table and writes benchmarks/results/ddp_bench.csv.
 """
 from __future__ import annotations
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run on emulated topology (b) or (c) of BENCHMARKS.md (root)")
     ap.add_argument("--profile", action="store_true",
                     help="print when each hcc bucket all-reduce was issued, started and finished")
+    ap.add_argument("--burners", type=int, default=0,
+                    help="this many CPU burners (one busy process each) beside the measured job: a loaded machine")
     ap.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 and 4 MiB")
     ap.add_argument("--csv", default=None, help="default: benchmarks/results/ddp_bench[_netem_b|c].csv")
     args = ap.parse_args(argv)
@@ -255,7 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             net, ranks, topo = netem_up(args, cache)
         try:
             t0 = time.monotonic()
-            res = launch(args, cache, net, ranks)
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from runtime_bench import start_burners, stop_burners
+
+            burners = start_burners(args.burners) if args.burners else []
+            try:  # the measured job only: the warm job's first calls are not loaded
+                res = launch(args, cache, net, ranks)
+            finally:
+                stop_burners(burners)
             # a second job on the same cache: the first call now loads its plan from disk
             warm = launch(argparse.Namespace(**{**vars(args), "steps": 0, "sizes": ""}), cache, net, ranks)
             wall = time.monotonic() - t0
@@ -269,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ddp_bench: {n} ranks on {topo}, {res.get('params', 0) / 1e6:.1f} M parameters "
           f"({res.get('params', 0) * 4 / 2**20:.0f} MiB of gradients), {args.steps} steps per backend, "
           f"{wall:.0f} s")
-    print(f"hcc: {res['hcc_path']}")
+    print(f"hcc: {res['hcc_path']}" + (f"; {args.burners} CPU burners beside the job" if args.burners else ""))
     print(f"hcc first all_reduce of {args.probe_elems} floats right after joining: {res['first_call_s']:.3f} s "
           f"with an empty plan cache, {warm['first_call_s']:.3f} s with the plan on disk; "
           f"{res['second_call_s']:.4f} s the second time; joining the hcc group: {res['join_s']:.2f} s")
