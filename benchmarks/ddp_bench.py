@@ -65,9 +65,11 @@ def worker(args) -> int:
     gloo_pg = dist.new_group(backend="gloo")
     out: dict = {"rank": rank, "n": n, "join_s": join_s}
     comm = hcc_pg.comm  # the group is hcc.torch.ProcessGroupHCC itself
-    tcp = "TCP in the native core" if getattr(comm.transport, "concurrent_runs", False) else "TCP in Python"
-    out["hcc_path"] = (f"{len(getattr(comm.transport, 'local_peers', ()))} of {n - 1} peers over shared memory, "
-                       f"{tcp}, {len(comm._lanes)} lane(s), plans for {comm.cache.topo_name} with "
+    local = len(getattr(comm.transport, "local_peers", ()))
+    tcp = ("" if local == n - 1 else "TCP in the native core, " if getattr(comm.transport, "concurrent_runs", False)
+           else "TCP in Python, ")
+    out["hcc_path"] = (f"{local} of {n - 1} peers over shared memory, "
+                       f"{tcp}{len(comm._lanes)} lane(s), plans for {comm.cache.topo_name} with "
                        f"{comm.cache.model.per_message_s * 1e6:g} us per message")
 
     def timed(fn) -> float:
