@@ -435,38 +435,39 @@ class _Timed:
             heappush(ev, (max(t, allow.get(port, 0.0)), 1, seq, port))
             seq += 1
 
-        def pending(r: int, t: float) -> list[tuple[float, int]]:
-            c = comp[r]
-            i = bisect.bisect_left(c, (t, -1))
-            if i:
-                del c[:i]
-            return c
+        wsize = {x: max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window for x in port_rank}
+        bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
+        pred, pop, t_start, t_end, gate_by, first_in = self.pred, self.pop, self.start, self.end, self.gate_by, \
+            self.first_in
+        tree, chunk = self.tree, self.chunk
 
         def decide(x: int, m: int, t: float):
             """('go', gate or None) or ('wait', time)."""
             if t == 0.0 and x not in last:  # everything without dependencies is posted at 0
                 return "go", None
-            s, d = port_rank[x], dst[m]
-            cs, cd = pending(s, t), pending(d, t)
+            cs, cd = comp[port_rank[x]], comp[dst[m]]
+            for c in (cs, cd):  # drop the completions before t
+                if c and c[0][0] < t:
+                    del c[:bisect_left(c, (t, -1))]
             now = None
             if last.get(x) != t:
                 if cs and cs[0][0] == t:
                     now = (cs[0][1], 0)
                 elif cd and cd[0][0] == t:
                     now = (cd[0][1], 1)
-            busy = link_free[x]
             # the latest completion after t while the port is still busy: a start there
             # reserves the port the moment it frees, and the order is committed as late as
             # it can be
-            later = None
+            busy = (link_free[x], nm)
+            later = -1.0
             for c in (cs, cd):
-                i = bisect.bisect_right(c, (busy, nm)) - 1
-                if i >= 0 and c[i][0] > t and (later is None or c[i][0] > later):
+                i = bisect_right(c, busy) - 1
+                if i >= 0 and c[i][0] > t and c[i][0] > later:
                     later = c[i][0]
-            if now is not None and later is None:
-                return "go", now
-            if later is not None:
+            if later > t:
                 return "wait", later
+            if now is not None:
+                return "go", now
             nxt = min(next((e for e, _ in cs if e > t), inf), next((e for e, _ in cd if e > t), inf))
             if nxt < inf:
                 return "wait", nxt
@@ -476,11 +477,15 @@ class _Timed:
         def start(x: int, m: int, t: float, gate) -> None:
             nonlocal seq
             heappop(queue[x])
-            win = started.setdefault(x, deque())
-            w = max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window
-            self.pred[m] = win[0][0] if len(win) == w else -1
+            win = started.get(x)
+            if win is None:
+                win = started[x] = deque()
+            w = wsize[x]
+            full = len(win) == w
+            if full:
+                pred[m] = win.popleft()[0]
             if gate is not None:
-                self.gate_by[m] = gate
+                gate_by[m] = gate
             nb, st = nbytes[m], stream[m]
             t_hop = t
             end = t + per_msg
@@ -491,16 +496,14 @@ class _Timed:
                 t_hop += lat[e]
                 if t_hop + per_msg + st > end:
                     end = t_hop + per_msg + st
-            self.pop[m] = len(order)
+            pop[m] = len(order)
             order.append(m)
             if not down[m]:
-                self.first_in.setdefault((dst[m], self.tree[m], self.chunk[m]), m)
-            self.start[m], self.end[m] = t, end
-            bisect.insort(comp[src[m]], (end, m))
-            bisect.insort(comp[dst[m]], (end, m))
+                first_in.setdefault((dst[m], tree[m], chunk[m]), m)
+            t_start[m], t_end[m] = t, end
+            insort(comp[src[m]], (end, m))
+            insort(comp[dst[m]], (end, m))
             last[x] = t
-            if len(win) == w:
-                win.popleft()
             win.append((m, end))
             allow[x] = win[0][1] if len(win) == w else 0.0
             heappush(ev, (end, 0, seq, m))
