@@ -274,6 +274,7 @@ class _Links:
         for (u, v), i in self.id.items():
             self.adj.setdefault(u, []).append((v, i))
         self.routes: dict[str, dict[str, tuple[int, ...]]] = {}
+        self.prev: dict[str, dict[str, tuple[str, int]]] = {}  # per source: Dijkstra's tree
 
 
 @functools.lru_cache(maxsize=8)
@@ -292,6 +293,7 @@ class _Network:
         self.links = links
         self.cap, self.lat, self.ends, self.id, self.adj = links.cap, links.lat, links.ends, links.id, links.adj
         self._routes = links.routes
+        self._prev = links.prev
         self.names = plan.ranks
         self.trees = plan.trees
         self._cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
@@ -327,18 +329,23 @@ class _Network:
                         dist[v] = nd
                         prev[v] = (u, i)
                         heapq.heappush(heap, (nd, v))
-            paths: dict[str, tuple[int, ...]] = {}
-            for v in dist:
-                hops, w = [], v
-                while w != a:
-                    u, i = prev[w]
-                    hops.append(i)
-                    w = u
-                paths[v] = tuple(reversed(hops))
-            self._routes[a] = paths
-        path = self._routes[a].get(b)
+            # each target's path is read off ``prev`` when first asked for: a ring asks one
+            # target per source, and walking back all 1072 vertices' paths from each source
+            # was a third of the 1024-rank fat tree ring's routing (6.3 s -> 4.0 s)
+            self._routes[a] = {a: ()}
+            self._prev[a] = prev
+        paths = self._routes[a]
+        path = paths.get(b)
         if path is None:
-            raise PlanError(f"no route from {a} to {b} in the collective's sub-topology")
+            prev = self._prev[a]
+            if b not in prev:
+                raise PlanError(f"no route from {a} to {b} in the collective's sub-topology")
+            hops, w = [], b
+            while w != a:
+                u, i = prev[w]
+                hops.append(i)
+                w = u
+            path = paths[b] = tuple(reversed(hops))
         return path
 
     def path(self, a: int, b: int, tree: int) -> tuple[int, ...]:

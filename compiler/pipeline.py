@@ -187,6 +187,7 @@ class Lower:
         order = [a for a in lowered if a in BASELINES] + [a for a in lowered if a not in BASELINES]
         out = []
         best = float("inf")
+        kept = None  # the index in out of the candidate Select would take so far
         builders: dict[str, Callable[[int], Plan]] = {}
         dropped: dict[str, int] = {}  # algorithm -> ops of the programs it no longer holds
         floor = chunk_floor.plan_floor(u) if spec.algorithm == "auto" else None
@@ -212,21 +213,19 @@ class Lower:
                                   patience=patience)
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
-            _drop_large_programs(out, dropped)
+            kept = _keep_selected(out, eligible, kept, dropped)
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
-        pool = [k for k, c in enumerate(out) if c.algorithm in eligible]
-        if pool:  # the plan Select will take gets its programs back: lowered again, same chunk
-            k = min(pool, key=lambda k: _select_key(out[k]))
-            c = out[k]
-            if c.algorithm in dropped:
-                progress.report("lower", f"{c.algorithm} again, the plan selected")
-                plan = builders[c.algorithm](c.choice.chunk_bytes)
-                if isinstance(plan, tuple):  # a builder that prices its own plan: (plan, simulation)
-                    plan = plan[0]
-                if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
-                    raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
-                out[k] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
+        if kept is not None and out[kept].algorithm in dropped:
+            # the plan Select will take was too large to hold: lowered again, same chunk
+            c = out[kept]
+            progress.report("lower", f"{c.algorithm} again, the plan selected")
+            plan = builders[c.algorithm](c.choice.chunk_bytes)
+            if isinstance(plan, tuple):  # a builder that prices its own plan: (plan, simulation)
+                plan = plan[0]
+            if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
+                raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
+            out[kept] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
         return replace(u, candidates=tuple(out))
 
 
@@ -259,23 +258,40 @@ def _select_key(c: Candidate) -> tuple:
 
 
 # a lowered candidate of more than this many ops keeps its figures and trees but not its
-# programs, and the one selected is lowered again at its chunk size: on the 1024-rank fat tree
-# an allreduce candidate holds 5-6 million ops (1.2-1.4 GB), and keeping them all took a
-# compile to 8.8 GB; lowering the winner twice costs less than holding two such plans
+# programs, unless it is the one Select would take so far: on the 1024-rank fat tree an
+# allreduce candidate holds 5-6 million ops (1.2-1.4 GB), and keeping them all took a compile
+# to 8.8 GB
 KEEP_PROGRAMS_OPS = 500_000
+# the one Select would take so far keeps its programs up to this many ops, so it is not lowered
+# a second time at the end (the 2.1 million ops of the 1024-rank allgather's ring or the
+# 512-rank allgather's rings: ~0.45 GB, against 6-15 s of lowering). Above it, it is lowered
+# again: held through a later candidate's lowering, the 5.2 million ops of a 512- or 1024-rank
+# ring allreduce (1.1 GB) would take those compiles past 4 GiB (the treepack-rsag candidate
+# alone peaks at 4 GB)
+KEEP_SELECTED_OPS = 3_000_000
 
 
-def _drop_large_programs(out: list[Candidate], dropped: dict[str, int]) -> None:
-    """Empty the programs of every candidate in ``out`` above :data:`KEEP_PROGRAMS_OPS`
-    ops, noting each one's op count in ``dropped``."""
-    for k, c in enumerate(out):
+def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | None,
+                   dropped: dict[str, int]) -> int | None:
+    """After the last candidate of ``out`` is lowered: of it and ``out[kept]``, the one Select
+    would prefer (an eligible one, by :func:`_select_key`) keeps its programs up to
+    :data:`KEEP_SELECTED_OPS` ops, the other up to :data:`KEEP_PROGRAMS_OPS`; programs above
+    are emptied, their op count noted in ``dropped``. Returns the index Select would take."""
+    new = len(out) - 1
+    let_go = new
+    if out[new].algorithm in eligible and (kept is None or _select_key(out[new]) < _select_key(out[kept])):
+        kept, let_go = new, kept
+    for k, most in ((let_go, KEEP_PROGRAMS_OPS), (kept, KEEP_SELECTED_OPS)):
+        if k is None or out[k].algorithm in dropped:
+            continue
+        c = out[k]
         plan = c.choice.plan
         ops = sum(len(p) for p in plan.programs)
-        if c.algorithm in dropped or ops <= KEEP_PROGRAMS_OPS:
-            continue
-        dropped[c.algorithm] = ops
-        hollow = replace(plan, programs=tuple(() for _ in plan.programs))
-        out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
+        if ops > most:
+            dropped[c.algorithm] = ops
+            hollow = replace(plan, programs=tuple(() for _ in plan.programs))
+            out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
+    return kept
 
 
 @dataclass(frozen=True)

@@ -288,18 +288,29 @@ def test_compile_table_streams_rows_before_the_explanations():
     assert all(len(ln.split()) >= len(lines[0].split()) for ln in lines[2:2 + len(names)])
 
 
-def test_large_candidates_drop_their_programs_and_the_winner_is_lowered_again(monkeypatch):
-    # with every plan "large", each candidate keeps only its figures and the selected one is
-    # lowered a second time: the compile must give the very same plan as with all kept
+def test_large_candidates_drop_their_programs_but_the_winners_are_kept(monkeypatch):
+    # with every plan "large", each candidate keeps only its figures except the fastest so far,
+    # whose programs stay until a faster one replaces it: the compile must give the very same
+    # plan as with all kept, without lowering any candidate twice
     import hcc
-    from hcc.compiler import pipeline
+    from hcc.compiler import pipeline, progress
 
     prog = hcc.load(SAMPLES / "demo.hcl")
     for c in prog.collectives[:2]:
         whole = pipeline.compile_unit(prog, c.name)
         monkeypatch.setattr(pipeline, "KEEP_PROGRAMS_OPS", 0)
-        lean = pipeline.compile_unit(prog, c.name)
+        built = []
+        with progress.listening(lambda _c, stage, step, *_: stage == "lower" and " at " in step and built.append(step)):
+            lean = pipeline.compile_unit(prog, c.name)
+        assert len(built) == len(set(built))  # no candidate lowered twice at one chunk size
+        # the selected plan too large to hold as well: it alone is lowered a second time
+        monkeypatch.setattr(pipeline, "KEEP_SELECTED_OPS", 0)
+        again = []
+        with progress.listening(lambda _c, stage, step, *_: stage == "lower" and again.append(step)):
+            leaner = pipeline.compile_unit(prog, c.name)
         monkeypatch.undo()
+        assert sum(s.endswith("again, the plan selected") for s in again) == 1
+        assert leaner.plan.digest() == whole.plan.digest() and leaner.plan.programs == whole.plan.programs
         assert lean.plan.digest() == whole.plan.digest()
         assert lean.plan.programs == whole.plan.programs
         losers = [k for k in lean.candidates if k.algorithm != lean.chosen.algorithm]
