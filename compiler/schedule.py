@@ -32,6 +32,15 @@ only when one of the rank's ops completes, and the plan makes the send depend on
 it is posted exactly when scheduled, and on DGX-1's fragments (NVLinks plus PCIe switches)
 the simulated time equals the schedule's own (tests/test_timed_split.py).
 
+Exact replay (EXACT_GATE). Where some rank reaches the others only through switches (A100
+servers, NVSwitch boxes), :meth:`_Timed.schedule_exact` starts every message after time 0 at
+the completion of an op of its sender or its receiver, and the plan makes the message's Send
+or Recv depend on that op; messages that start at one instant start in the order the
+simulator pops them; every time is computed with the simulator's own floating-point
+operations. The simulator then reserves every link, the switches' egress links included, in
+the schedule's order, and the plan's simulated time is the schedule's makespan
+(tests/test_schedule_ingress.py).
+
 Jobs. The scheduler moves *jobs*: a job reduces its chunks up one tree (its *up tree*) and
 broadcasts them down another (its *down tree*), both rooted at the same rank. A tree kind's
 jobs are its trees (up = down); the split allreduce (compiler/splitpack.py) pairs in-trees
@@ -275,11 +284,6 @@ class _Timed:
         lat, cap, per_msg = self.links.lat, self.links.cap, self.per_msg
         nm = len(self.src)
         nbytes = [(self.hi[m] - self.lo[m]) * self.itemsize for m in range(nm)]
-        remaining = [len(d) for d in self.deps]
-        dependents: list[list[int]] = [[] for _ in range(nm)]
-        for m, ds in enumerate(self.deps):
-            for d in ds:
-                dependents[d].append(m)
         link_free = [0.0] * len(cap)
         queue: dict[int, list] = {}
         nxt: dict[int, float] = {}  # port -> earliest time its window allows a start
@@ -314,17 +318,7 @@ class _Timed:
         self.relay = bool(relay)
         direct = self.gated_ranks() if relay and wide else set()
         wide_ports = {x for x, r in port_rank.items() if r not in direct} if relay and wide else set()
-        for m in range(nm):
-            if remaining[m] == 0:
-                ready(m, 0.0)
-        while ev:
-            t, phase, _, x = heappop(ev)
-            if phase == 0:
-                for d in dependents[x]:
-                    remaining[d] -= 1
-                    if remaining[d] == 0:
-                        ready(d, t)
-                continue
+        for t, x in self._tries(ev, ready):
             q = queue.get(x)
             if not q or t < nxt.get(x, 0.0) - 1e-15:
                 continue
@@ -377,6 +371,32 @@ class _Timed:
             raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
         return order
 
+    def _tries(self, ev: list, ready):
+        """The event loop both schedulers share: pops ``ev``'s (time, phase, seq, what)
+        events in order; a completion (phase 0, a message) makes the messages waiting for it
+        ``ready(m, t)``; every port try (phase 1) is yielded as ``(t, port)``. The messages
+        without dependencies are made ready at 0 first."""
+        import heapq
+
+        remaining = [len(d) for d in self.deps]
+        dependents: list[list[int]] = [[] for _ in range(len(remaining))]
+        for m, ds in enumerate(self.deps):
+            for d in ds:
+                dependents[d].append(m)
+        for m, r in enumerate(remaining):
+            if r == 0:
+                ready(m, 0.0)
+        heappop = heapq.heappop
+        while ev:
+            t, phase, _, x = heappop(ev)
+            if phase == 0:
+                for d in dependents[x]:
+                    remaining[d] -= 1
+                    if remaining[d] == 0:
+                        ready(d, t)
+                continue
+            yield t, x
+
     def schedule_exact(self, window: int, wide: bool) -> list[int]:
         """:meth:`schedule` for collectives with a switch, written so that the plan replays it
         exactly (see EXACT_GATE): every message starts at time 0 or at the completion of an
@@ -387,6 +407,7 @@ class _Timed:
         ``makespan`` like :meth:`schedule`."""
         import bisect
         import heapq
+        import itertools
         from collections import deque
 
         lat, cap, per_msg = self.links.lat, self.links.cap, self.per_msg
@@ -399,11 +420,6 @@ class _Timed:
         for pth in set(path):
             cmin[pth] = min(cap[e] for e in pth)
         stream = [nbytes[m] / cmin[path[m]] for m in range(nm)]
-        remaining = [len(d) for d in self.deps]
-        dependents: list[list[int]] = [[] for _ in range(nm)]
-        for m, ds in enumerate(self.deps):
-            for d in ds:
-                dependents[d].append(m)
         rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
         port_rank = {x: rank_of[self.links.ends[x][0]] for x in {p[0] for p in path}}
         direct = self.gated_ranks() if wide else set()
@@ -424,16 +440,14 @@ class _Timed:
         self.ungated = 0
         order: list[int] = []
         ev: list = []  # (time, phase, seq, what): phase 0 done(message), 1 try(port)
-        seq = 0
+        tick = itertools.count()  # seq: pushes at one time and phase pop in push order
         heappush, heappop = heapq.heappush, heapq.heappop
         inf = float("inf")
 
         def ready(m: int, t: float) -> None:
-            nonlocal seq
-            port = path[m][0]
-            heappush(queue.setdefault(port, []), (key[m], not down[m], -m, m))
-            heappush(ev, (max(t, allow.get(port, 0.0)), 1, seq, port))
-            seq += 1
+            x = path[m][0]
+            heappush(queue.setdefault(x, []), (key[m], not down[m], -m, m))
+            heappush(ev, (max(t, allow.get(x, 0.0)), 1, next(tick), x))
 
         wsize = {x: max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window for x in port_rank}
         bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
@@ -475,7 +489,6 @@ class _Timed:
             return "go", None
 
         def start(x: int, m: int, t: float, gate) -> None:
-            nonlocal seq
             heappop(queue[x])
             win = started.get(x)
             if win is None:
@@ -506,25 +519,13 @@ class _Timed:
             last[x] = t
             win.append((m, end))
             allow[x] = win[0][1] if len(win) == w else 0.0
-            heappush(ev, (end, 0, seq, m))
-            seq += 1
+            heappush(ev, (end, 0, next(tick), m))
             if end > self.makespan:
                 self.makespan = end
             if queue[x]:
-                heappush(ev, (max(t, allow[x]), 1, seq, x))
-                seq += 1
+                heappush(ev, (max(t, allow[x]), 1, next(tick), x))
 
-        for m in range(nm):
-            if remaining[m] == 0:
-                ready(m, 0.0)
-        while ev:
-            t, phase, _, x = heappop(ev)
-            if phase == 0:
-                for d in dependents[x]:
-                    remaining[d] -= 1
-                    if remaining[d] == 0:
-                        ready(d, t)
-                continue
+        for t, x in self._tries(ev, ready):
             ports = {x}
             while ev and ev[0][0] == t and ev[0][1] == 1:
                 ports.add(heappop(ev)[3])
@@ -538,8 +539,7 @@ class _Timed:
                 if what == "go":
                     go.append((x, m, arg))
                 else:
-                    heappush(ev, (arg, 1, seq, x))
-                    seq += 1
+                    heappush(ev, (arg, 1, next(tick), x))
             if len(go) > 1:  # in the simulator's order among messages ready at one instant
                 keyed = sorted((self._sim_key(x, m, g, started, window, wide_ports), x, m, g) for x, m, g in go)
                 if keyed[0][0][0] < 0 and any(not down[m] for _, _, m, _ in keyed):

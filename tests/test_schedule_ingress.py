@@ -14,10 +14,12 @@ from hcc.compiler.lower import _root_spans, assemble, lower
 from hcc.compiler.schedule import PORT_WINDOW, lower_timed
 from hcc.compiler.builder import split_by_rate
 from hcc.compiler.trees import TreeShape
+from hcc.compiler.treepack import PackedTree as PT
 from hcc.ir.plan import Recv, RecvReduce
+from hcc.ir.topology import Link, Topology
 from hcc.ir.verify import verify
 
-from test_lower import check_numeric, mesh, spec, switched, trees_for, via_switch
+from test_lower import check_numeric, mesh, spec, switched, trees_for
 
 RECVS = (Recv, RecvReduce)
 
@@ -49,13 +51,31 @@ def timed(s, topo, trees, chunk_bytes: int):
     return plan, L.timed_makespan
 
 
+def mixed(n: int) -> tuple[Topology, set]:
+    """switched(n) plus a 4 GB/s link each way between g0 and g1: two ranks with a direct
+    link, the others reached only through the switch."""
+    topo = switched(n)
+    a, b = topo.vertices[0], topo.vertices[1]
+    links = topo.links + (Link(a, b, 4e9, 2e-6), Link(b, a, 4e9, 2e-6))
+    return Topology("mixed", topo.vertices, topo.switches, links), {a, b}
+
+
+def routed(t: PT, direct: set) -> PT:
+    """Tree ``t`` with its edges through the switch, but for those between ``direct`` ranks."""
+    return PT(t.root, tuple((a, b, (a, b) if {a, b} <= direct else (a, "sw", b)) for a, b, _ in t.edges), t.rate)
+
+
 @pytest.mark.parametrize("kind,op", [("broadcast", None), ("reduce", "sum"), ("allgather", None),
                                      ("reduce_scatter", "sum"), ("allreduce", "sum"), ("allreduce", "avg")])
-@pytest.mark.parametrize("n", [3, 5])
-def test_plans_over_a_switch_replay_their_schedule(kind, op, n):
+@pytest.mark.parametrize("n,net", [(3, "switched"), (5, "switched"), (4, "mixed")])
+def test_plans_over_a_switch_replay_their_schedule(kind, op, n, net):
     s = spec(kind, n, 240, op=op)
-    trees = [via_switch(t) for t in trees_for(kind, n, s.root)]
-    plan, makespan = timed(s, switched(n), trees, chunk_bytes=10 * 8)
+    if net == "mixed":
+        topo, direct = mixed(n)
+    else:
+        topo, direct = switched(n), set()
+    trees = [routed(t, direct) for t in trees_for(kind, n, s.root)]
+    plan, makespan = timed(s, topo, trees, chunk_bytes=10 * 8)
     verify(plan)
     check_numeric(plan, seed=3)
     assert simulate(plan).time == pytest.approx(makespan, rel=1e-9)
