@@ -120,10 +120,14 @@ def test_native_tcp_runs_match_the_python_executor(tmp_path, monkeypatch):
     assert np.array_equal(native[0][4], ins[1][4].astype(np.int32))
 
 
-def test_native_tcp_mismatched_order_and_a_closed_rank_fail_fast(tmp_path):
+def test_native_tcp_mismatched_order_and_a_closed_rank_fail_fast(tmp_path, monkeypatch):
     """Ranks 0, 1 all-reduce where rank 2 broadcasts: every rank fails within seconds (the plan
     ids on the wire), naming both calls. Then a job where rank 2 closes before its call: the
-    others fail naming rank 2, well before their 30 s deadline."""
+    others fail naming rank 2, well before their 30 s deadline (the failing ranks wait 2 s,
+    not 5, for the others' description of the call: rank 2 never gives one)."""
+    from hcc import collectives
+
+    monkeypatch.setattr(collectives, "DIAG_WAIT_S", 2.0)
     def order(rank, c):
         a = np.arange(1000, dtype=np.float32)
         t0 = time.monotonic()
