@@ -97,13 +97,15 @@ def test_every_op_each_dtype_odd_sizes(job4):
 
 def test_async_in_flight_three_ranks_tcp_init_and_disk_cache(tmp_path):
     """Two all_reduces in flight at once and a burst of 16 async calls waited for in reverse,
-    on three ranks (no size divides by 3) joined with tcp:// and explicit rank/world_size;
-    then again from the plans the first run left on disk (nothing is compiled twice)."""
+    on three ranks (no size divides by 3) joined with tcp:// and explicit rank/world_size, over
+    TCP (``HCC_SHM=off``: the native core drives the connections, the runs of both lanes at
+    once); then again from the plans the first run left on disk (nothing is compiled twice)."""
     cache = tmp_path / "cache"
-    ok(launch("async", 3, cache, extra={"HCC_TEST_INIT": "tcp"}))
+    extra = {"HCC_TEST_INIT": "tcp", "HCC_SHM": "off"}
+    ok(launch("async", 3, cache, extra=extra))
     files = sorted(p.name for p in cache.rglob("*.json"))
     assert files and all(f.startswith(("allreduce-", "broadcast-")) for f in files)
-    ok(launch("async", 3, cache, extra={"HCC_TEST_INIT": "tcp"}))
+    ok(launch("async", 3, cache, extra=extra))
     assert sorted(p.name for p in cache.rglob("*.json")) == files
 
 
