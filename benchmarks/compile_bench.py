@@ -307,9 +307,18 @@ def run(args) -> list[dict]:
             rows.append(row)
             # every finished row is on disk at once: an interrupted run keeps its rows
             write_rows(args.output, rows, args.append)
-    if args.scale == "list" and not args.quick and not args.kinds:
-        rows += scale_rows(only)
     return rows
+
+
+def with_scale_rows(rows: list[dict], args) -> list[dict]:
+    """``rows`` and, by default (``--no-scale``, ``--compile-scale``, ``--quick`` and
+    ``--kinds`` aside), the 512/1024-rank samples' rows from scale_compile.csv that ``rows``
+    lacks (within ``--only``)."""
+    if args.scale != "list" or args.quick or args.kinds:
+        return rows
+    only = set(args.only.split(",")) if args.only else None
+    have = {r["topology"] for r in rows}
+    return rows + [r for r in scale_rows(only) if r["topology"] not in have]
 
 
 TABLE = [("topology", "topology"), ("collective", "collective"), ("ranks", "ranks"),
@@ -380,9 +389,9 @@ def main(argv=None) -> int:
         for path in args.merge.split(","):
             with open(path, newline="") as fh:
                 rows += list(csv.DictReader(fh))
-        rows = write_rows(args.output, rows, args.append)
+        rows = write_rows(args.output, with_scale_rows(rows, args), args.append)
     else:
-        rows = write_rows(args.output, run(args), args.append)
+        rows = write_rows(args.output, with_scale_rows(run(args), args), args.append)
     print(markdown(rows))
     print(f"wrote {args.output}")
     return 0

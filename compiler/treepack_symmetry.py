@@ -6,6 +6,12 @@ is invariant under it, so averaging an optimal packing over the group gives a sy
 of the same rate: the symmetric master (one column = a tree rooted in the first host plus its
 translates at one weight, one row per orbit of links) has the full master's optimum, and
 prices one root per host slot per round instead of one per rank.
+
+The same holds for any group of automorphisms of the rank graph in which no element but the
+identity fixes a rank (:func:`_rank_symmetry`, small switchless graphs: one MI250 node's
+xGMI mesh has 4, with four rank orbits of 4 GCDs): a column is a tree rooted
+at a rank of ``slots`` (one per rank orbit) with its images under every element, and
+treepack_shallow.py's depth-bounded phase runs on the same master.
 """
 from __future__ import annotations
 
