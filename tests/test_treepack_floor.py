@@ -13,17 +13,13 @@ from hcc.compiler import chunk_floor, tree_floor
 from hcc.compiler.pipeline import compile_unit
 from hcc.ir.topology import Link, Topology
 
+from test_chunk_floor import _unpruned  # the compile with no size pruned
+
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 # small samples, one of each kind the floor covers (forward and reversed trees, one group and
 # a group per root)
 CASES = [("demo", "broadcast"), ("dgx1_fragmented", "alloc_157_reduce"), ("nvswitch", "reduce_scatter"),
          ("dgx1", "allgather")]
-
-
-def _unpruned(monkeypatch, program, name):
-    with monkeypatch.context() as m:
-        m.setattr(chunk_floor, "worth_lowering", lambda floor, chunks, incumbent: tuple(chunks))
-        return compile_unit(program, name)
 
 
 @pytest.mark.parametrize("sample,name", CASES)
