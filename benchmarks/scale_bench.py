@@ -292,6 +292,9 @@ def main(argv=None) -> int:
         from hcc.ir.files import atomic_write_text
 
         found = []
+        # a run of some collectives (--topologies, --collectives) replaces their rows and
+        # keeps the others'
+        kept = _read(out / "scale_compile.csv")
         for label in args.topologies.split(","):
             import hcc
 
@@ -300,10 +303,14 @@ def main(argv=None) -> int:
                     continue
                 print(f"  hcc compile samples/{label}.hcl -c {c.name} ...", file=sys.stderr, flush=True)
                 found.append(compile_sample(label, c.name))
+                kept = [r for r in kept if (r["sample"], r["collective"]) != (label, c.name)]
                 buf = io.StringIO()
-                w = csv.DictWriter(buf, fieldnames=SAMPLE_FIELDS)
+                w = csv.DictWriter(buf, fieldnames=SAMPLE_FIELDS, extrasaction="ignore")
                 w.writeheader()
-                w.writerows(found)
+                order = [(lb, cn) for lb in TOPOLOGIES for cn in ("allreduce", "allgather", "broadcast")]
+                rows = sorted(kept + found, key=lambda r: order.index((r["sample"], r["collective"]))
+                              if (r["sample"], r["collective"]) in order else len(order))
+                w.writerows(rows)
                 atomic_write_text(out / "scale_compile.csv", buf.getvalue())
         print(sample_table(found))
         return 0 if all(r["within_targets"] for r in found) else 1
