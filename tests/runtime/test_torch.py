@@ -129,7 +129,8 @@ def test_torchrun(tmp_path):
     p = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                         str(port), str(WORKER), "join"], env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    dec = json.JSONDecoder()  # each RESULT's JSON object, wherever the line breaks fell
+    res = [dec.raw_decode(piece)[0] for piece in p.stdout.split("RESULT ")[1:]]
     assert sorted(r["rank"] for r in res) == [0, 1] and all(r["world"] == 2 for r in res), res
 
 

@@ -309,6 +309,14 @@ def mode_cuda(rank: int, n: int) -> dict:
     return {"unexpected": "completed"}
 
 
+
+def _say(line: str) -> None:
+    """One line in one write(2): ranks of one job share the parent's stdout pipe, and a line
+    written in pieces can interleave with another rank's (the torchrun test read
+    ``RESULT {...}RESULT {...}`` once)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
 def main() -> int:
     mode = sys.argv[1]
     backend = sys.argv[2] if len(sys.argv) > 2 else "hcc"
@@ -328,11 +336,11 @@ def main() -> int:
                 out[m]["mode_s"] = time.monotonic() - t0  # what each check costs the job
         else:
             out = globals()[f"mode_{mode}"](rank, n)
-        print("RESULT " + json.dumps(out), flush=True)
+        _say("RESULT " + json.dumps(out))
         dist.destroy_process_group()
         return 0
     except Exception as e:  # noqa: BLE001 - reported to the test on stdout
-        print("ERROR " + json.dumps({"rank": rank, "type": type(e).__name__, "message": str(e)}), flush=True)
+        _say("ERROR " + json.dumps({"rank": rank, "type": type(e).__name__, "message": str(e)}))
         traceback.print_exc()
         return 1
 
