@@ -5,7 +5,10 @@ survivors complete over the store rank 0 left behind, and agree on who contribut
 
 Cheap like test_join_deaths: one zygote process compiles the plan once and forks the ranks
 of every seed; the zygote only watches the store (as a client, with the job's token) to pick
-the moment, and kills rank 0 by PID."""
+the moment, and kills rank 0 by PID. 'during' holds the last rank back from the store (on a
+pipe from the zygote) until rank 0 is dead, so the kill lands inside the rendezvous however
+slow the machine: left to the clock, a loaded machine once let the rendezvous and rank 0's
+contribution finish in the few ms between rank 0 publishing its address and the kill."""
 from __future__ import annotations
 
 import json
@@ -26,9 +29,12 @@ MOMENTS = ("during", "after")
 PARALLEL = 4
 
 
-def _child(plan, rank: int, address: str, token: str, out: Path) -> None:
+def _child(plan, rank: int, address: str, token: str, out: Path, hold: int | None) -> None:
     code = 0
     try:
+        if hold is not None:  # wait for the zygote's word (or its end of the pipe closing)
+            import select
+            select.select([hold], [], [], TIMEOUT)
         from hcc.backends.adaptive import AdaptiveResult
         from hcc.backends.base import RuntimeFault
         from hcc.backends.reference import make_input
@@ -54,6 +60,13 @@ def _child(plan, rank: int, address: str, token: str, out: Path) -> None:
         os._exit(code)
 
 
+def _release(job: dict) -> None:
+    if job["hold"] is not None:
+        os.write(job["hold"], b"go")
+        os.close(job["hold"])
+        job["hold"] = None
+
+
 def zygote(out_path: str, seeds: int) -> int:
     import random
     import secrets
@@ -75,14 +88,19 @@ def zygote(out_path: str, seeds: int) -> int:
                 token = secrets.token_hex(16)
                 address = f"127.0.0.1:{free_port()}"
                 pids = {}
+                hold_r, hold_w = os.pipe() if moment == "during" else (None, None)
                 for r in range(WORLD):
                     pid = os.fork()
                     if pid == 0:
-                        _child(plan, r, address, token, Path(tmp) / f"{moment}-{seed}.{r}.json")
+                        _child(plan, r, address, token, Path(tmp) / f"{moment}-{seed}.{r}.json",
+                               hold_r if r == WORLD - 1 else None)
                     pids[r] = pid
+                if hold_r is not None:
+                    os.close(hold_r)
                 active.append({"moment": moment, "seed": seed, "pids": pids, "codes": {}, "killed": False,
                                "rng": random.Random(f"{moment}/{seed}"), "address": address, "token": token,
-                               "client": None, "deadline": time.monotonic() + 4 * TIMEOUT})
+                               "client": None, "deadline": time.monotonic() + 4 * TIMEOUT,
+                               "hold": hold_w})
             for job in list(active):
                 if not job["killed"]:
                     try:
@@ -96,14 +114,18 @@ def zygote(out_path: str, seeds: int) -> int:
                     if ready:
                         time.sleep(job["rng"].uniform(0, 0.004))
                         os.kill(job["pids"][0], signal.SIGKILL)
+                        os.waitpid(job["pids"][0], 0)  # dead before the held rank joins
+                        job["codes"][0] = -signal.SIGKILL
                         job["killed"] = True
                         job["client"].close()
+                        _release(job)
                 for r, pid in job["pids"].items():
                     if r not in job["codes"]:
                         done, status = os.waitpid(pid, os.WNOHANG)
                         if done:
                             job["codes"][r] = status
                 if len(job["codes"]) == WORLD or time.monotonic() > job["deadline"]:
+                    _release(job)
                     for r, pid in job["pids"].items():
                         if r not in job["codes"]:
                             os.kill(pid, signal.SIGKILL)
