@@ -27,6 +27,9 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-hier    allreduce over the two sides of the narrowest rank cut (hier.py), priced
                      where that cut nearly binds the allreduce floor (:data:`HIER_CUT_SHARE`)
     treepack         the trees of the packing (treepack.py; lower.lower_priced)
+    treepack-dbt     broadcast and reduce over topology-aware double binary trees
+                     (bcast_trees.py): host-grouped, routes spread over the spines, one
+                     pair of host-level trees per port where hosts have several
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -45,6 +48,7 @@ from typing import Any, Callable
 
 from ..ir.plan import Plan
 from . import baselines
+from .bcast_trees import dbt_plan, dbt_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
 from .channels import rings_plan as channels_plan
@@ -136,6 +140,11 @@ def _pack_trees(u):
         # the shallow or the deep packing, whichever schedules faster (packing_choice.py)
         return faster_allgather_packing(u, reverse=kind == "reduce_scatter", algorithm="treepack")
     return treepack.pack_broadcast(topo, ranks, ranks[0])
+
+
+def _pack_dbt(u):
+    """The double binary trees of bcast_trees.py (in-trees for reduce), None under 3 ranks."""
+    return dbt_trees(u.topology, u.spec.ranks, u.spec.root, inward=u.spec.kind == "reduce")
 
 
 def _pack_rsag(u):
@@ -297,6 +306,8 @@ REGISTRY: tuple[Algorithm, ...] = (
               max_chunks=NEW_FORMS_MAX_CHUNKS),
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
+    Algorithm("treepack-dbt", frozenset({"broadcast", "reduce"}), _over(dbt_plan, model=True), role="dbt",
+              pack=_pack_dbt, treepack=True, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
               chunked=True),
