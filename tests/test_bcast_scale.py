@@ -1,0 +1,180 @@
+"""Broadcast and reduce over topology-aware double binary trees (compiler/bcast_trees.py,
+algorithm ``treepack-dbt``) on a small fat tree and small multi-port hosts: the plans verify
+and compute the right values (reference backend), are never predicted faster than the
+broadcast bound (min over ranks of the root's max-flow, networkx), and have the structure
+the module promises, each checked independently of how the module builds it: no rank has
+children in both trees of a pair, every rank sends at most the buffer, cross-rack edges
+spread over the spines as evenly as their count allows, and a multi-port host's ports each
+carry 1/P of the buffer. No timing."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+
+import networkx as nx
+import pytest
+
+from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_trees, lower_dbt
+from hcc.compiler.cost import simulate
+from hcc.compiler.frontend import load_program
+from hcc.compiler.pipeline import resolve
+
+from test_lower import check_numeric
+
+FATTREE = """
+topology ft {
+    host rack[0..3] {
+        node n[0..5]
+        switch leaf
+        n[0..5] <-> leaf : 100 Gbit/s, 1 us
+    }
+    switch spine[0..3]
+    rack[0..3].leaf <-> spine[0..3] : 200 Gbit/s, 2 us
+}
+collective b = broadcast on ft { root = rack1.n2  size = 1 MiB }
+collective r = reduce on ft { root = rack0.n0  size = 1 MiB }
+"""
+
+# three hosts of four GPUs: a ring of direct links inside, two PCIe switches with a NIC each
+MULTIPORT = """
+topology mp {
+    host h[0..2] {
+        node g[0..3]
+        switch p[0..1]
+        switch nic[0..1]
+        g0 <-> g1 : 50 GB/s, 1 us    g1 <-> g2 : 50 GB/s, 1 us
+        g2 <-> g3 : 50 GB/s, 1 us    g3 <-> g0 : 50 GB/s, 1 us
+        g[0..1] <-> p0 : 12 GB/s, 2 us    g[2..3] <-> p1 : 12 GB/s, 2 us
+        p0 <-> nic0 : 12 GB/s, 2 us       p1 <-> nic1 : 12 GB/s, 2 us
+    }
+    switch fabric
+    h[0..2].nic[0..1] <-> fabric : 100 Gbit/s, 5 us
+}
+collective b = broadcast on mp { root = h0.g1  size = 1 MiB }
+collective r = reduce on mp { root = h2.g3  size = 1 MiB }
+"""
+
+
+def setup(text: str, name: str, elems: int = 3001):
+    prog = load_program(text)
+    spec = resolve(prog, name)
+    spec = replace(spec, dtype="float64", size_bytes=elems * 8)
+    return spec, prog.topology_of(spec)
+
+
+def broadcast_bound(spec, topo) -> float:
+    """Seconds: the buffer over the least root-to-rank max-flow (reversed for reduce)."""
+    g = topo.graph()
+    root = spec.ranks[spec.root]
+    flows = []
+    for v in spec.ranks:
+        if v != root:
+            a, b = (v, root) if spec.kind == "reduce" else (root, v)
+            flows.append(nx.maximum_flow_value(g, a, b, capacity="capacity"))
+    return spec.size_bytes / min(flows)
+
+
+@pytest.mark.parametrize("m", list(range(1, 40)) + [63, 64, 1023])
+def test_pair_is_two_trees_with_disjoint_interiors(m):
+    depth_cap = max(1, math.ceil(math.log2(m + 1))) + 1
+    interiors = []
+    for par in dbt_pair(m):
+        tops = [q for q in range(m) if par[q] < 0]
+        assert len(tops) == 1
+        for q in range(m):  # every position reaches the top, within the depth cap
+            d, x = 0, q
+            while par[x] >= 0:
+                x, d = par[x], d + 1
+                assert d <= depth_cap
+        kids = Counter(p for p in par if p >= 0)
+        assert max(kids.values(), default=0) <= 2
+        interiors.append(set(kids))
+    assert not interiors[0] & interiors[1]
+
+
+@pytest.mark.parametrize("text,name", [(FATTREE, "b"), (FATTREE, "r"), (MULTIPORT, "b"), (MULTIPORT, "r")])
+def test_plans_verify_compute_and_respect_the_bound(text, name):
+    spec, topo = setup(text, name)
+    trees = dbt_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
+    for chunk in (8 * 401, 8 * 3001):  # 8 chunks per tree share, and one
+        plan = lower_dbt(spec, topo, trees, chunk)
+        plan.verify()
+        check_numeric(plan, seed=chunk)
+        assert simulate(plan).time >= broadcast_bound(spec, topo) * (1 - 1e-9)
+    assert 8 <= chunk_for(spec, topo, trees, 1e-6) <= spec.size_bytes
+
+
+def _sends(trees, kind):
+    """Per rank: the buffer fraction it sends (its children's shares; in-trees: its own)."""
+    out = Counter()
+    for t in trees:
+        for p, c, _ in t.edges:
+            out[c if kind == "reduce" else p] += t.rate
+    return out
+
+
+def test_fat_tree_pair_structure_and_spread_routes():
+    spec, topo = setup(FATTREE, "b")
+    trees = dbt_trees(topo, spec.ranks, spec.root)
+    assert len(trees) == 2 and sum(t.rate for t in trees) == pytest.approx(1.0)
+    interior = [{p for p, _, _ in t.edges} - {t.root} for t in trees]
+    assert not interior[0] & interior[1]
+    assert max(_sends(trees, "broadcast").values()) <= 1.0 + 1e-12
+    host = dict(topo.hosts)
+    spines = [s for s in topo.switches if s.startswith("spine")]
+    up, down = Counter(), Counter()
+    cross_out, cross_in = Counter(), Counter()
+    for t in trees:
+        for p, c, path in t.edges:
+            if host[p] != host[c]:  # from the endpoints, not the module's routes
+                cross_out[host[p]] += 1
+                cross_in[host[c]] += 1
+            for a, b in zip(path, path[1:]):
+                if b in spines:
+                    up[(a, b)] += 1
+                if a in spines:
+                    down[(a, b)] += 1
+    assert sum(cross_out.values()) >= 4
+    for h, k in cross_out.items():
+        assert max(up[(f"{h}.leaf", s)] for s in spines) == math.ceil(k / len(spines))
+    for h, k in cross_in.items():
+        assert max(down[(s, f"{h}.leaf")] for s in spines) == math.ceil(k / len(spines))
+    # every tree edge inside a rack stays under its leaf
+    for t in trees:
+        for p, c, path in t.edges:
+            if host[p] == host[c]:
+                assert len(path) == 3
+
+
+@pytest.mark.parametrize("name", ["b", "r"])
+def test_multiport_hosts_split_the_buffer_over_their_ports(name):
+    spec, topo = setup(MULTIPORT, name)
+    trees = dbt_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
+    assert len(trees) == 4 and all(t.rate == pytest.approx(0.25) for t in trees)
+    load = Counter()
+    for t in trees:
+        for p, c, path in t.edges:
+            data = tuple(reversed(path)) if spec.kind == "reduce" else path
+            for arc in zip(data, data[1:]):
+                load[arc] += t.rate
+    for h in range(3):
+        for k in range(2):
+            nic = f"h{h}.nic{k}"
+            # each port carries half the buffer each way at most: the host cut's share
+            assert load[(nic, "fabric")] <= 0.5 + 1e-12
+            assert load[("fabric", nic)] <= 0.5 + 1e-12
+        # the buffer enters every other host once (broadcast), leaves it once (reduce)
+        arcs = [(f"h{h}.nic{k}", "fabric") if spec.kind == "reduce" else ("fabric", f"h{h}.nic{k}")
+                for k in range(2)]
+        root_host = spec.ranks[spec.root].split(".")[0]
+        assert sum(load[a] for a in arcs) == pytest.approx(0.0 if f"h{h}" == root_host else 1.0)
+    # per lane: no gateway outside the root's host has cross-host children in both of its
+    # lane's trees; the root's host's gateway feeds one host per tree
+    host = dict(topo.hosts)
+    root_host = host[spec.ranks[spec.root]]
+    for lane in (trees[0:2], trees[2:4]):
+        crossing = [Counter(p for p, c, _ in t.edges if host[p] != host[c]) for t in lane]
+        both = set(crossing[0]) & set(crossing[1])
+        assert all(host[g] == root_host for g in both)
+        assert all(crossing[0][g] == crossing[1][g] == 1 for g in both)
