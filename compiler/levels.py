@@ -1,0 +1,495 @@
+"""hcc.compiler.levels — two-level (hierarchical) allgather, reduce-scatter and allreduce over
+groups of ranks behind one host or rack.
+
+Terms
+- group: the ranks one host or rack holds, found from the topology alone
+  (:func:`rank_groups`): the connected parts left when the vertices farthest from every rank
+  (the fabric's core switches: a fat tree's spines, the switch joining a cluster's NICs) are
+  taken away. Every group's routes to the rest of the world leave through the links cut
+  there. A two-level plan needs at least two groups of one size, at least two ranks each,
+  whose ranks are numbered group by group.
+- member index: a rank's place in its group (groups list their ranks in rank order), the
+  same for every group; the *intra ring* is a ring order of the member indices (routes.py's
+  ring over group 0, NVLink first).
+- group range ``R_g``: the elements of ``out`` that group ``g``'s ranks own in an allgather,
+  one contiguous range because the group's ranks are numbered consecutively.
+- lane: a member index whose rank in every group sends a share of its group's range straight
+  to the same member of every other group (a star per lane and group: no message waits for
+  another to be forwarded, where a ring of groups would add every hop's latency to each of its
+  ``G - 1`` steps: DGX-1 x 64 allgather 6.5 against 5.5 ms), over routes spread across the
+  fabric's parallel links (:func:`_switch_routes`). *Full*
+  lanes (every member a lane, each carrying whole group ranges) fit where each rank's own
+  link is what binds, as in a fat tree whose racks have full bisection; *split* lanes
+  (one per distinct exit from the group, e.g. a NIC, each carrying ``1/L`` of every range)
+  fit where the group's exits bind, as on DGX-1 hosts behind four NICs (:func:`plan_levels`).
+- transfer: ``(src, dst, a, b, tree)``: ``dst`` receives ``out[a:b)`` from ``src``, which holds
+  it then; the allgather is a list of transfers in which every rank receives every element
+  it does not own exactly once (:func:`_transfers`): the intra-group ring allgather (phase
+  A), the lanes (phase B) and, for split lanes, each lane rank forwarding what it received to
+  the rest of its group along the intra ring both ways (phase C). Reversed in time, the same
+  transfers are a reduce-scatter (each element's tree walked leaves to root), and an
+  allreduce is that reduce-scatter followed by the allgather (:func:`levels_plan`).
+
+Every message carries at most one chunk, so a plan has about ``n x (m + G x chunks per share)``
+messages: few large ones, where a flat ring or tree packing over ``n`` ranks sends one per rank
+block per chunk (BENCHMARKS.md, "What the schedules lose here").
+"""
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..ir.errors import PlanError
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, Tree, block_range
+from ..ir.topology import Topology
+from .builder import split_by_rate
+from .lower import ProgramBuilder, assemble, chunk_elems, plan_op
+from .routes import pieces, ring_order
+
+__all__ = ["Levels", "levels_plan", "plan_levels", "rank_groups"]
+
+LEVEL_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
+# a lane rank's send waits for its receive this many lane messages earlier: every lane message
+# is ready at once (a star), and the simulator's links serve what is ready in FIFO order, so
+# without it the first sources' messages queued ahead of everyone's on every receiving link
+# (DGX-1 x 64 allgather, 512 KiB: 9.1 ms against a bound of 5.5 ms; a ring of groups instead
+# waits a whole path latency per step, 6.2 ms)
+LANE_WINDOW = 2
+# full lanes are taken when the group's cut into it carries at least this share of what its
+# ranks' own links take in (the fat tree's racks: 16 x 25 GB/s up = 32 x 12.5 GB/s down, 1.0;
+# a DGX-1 host: 4 x 12 GB/s against 8 x 162 GB/s, 0.04; split lanes there)
+FULL_LANES_SHARE = 0.99
+
+
+def _undirected(topo: Topology) -> dict[str, set[str]]:
+    adj: dict[str, set[str]] = {v: set() for v in topo.vertices}
+    for l in topo.links:
+        if l.src != l.dst:
+            adj[l.src].add(l.dst)
+            adj[l.dst].add(l.src)
+    return adj
+
+
+def _components(adj: dict[str, set[str]], keep: set[str]) -> list[set[str]]:
+    seen: set[str] = set()
+    out = []
+    for v in sorted(keep):
+        if v in seen:
+            continue
+        comp, stack = {v}, [v]
+        seen.add(v)
+        while stack:
+            for y in adj[stack.pop()]:
+                if y in keep and y not in seen:
+                    seen.add(y)
+                    comp.add(y)
+                    stack.append(y)
+        out.append(comp)
+    return out
+
+
+def _group_parts(topo: Topology, ranks: Sequence[str]) -> tuple[tuple[tuple[int, ...], ...], tuple[set[str], ...]] | None:
+    """The groups (rank positions) and each group's vertex set; see :func:`rank_groups`."""
+    ranks = tuple(ranks)
+    sub = topo.restricted(ranks)
+    adj = _undirected(sub)
+    dist = {r: 0 for r in ranks}
+    q = deque(ranks)
+    while q:
+        x = q.popleft()
+        for y in adj[x]:
+            if y not in dist:
+                dist[y] = dist[x] + 1
+                q.append(y)
+    pos = {r: i for i, r in enumerate(ranks)}
+    for depth in range(max(dist.values(), default=0), 0, -1):
+        keep = {v for v, d in dist.items() if d < depth}
+        comps = [c for c in _components(adj, keep) if any(v in pos for v in c)]
+        groups = [tuple(sorted(pos[v] for v in c if v in pos)) for c in comps]
+        if len(groups) < 2:
+            continue
+        if len({len(g) for g in groups}) != 1 or len(groups[0]) < 2:
+            return None  # uneven or single-rank groups: no two-level form
+        order = sorted(range(len(groups)), key=lambda k: groups[k][0])
+        return tuple(groups[k] for k in order), tuple(comps[k] for k in order)
+    return None
+
+
+def rank_groups(topo: Topology, ranks: Sequence[str]) -> tuple[tuple[int, ...], ...] | None:
+    """The ranks (positions in ``ranks``) grouped by host or rack: the connected parts of the
+    collective's topology without the vertices at hop distance ``D`` or more from every rank,
+    for the largest ``D`` that leaves two parts or more (a fat tree's spines at ``D = 2``, a
+    cluster's fabric switch at 3 behind PCIe switches and NICs), each holding ranks. None
+    when no ``D`` splits the ranks, or the split's groups differ in size or hold one rank.
+    Groups are listed by their first rank."""
+    got = _group_parts(topo, ranks)
+    return None if got is None else got[0]
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A two-level layout: ``groups`` (rank positions, contiguous, one size ``m``), the intra
+    ring ``ring`` (member indices), the ``lanes`` (member indices), ``full`` lanes or split,
+    and ``trees``: per lane ``l`` and group ``h`` the route tree ``l * G + h`` (the star from
+    the lane's rank of group ``h`` to the lane's rank of every other group), whose paths the
+    lane messages take."""
+
+    groups: tuple[tuple[int, ...], ...]
+    ring: tuple[int, ...]
+    lanes: tuple[int, ...]
+    full: bool
+    star: bool
+    trees: tuple[Tree, ...]
+
+
+def _switch_routes(sub: Topology, ranks: tuple[str, ...], pairs: Sequence[tuple[int, int]]) -> list[tuple[str, ...]]:
+    """One vertex path per rank pair, through switches only where the pair has such a path
+    (else its direct link, else None), each a shortest one, chosen hop by hop to load the
+    least loaded link (load: routes already placed over it / its capacity), so parallel lanes
+    spread over a fat tree's spines instead of all taking the first."""
+    cap: dict[tuple[str, str], float] = {}
+    for l in sub.links:
+        if l.src != l.dst:
+            cap[(l.src, l.dst)] = cap.get((l.src, l.dst), 0.0) + l.capacity
+    sw = set(sub.switches)
+    fwd: dict[str, list[str]] = {}
+    back: dict[str, list[str]] = {}
+    for (x, y) in cap:
+        fwd.setdefault(x, []).append(y)
+        back.setdefault(y, []).append(x)
+    for d in (fwd, back):
+        for k in d:
+            d[k].sort()
+    load: dict[tuple[str, str], float] = {}
+
+    def bfs(starts: list[str], nbrs: dict[str, list[str]]) -> dict[str, int]:
+        dist = {s: 0 for s in starts}
+        q = deque(starts)
+        while q:
+            x = q.popleft()
+            for y in nbrs.get(x, ()):
+                if y in sw and y not in dist:
+                    dist[y] = dist[x] + 1
+                    q.append(y)
+        return dist
+
+    out = []
+    ahead: dict[str, dict[str, int]] = {}  # per source rank, its switches' hop counts
+    behind: dict[str, dict[str, int]] = {}  # per target rank, hop counts to it
+    for u, v in pairs:
+        a, b = ranks[u], ranks[v]
+        if (a, b) in cap:
+            path: tuple[str, ...] | None = (a, b)
+        else:
+            src = [y for y in fwd.get(a, ()) if y in sw]
+            dst = [x for x in back.get(b, ()) if x in sw]
+            if a not in ahead:
+                ahead[a] = bfs(src, fwd)
+            if b not in behind:
+                behind[b] = bfs(dst, back)
+            df, db = ahead[a], behind[b]
+            meet = [s for s in dst if s in df]
+            if not meet:
+                path = None
+            else:
+                path = _least_loaded(a, b, src, fwd, sw, df, db, cap, load, min(df[s] for s in meet))
+        if path is not None:
+            for arc in zip(path, path[1:]):
+                load[arc] = load.get(arc, 0.0) + 1.0
+        out.append(path)
+    return out
+
+
+def _least_loaded(a: str, b: str, src: list[str], fwd: dict[str, list[str]], sw: set[str],
+                  df: dict[str, int], db: dict[str, int], cap: dict[tuple[str, str], float],
+                  load: dict[tuple[str, str], float], total: int) -> tuple[str, ...]:
+    """The shortest switch path from ``a`` to ``b`` (``total`` switch hops) whose most loaded
+    link is least loaded (load / capacity), by layers of the shortest-path graph (layer ``k``:
+    switches ``k`` hops from ``a``'s and ``total - k`` from ``b``'s); ties by vertex name.
+    Least-loaded first hops alone left a fat tree's spine-to-leaf links uneven."""
+    def w(x: str, y: str) -> float:
+        return load.get((x, y), 0.0) / cap[(x, y)]
+
+    layer: dict[str, tuple[float, str | None]] = {y: (w(a, y), None) for y in src if db.get(y, -1) == total}
+    layers = [layer]
+    for k in range(1, total + 1):
+        nxt: dict[str, tuple[float, str | None]] = {}
+        for x in sorted(layer):
+            c = layer[x][0]
+            for z in fwd.get(x, ()):
+                if z in sw and df.get(z, -1) == k and db.get(z, -1) == total - k:
+                    got = max(c, w(x, z))
+                    if z not in nxt or got < nxt[z][0]:
+                        nxt[z] = (got, x)
+        layers.append(nxt)
+        layer = nxt
+    x: str | None = min((v for v in layer if (v, b) in cap), key=lambda v: (max(layer[v][0], w(v, b)), v))
+    back = [b]
+    for lay in reversed(layers):
+        back.append(x)
+        x = lay[x][1]
+    back.append(a)
+    return tuple(reversed(back))
+
+
+def plan_levels(topo: Topology, ranks: Sequence[str], *, star: bool | None = None) -> Levels | None:
+    """The two-level layout of ``ranks`` on ``topo`` (see the module docstring), or None where
+    there is none: no grouping (:func:`rank_groups`), groups not numbered consecutively, or no
+    route between two groups' ranks through switches."""
+    ranks = tuple(ranks)
+    got = _group_parts(topo, ranks)
+    if got is None:
+        return None
+    groups, comps = got
+    if any(g != tuple(range(g[0], g[0] + len(g))) for g in groups):
+        return None  # a group's blocks of ``out`` would not be one range
+    G, m = len(groups), len(groups[0])
+    sub = topo.restricted(ranks)
+    # each member's exit from group 0: the first arc of its route to its peer in group 1
+    # leaving the group
+    inside = comps[0]
+    probe = _switch_routes(sub, ranks, [(groups[0][i], groups[1][i]) for i in range(m)])
+    if any(p is None for p in probe):
+        return None
+    exits = [next(((x, y) for x, y in zip(p, p[1:]) if y not in inside), (p[-2], p[-1])) for p in probe]
+    ring = tuple(ring_order(topo, [ranks[r] for r in groups[0]]))
+    cut_in = sum(l.capacity for l in sub.links if l.dst in inside and l.src not in inside)
+    mine = {ranks[r] for r in groups[0]}
+    member_in = sum(l.capacity for l in sub.links if l.dst in mine and l.src != l.dst)
+    full = cut_in >= FULL_LANES_SHARE * member_in
+    if full:
+        lanes = tuple(range(m))
+    else:
+        # one lane per distinct exit, spread evenly round the intra ring (phase C's chains
+        # from lane ranks then share the ring's links evenly)
+        L = len(set(exits))
+        used: set[tuple[str, str]] = set()
+        chosen: list[int] = []
+        for k in range(L):
+            ideal = k * m // L
+            for d in range(m):
+                hit = None
+                for p in (ideal + d, ideal - d):
+                    i = ring[p % m]
+                    if i not in chosen and exits[i] not in used:
+                        hit = i
+                        break
+                if hit is not None:
+                    chosen.append(hit)
+                    used.add(exits[hit])
+                    break
+        lanes = tuple(chosen)
+    if star is None:
+        star = not full
+    n = len(ranks)
+    if star:
+        # the lane rank of group h to the same member of group h + s, for every s (s
+        # outermost, so the balance spreads each round's messages over the fabric)
+        hops = [(s, l, h) for s in range(1, G) for l in range(len(lanes)) for h in range(G)]
+    else:
+        hops = [(1, l, h) for l in range(len(lanes)) for h in range(G)]
+    paths = _switch_routes(sub, ranks, [(groups[h][lanes[l]], groups[(h + s) % G][lanes[l]]) for s, l, h in hops])
+    if any(p is None for p in paths):
+        return None
+    # tree l * G + h: the star from group h's lane rank (star), or the ring's hop out of it
+    parent = {(l, h): [-1] * n for l in range(len(lanes)) for h in range(G)}
+    tpaths: dict[tuple[int, int], list[tuple[str, ...]]] = {k: [()] * n for k in parent}
+    for (s, l, h), path in zip(hops, paths):
+        child = groups[(h + s) % G][lanes[l]]
+        parent[(l, h)][child] = groups[h][lanes[l]]
+        tpaths[(l, h)][child] = path
+    trees = tuple(Tree(l * G + h, groups[h][i], tuple(parent[(l, h)]), 1.0, (0, 0), tuple(tpaths[(l, h)]))
+                  for l, i in enumerate(lanes) for h in range(G))
+    return Levels(groups, ring, lanes, full, star, trees)
+
+
+def _transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[int, int, int, int, int]],
+                                                            dict[int, list[int]], dict[int, list[int]]]:
+    """The allgather as transfers ``(src, dst, a, b, tree)`` in emission order (module
+    docstring): phase A, then phases B and C interleaved chunk by chunk; and per lane rank of
+    a star, its lane sends and its lane receives (transfer indices, in order) for
+    :func:`_gates`."""
+    groups, ring, G = L.groups, L.ring, len(L.groups)
+    m = len(ring)
+    out: list[tuple[int, int, int, int, int]] = []
+    right = m // 2  # a chain from ring position p reaches p+1..p+right, then p-1..p-(m-1-right)
+    # phase A: per block, chains both ways round the intra ring from its owner, chunk by
+    # chunk (both ways: a DGX-1 lane's share, its block and its ring neighbour's, is whole
+    # after one hop instead of up to seven)
+    blocks = [list(pieces(*block_range(E, n, r), ce)) for r in range(n)]
+    most = max(len(b) for b in blocks)
+    for q in range(most):
+        for s in range(1, right + 1):
+            for grp in groups:
+                for p in range(m):
+                    owner = grp[ring[p]]
+                    if q < len(blocks[owner]):
+                        a, b = blocks[owner][q]
+                        if b > a:
+                            out.append((grp[ring[(p + s - 1) % m]], grp[ring[(p + s) % m]], a, b, -1))
+                            if s < m - right:
+                                out.append((grp[ring[(p - s + 1) % m]], grp[ring[(p - s) % m]], a, b, -1))
+    # phases B and C
+    pos = {i: p for p, i in enumerate(ring)}
+    ranges = [(block_range(E, n, g[0])[0], block_range(E, n, g[-1])[1]) for g in groups]
+    nl = len(L.lanes)
+    shares = [[r] * nl if L.full else split_by_rate(r[0], r[1], [1.0] * nl) for r in ranges]
+    # a split lane carries the share holding its own rank's block where those differ per lane
+    # (its first message then waits for the fewest phase A hops)
+    mine = [min(nl - 1, (block_range(E, n, groups[0][i])[0] - ranges[0][0]) * nl
+                // max(1, ranges[0][1] - ranges[0][0])) for i in L.lanes]
+    if not L.full and len(set(mine)) == nl:
+        shares = [[sh[mine[l]] for l in range(nl)] for sh in shares]
+    chunks = [[list(pieces(a, b, ce)) for a, b in sh] for sh in shares]  # [group][lane] -> chunks
+    most = max(len(c) for sh in chunks for c in sh)
+    sent: dict[int, list[int]] = {}  # lane rank -> its lane sends, in order
+    got: dict[int, list[int]] = {}  # lane rank -> its lane receives, in order
+    for q in range(most):
+        for s in range(G - 1):
+            for l, i in enumerate(L.lanes):
+                for h in range(G):
+                    if q >= len(chunks[h][l]):
+                        continue
+                    a, b = chunks[h][l][q]
+                    if b <= a:
+                        continue
+                    g0 = h if L.star else (h + s) % G
+                    g1 = (h + s + 1) % G
+                    src, dst = groups[g0][i], groups[g1][i]
+                    sent.setdefault(src, []).append(len(out))
+                    got.setdefault(dst, []).append(len(out))
+                    out.append((src, dst, a, b, l * G + g0))
+                    if not L.full:
+                        grp, p = groups[g1], pos[i]
+                        for k in range(1, right + 1):
+                            out.append((grp[ring[(p + k - 1) % m]], grp[ring[(p + k) % m]], a, b, -1))
+                        for k in range(1, m - right):
+                            out.append((grp[ring[(p - k + 1) % m]], grp[ring[(p - k) % m]], a, b, -1))
+    if not L.star:  # a ring needs no gates: each lane send waits for the receive it forwards
+        sent, got = {}, {}
+    return out, sent, got
+
+
+def _gates(sent: dict[int, list[int]], got: dict[int, list[int]], reverse: bool) -> tuple[dict[int, int], set[int]]:
+    """``({k: j}, gating transfers)``: lane transfer ``k``'s send waits for the receive of lane
+    transfer ``j`` at the same rank, :data:`LANE_WINDOW` of its lane messages earlier in the
+    order the plan emits them (the transfers' order, or for a reduce-scatter the reverse, in
+    which each rank sends what it received in the allgather and receives what it sent)."""
+    gates: dict[int, int] = {}
+    for r in sent.keys() | got.keys():
+        if reverse:
+            ks, rv = got.get(r, [])[::-1], sent.get(r, [])[::-1]
+        else:
+            ks, rv = sent.get(r, []), got.get(r, [])
+        for j in range(LANE_WINDOW, min(len(ks), len(rv) + LANE_WINDOW)):
+            k, g = ks[j], rv[j - LANE_WINDOW]
+            if (g > k) if reverse else (g < k):  # emitted before the send it gates
+                gates[k] = g
+    return gates, set(gates.values())
+
+
+class _Spans:
+    """Per rank, ops by the element range they concern, queried by overlap."""
+
+    def __init__(self, n: int):
+        self.starts: list[list[int]] = [[] for _ in range(n)]
+        self.items: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        self.longest = [0] * n
+
+    def add(self, r: int, a: int, b: int, op: int) -> None:
+        k = bisect.bisect_right(self.starts[r], a)
+        self.starts[r].insert(k, a)
+        self.items[r].insert(k, (a, b, op))
+        self.longest[r] = max(self.longest[r], b - a)
+
+    def over(self, r: int, a: int, b: int) -> tuple[int, ...]:
+        st, it = self.starts[r], self.items[r]
+        k = bisect.bisect_left(st, a - self.longest[r] + 1)
+        got = []
+        while k < len(st) and st[k] < b:
+            x, y, op = it[k]
+            if y > a:
+                got.append(op)
+            k += 1
+        return tuple(sorted(set(got)))
+
+
+def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> Plan:
+    """The two-level plan of ``spec`` (allgather, reduce_scatter or allreduce) over
+    ``layout`` with messages of at most ``chunk_bytes``: the allgather's transfers
+    (:func:`_transfers`), their reversal for reduce_scatter (each rank adds what comes back
+    along each element's tree into its own input, sends the sum to where the element came
+    from, the owner keeps it), both for allreduce."""
+    kind, n = spec.kind, len(spec.ranks)
+    if kind not in LEVEL_KINDS:
+        raise PlanError(f"no two-level form for {kind} {spec.name!r}")
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    moves, sent, got = _transfers(layout, E, n, ce)
+    B = ProgramBuilder(n)
+    own = [block_range(E, n, r) for r in range(n)]
+    held = _Spans(n)  # allgather: the ops after which a rank holds a range of ``out``
+    rs_send: list[int] = []  # allreduce: per transfer, the reduce-scatter's send over it
+    if kind in ("reduce_scatter", "allreduce"):
+        avg = plan_op(kind, spec.op) == "avg"
+
+        # partial sums at their natural offsets: ``out`` for allreduce, ``tmp`` for
+        # reduce_scatter (a lane's range spans its rank's own block and others), whose
+        # owner copies its block to ``out`` at the end
+        where = "out" if kind == "allreduce" else "tmp"
+
+        def acc(r: int, a: int, b: int) -> ChunkRef:
+            return ChunkRef(where, a, b - a)
+
+        init = _Spans(n)
+        added = _Spans(n)
+        for r in range(n):
+            lo, hi = own[r]
+            if hi > lo:
+                init.add(r, lo, hi, B.add(r, Copy(ChunkRef("in", lo, hi - lo), acc(r, lo, hi))))
+        for src, dst, a, b, _ in moves:
+            init.add(dst, a, b, B.add(dst, Copy(ChunkRef("in", a, b - a), acc(dst, a, b))))
+        sends = [0] * len(moves)
+        gates, gating = _gates(sent, got, reverse=True)
+        rs_recv: dict[int, int] = {}  # gating transfers: the reversed receive, at their src
+        for k in range(len(moves) - 1, -1, -1):
+            src, dst, a, b, tree = moves[k]
+            gate = (rs_recv[gates[k]],) if k in gates else ()
+            sends[k], rv = B.message(dst, src, acc(dst, a, b), acc(src, a, b),
+                                     send_deps=init.over(dst, a, b) + added.over(dst, a, b) + gate,
+                                     recv_deps=init.over(src, a, b), reduce=True, tree=tree)
+            added.add(src, a, b, rv)
+            if k in gating:
+                rs_recv[k] = rv
+        for r in range(n):
+            lo, hi = own[r]
+            if hi <= lo:
+                continue
+            last = init.over(r, lo, hi) + added.over(r, lo, hi)
+            if avg:
+                last = (B.add(r, Scale(acc(r, lo, hi), n, tuple(sorted(set(last))))),)
+            if kind == "reduce_scatter":
+                last = (B.add(r, Copy(acc(r, lo, hi), ChunkRef("out", 0, hi - lo), tuple(sorted(set(last))))),)
+            for op in set(last):
+                held.add(r, lo, hi, op)
+        rs_send = sends
+    if kind in ("allgather", "allreduce"):
+        if kind == "allgather":
+            for r in range(n):
+                lo, hi = own[r]
+                if hi > lo:
+                    held.add(r, lo, hi, B.add(r, Copy(ChunkRef("in", 0, hi - lo), ChunkRef("out", lo, hi - lo))))
+        gates, gating = _gates(sent, got, reverse=False)
+        ag_recv: dict[int, int] = {}  # gating transfers: the receive, at their dst
+        for k, (src, dst, a, b, tree) in enumerate(moves):
+            ref = ChunkRef("out", a, b - a)
+            wd = (rs_send[k],) if rs_send else ()
+            gate = (ag_recv[gates[k]],) if k in gates else ()
+            _, rv = B.message(src, dst, ref, ref, send_deps=held.over(src, a, b) + gate, recv_deps=wd,
+                              tree=tree)
+            held.add(dst, a, b, rv)
+            if k in gating:
+                ag_recv[k] = rv
+    return assemble(spec, topo, B, layout.trees, "treepack-levels", ce)
