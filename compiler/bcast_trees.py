@@ -71,7 +71,7 @@ def dbt_pair(m: int) -> tuple[list[int], list[int]]:
     >>> dbt_pair(4)
     ([-1, 2, 0, 2], [1, 3, 1, -1])
     >>> dbt_pair(5)
-    ([-1, 2, 4, 2, 0], [1, 3, 1, -1, 3])
+    ([4, 2, 4, 2, -1], [1, 3, 1, -1, 3])
     """
     p1 = btree_parents(m)
     even = m if m % 2 == 0 else m - 1  # the mirrored tree over an even count of positions
@@ -84,7 +84,37 @@ def dbt_pair(m: int) -> tuple[list[int], list[int]]:
         # the last position (a child of its top in tree 1 at most) hangs off the mirror's
         # top, which has one child in an lsb tree over an even count and none in tree 1
         p2[m - 1] = even - 1
-    return p1, p2
+    return _lift(p1), _lift(p2)
+
+
+def _lift(par: list[int]) -> list[int]:
+    """``par`` with a top of one child replaced by that child, the old top hung as a leaf
+    under the shallowest other position of one child: one level less to fill (an lsb tree's
+    top has one child; on 1023 positions 11 levels become 10), and no position gains a
+    second tree to send in (the new parent already has a child in this tree)."""
+    m = len(par)
+    kids: dict[int, list[int]] = {}
+    for q, p in enumerate(par):
+        if p >= 0:
+            kids.setdefault(p, []).append(q)
+    top = par.index(-1) if -1 in par else -1
+    if m < 3 or top < 0 or len(kids.get(top, ())) != 1:
+        return par
+    new_top = kids[top][0]
+    depth = {new_top: 0}
+    stack = [new_top]
+    while stack:
+        x = stack.pop()
+        for c in kids.get(x, ()):
+            depth[c] = depth[x] + 1
+            stack.append(c)
+    single = [q for q in depth if len(kids.get(q, ())) == 1]
+    if not single:
+        return par
+    under = min(single, key=lambda q: (depth[q], q))
+    out = list(par)
+    out[new_top], out[top] = -1, under
+    return out
 
 
 def _shortest_routes(net: Routes, a: str, b: str) -> list[tuple[str, ...]]:
