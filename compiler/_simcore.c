@@ -194,8 +194,249 @@ out:
 }
 
 
+/* ---- the timed lowering's list schedule (compiler/schedule.py, _Timed.schedule) ----------
+
+   wfq(port, path_ptr, path_links, nbytes, key, down, dep_ptr, dep_idx, remaining, src, dst,
+       port_rank, wsize, gated, lat, cap, per_msg, gate, push_comp, nranks,
+       order, pred, start, end) -> (started, makespan)
+
+   Runs exactly the loop of schedule._Timed._schedule_py (the reference, kept in Python):
+   the same event heap on (time, phase, sequence number), the same per-port queues on (key,
+   up before down, later message first), the same port windows, completion gates and per-hop
+   reservations in the same floating-point operations, so both give the same order, the same
+   window predecessors and bit-identical times. Per message m: port[m] its first link, its
+   links path_links[path_ptr[m]:path_ptr[m+1]], nbytes[m] its bytes (double, exact), key[m],
+   down[m] (int8), src/dst ranks; dependents of m: dep_idx[dep_ptr[m]:dep_ptr[m+1]] in
+   increasing order, remaining[m] its dependency count (consumed). Per link used as a port:
+   port_rank (its sender), wsize (its window), gated (int8: starts wait for a completion at
+   its rank). gate: gating on at all; push_comp: completions recorded per rank. Outputs per
+   message: order (start position -> message), pred (-1 or the message wsize starts
+   earlier on its port), start, end. */
+
+typedef struct {
+    double t;
+    int64_t phase, seq, what;
+} Ev;
+
+static inline int ev_less(const Ev *a, const Ev *b) {
+    if (a->t != b->t) return a->t < b->t;
+    if (a->phase != b->phase) return a->phase < b->phase;
+    return a->seq < b->seq;
+}
+
+typedef struct {
+    double key;
+    int64_t up, neg; /* (key, not down, -m): m = -neg */
+} Qe;
+
+static inline int q_less(const Qe *a, const Qe *b) {
+    if (a->key != b->key) return a->key < b->key;
+    if (a->up != b->up) return a->up < b->up;
+    return a->neg < b->neg;
+}
+
+/* one generic binary min-heap: elements of `size` bytes, ordered by `lt` */
+typedef struct {
+    char *a;
+    Py_ssize_t n, cap;
+} Heap;
+
+#define HEAP_FUNCS(NAME, T, LT)                                                                    \
+    static int NAME##_push(Heap *h, T e) {                                                        \
+        if (h->n == h->cap) {                                                                     \
+            Py_ssize_t nc = h->cap ? h->cap * 2 : 16;                                             \
+            char *na = realloc(h->a, (size_t)nc * sizeof(T));                                     \
+            if (!na) return -1;                                                                   \
+            h->a = na;                                                                            \
+            h->cap = nc;                                                                          \
+        }                                                                                         \
+        T *a = (T *)h->a;                                                                         \
+        Py_ssize_t i = h->n++;                                                                    \
+        while (i > 0) {                                                                           \
+            Py_ssize_t p = (i - 1) / 2;                                                           \
+            if (!LT(&e, &a[p])) break;                                                            \
+            a[i] = a[p];                                                                          \
+            i = p;                                                                                \
+        }                                                                                         \
+        a[i] = e;                                                                                 \
+        return 0;                                                                                 \
+    }                                                                                             \
+    static T NAME##_pop(Heap *h) {                                                                \
+        T *a = (T *)h->a;                                                                         \
+        T top = a[0];                                                                             \
+        T last = a[--h->n];                                                                       \
+        Py_ssize_t i = 0, m = h->n;                                                               \
+        for (;;) {                                                                                \
+            Py_ssize_t c = 2 * i + 1;                                                             \
+            if (c >= m) break;                                                                    \
+            if (c + 1 < m && LT(&a[c + 1], &a[c])) c++;                                           \
+            if (!LT(&a[c], &last)) break;                                                         \
+            a[i] = a[c];                                                                          \
+            i = c;                                                                                \
+        }                                                                                         \
+        if (m > 0) a[i] = last;                                                                   \
+        return top;                                                                               \
+    }
+
+static inline int d_less(const double *a, const double *b) { return *a < *b; }
+
+HEAP_FUNCS(evh, Ev, ev_less)
+HEAP_FUNCS(qh, Qe, q_less)
+HEAP_FUNCS(dh, double, d_less)
+
+#define NWFQ 20
+
+static PyObject *wfq(PyObject *self, PyObject *args) {
+    Py_buffer b[NWFQ];
+    double per_msg;
+    int gate, push_comp;
+    Py_ssize_t nranks;
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*w*y*y*y*y*y*y*y*dppnw*w*w*w*", &b[0], &b[1], &b[2], &b[3],
+                          &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14],
+                          &b[15], &per_msg, &gate, &push_comp, &nranks, &b[16], &b[17], &b[18], &b[19]))
+        return NULL;
+    const int64_t *port = b[0].buf, *path_ptr = b[1].buf, *path_links = b[2].buf, *dep_ptr = b[6].buf,
+                  *dep_idx = b[7].buf, *src = b[9].buf, *dst = b[10].buf, *port_rank = b[11].buf,
+                  *wsize = b[12].buf;
+    const double *nbytes = b[3].buf, *key = b[4].buf, *lat = b[14].buf, *cap = b[15].buf;
+    const int8_t *down = b[5].buf, *gated = b[13].buf;
+    int64_t *remaining = b[8].buf, *order = b[16].buf, *pred = b[17].buf;
+    double *t_start = b[18].buf, *t_end = b[19].buf;
+    Py_ssize_t nm = b[0].len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t nl = b[14].len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    int oom = 0;
+    Py_ssize_t norder = 0;
+    double makespan = 0.0;
+
+    Heap ev = {0};
+    Heap *queue = calloc((size_t)(nl ? nl : 1), sizeof(Heap));
+    Heap *comp = calloc((size_t)(nranks ? nranks : 1), sizeof(Heap));
+    double *link_free = calloc((size_t)(nl ? nl : 1), sizeof(double));
+    double *nxt = calloc((size_t)(nl ? nl : 1), sizeof(double));
+    /* per port a ring of its last wsize starts: (message, end) */
+    int64_t *win_off = calloc((size_t)(nl + 1), sizeof(int64_t));
+    int64_t *win_head = calloc((size_t)(nl ? nl : 1), sizeof(int64_t));
+    int64_t *win_len = calloc((size_t)(nl ? nl : 1), sizeof(int64_t));
+    int64_t *win_m = NULL;
+    double *win_e = NULL;
+    if (!queue || !comp || !link_free || !nxt || !win_off || !win_head || !win_len) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t x = 0; x < nl; x++) win_off[x + 1] = win_off[x] + (port_rank[x] >= 0 ? wsize[x] : 0);
+    win_m = malloc((size_t)(win_off[nl] ? win_off[nl] : 1) * sizeof(int64_t));
+    win_e = malloc((size_t)(win_off[nl] ? win_off[nl] : 1) * sizeof(double));
+    if (!win_m || !win_e) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t seq = 0;
+#define READY(M, T)                                                                                \
+    do {                                                                                           \
+        int64_t m_ = (M), x_ = port[m_];                                                           \
+        double t_ = (T), a_ = nxt[x_];                                                             \
+        Qe q_ = {key[m_], !down[m_], -m_};                                                         \
+        Ev e_ = {t_ >= a_ ? t_ : a_, 1, seq++, x_};                                                \
+        if (qh_push(&queue[x_], q_) || evh_push(&ev, e_)) oom = 1;                                 \
+    } while (0)
+    for (Py_ssize_t m = 0; m < nm && !oom; m++)
+        if (remaining[m] == 0) READY(m, 0.0);
+    while (ev.n > 0 && !oom) {
+        Ev top = evh_pop(&ev);
+        double t = top.t;
+        int64_t x = top.what;
+        if (top.phase == 0) {
+            for (int64_t k = dep_ptr[x]; k < dep_ptr[x + 1] && !oom; k++) {
+                int64_t d = dep_idx[k];
+                if (--remaining[d] == 0) READY(d, t);
+            }
+            continue;
+        }
+        Heap *q = &queue[x];
+        if (q->n == 0 || t < nxt[x] - 1e-15) continue;
+        if (gate && t > 0.0 && gated[x]) {
+            Heap *c = &comp[port_rank[x]];
+            while (c->n && ((double *)c->a)[0] < t - 1e-12) dh_pop(c);
+            if (c->n && ((double *)c->a)[0] > t + 1e-12) {
+                Ev e = {((double *)c->a)[0], 1, seq++, x};
+                if (evh_push(&ev, e)) oom = 1;
+                continue;
+            }
+        }
+        int64_t m = -qh_pop(q).neg;
+        int64_t w = wsize[x], *wm = win_m + win_off[x];
+        double *we = win_e + win_off[x];
+        pred[m] = win_len[x] == w ? wm[win_head[x]] : -1;
+        double nb = nbytes[m];
+        int64_t h0 = path_ptr[m], h1 = path_ptr[m + 1];
+        double cmin = cap[path_links[h0]];
+        for (int64_t k = h0 + 1; k < h1; k++)
+            if (cap[path_links[k]] < cmin) cmin = cap[path_links[k]];
+        double stream = nb / cmin;
+        double t_hop = t;
+        double end = t + per_msg;
+        for (int64_t k = h0; k < h1; k++) {
+            int64_t e = path_links[k];
+            if (link_free[e] > t_hop) t_hop = link_free[e];
+            link_free[e] = t_hop + lat[e] + per_msg + nb / cap[e];
+            t_hop += lat[e];
+            if (t_hop + per_msg + stream > end) end = t_hop + per_msg + stream;
+        }
+        order[norder++] = m;
+        t_start[m] = t;
+        t_end[m] = end;
+        if (push_comp && (dh_push(&comp[src[m]], end) || dh_push(&comp[dst[m]], end))) oom = 1;
+        if (win_len[x] == w) { /* popleft */
+            win_head[x] = (win_head[x] + 1) % w;
+            win_len[x]--;
+        }
+        int64_t slot = (win_head[x] + win_len[x]) % w;
+        wm[slot] = m;
+        we[slot] = end;
+        win_len[x]++;
+        double allow = win_len[x] == w ? we[win_head[x]] : 0.0;
+        nxt[x] = allow >= link_free[x] ? allow : link_free[x];
+        Ev done = {end, 0, seq++, m};
+        if (evh_push(&ev, done)) oom = 1;
+        if (end > makespan) makespan = end;
+        if (q->n) {
+            Ev again = {nxt[x], 1, seq++, x};
+            if (evh_push(&ev, again)) oom = 1;
+        }
+    }
+#undef READY
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    result = Py_BuildValue("nd", norder, makespan);
+out:
+    if (queue)
+        for (Py_ssize_t x = 0; x < nl; x++) free(queue[x].a);
+    if (comp)
+        for (Py_ssize_t r = 0; r < nranks; r++) free(comp[r].a);
+    free(queue);
+    free(comp);
+    free(ev.a);
+    free(link_free);
+    free(nxt);
+    free(win_off);
+    free(win_head);
+    free(win_len);
+    free(win_m);
+    free(win_e);
+    for (int i = 0; i < NWFQ; i++)
+        if (b[i].obj) PyBuffer_Release(&b[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS, "the simulator's event loop over flat arrays (compiler/cost.py)"},
+    {"wfq", wfq, METH_VARARGS, "the timed lowering's list schedule over flat arrays (compiler/schedule.py)"},
     {NULL, NULL, 0, NULL},
 };
 

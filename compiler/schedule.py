@@ -41,6 +41,15 @@ operations. The simulator then reserves every link, the switches' egress links i
 the schedule's order, and the plan's simulated time is the schedule's makespan
 (tests/test_schedule_ingress.py).
 
+Cost. The list schedule's event loop runs natively (compiler/_simcore.c's ``wfq``, the
+Python loop kept as its reference and fallback, the two equal message for message:
+tests/test_schedule_native.py); each job's messages per chunk are one template repeated per
+chunk as arrays, and the templates of a set of trees are kept for its next lowering (the
+chunk search lowers the same trees at several sizes). A schedule that replays exactly (one
+hop per message over the sender's own link: :func:`_replays_exactly`) is compared with the
+rival plain order before it is written out, and dropped unwritten where it loses
+(:class:`Outrun`, lower.lower_priced).
+
 Jobs. The scheduler moves *jobs*: a job reduces its chunks up one tree (its *up tree*) and
 broadcasts them down another (its *down tree*), both rooted at the same rank. A tree kind's
 jobs are its trees (up = down); the split allreduce (compiler/splitpack.py) pairs in-trees
@@ -52,13 +61,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from itertools import chain
+
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Scale
 from ..ir.topology import Topology
 from .builder import _deps, _Lowering, split_by_rate
 from .trees import TreeShape
 
-__all__ = ["PORT_WINDOW", "TIMED_KINDS", "lower_timed", "lower_jobs"]
+try:
+    from ._simcore import wfq as _wfq
+except ImportError:  # not built (HCC_NO_NATIVE=1): the schedule runs its Python reference loop
+    _wfq = None
+
+__all__ = ["PORT_WINDOW", "TIMED_KINDS", "Outrun", "lower_timed", "lower_jobs"]
 
 # 4 in flight per port when the collective's links include a switch: 1 holds a rank's
 # uplink to a switch idle while its last message waits behind other senders at the switch
@@ -154,6 +170,91 @@ def _has_relay(links, ranks: Sequence[str]) -> bool:
     return any(v not in names for _, v in links.ends)
 
 
+class _Chunk:
+    """The messages of one chunk of one job (``_Timed.template``), in the order they are
+    numbered: ``src``/``dst`` ranks, ``down``, ``deps`` (indices among these messages),
+    ``path`` (link ids), ``hops`` (the tree hops still ahead of the chunk, for the key),
+    ``sender`` ((index, sending rank) of each up message); :meth:`freeze` adds the arrays
+    :meth:`_Timed.fill` repeats per chunk, among them the dependents of each message in
+    increasing order (``dcount``, ``didx``)."""
+
+    def __init__(self):
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.down: list[bool] = []
+        self.deps: list[tuple[int, ...]] = []
+        self.path: list[tuple[int, ...]] = []
+        self.hops: list[int] = []
+        self.sender: list[tuple[int, int]] = []
+
+    def freeze(self) -> "_Chunk":
+        import numpy as np
+
+        E = len(self.src)
+        self.src_a = np.array(self.src, np.int64)
+        self.dst_a = np.array(self.dst, np.int64)
+        self.down_a = np.array(self.down, np.int8)
+        self.hops_f = np.array(self.hops, np.float64)
+        self.plen = np.array([len(p) for p in self.path], np.int64)
+        self.plinks = np.array([e for p in self.path for e in p], np.int64)
+        self.ndeps = np.array([len(d) for d in self.deps], np.int64)
+        dependents: list[list[int]] = [[] for _ in range(E)]
+        for j, ds in enumerate(self.deps):
+            for d in ds:
+                dependents[d].append(j)
+        self.dcount = np.array([len(x) for x in dependents], np.int64)
+        self.didx = np.array([j for x in dependents for j in x], np.int64)
+        self.one_hop = all(len(p) == 1 for p in self.path)
+        return self
+
+
+def _gather(starts, lens):
+    """The indices ``starts[i] + j`` for ``j < lens[i]``, concatenated in order of ``i``."""
+    import numpy as np
+
+    total = int(lens.sum())
+    first = np.cumsum(lens) - lens
+    return np.repeat(starts - first, lens) + np.arange(total, dtype=np.int64)
+
+
+class _Templates:
+    """The jobs' chunk templates (``_Chunk``), made once per lowering, and their arrays
+    concatenated in job order (:meth:`table`; per job its first entry ``off`` and size ``E``)."""
+
+    def __init__(self, njobs: int):
+        self.by_job: dict[int, _Chunk] = {}
+        self.njobs = njobs
+        self._table = None
+
+    def need(self, t: int, make) -> None:
+        if t not in self.by_job:
+            self.by_job[t] = make()
+            self._table = None
+
+    def table(self):
+        import numpy as np
+        from types import SimpleNamespace
+
+        if self._table is not None:
+            return self._table
+        cs = [self.by_job.get(t) for t in range(self.njobs)]
+        have = [c for c in cs if c is not None]
+        E = np.array([len(c.src) if c is not None else 0 for c in cs], np.int64)
+
+        def cat(f: str, dt):
+            return np.concatenate([getattr(c, f) for c in have]).astype(dt) if have else np.zeros(0, dt)
+
+        plen, dcount = cat("plen", np.int64), cat("dcount", np.int64)
+        # CSR starts: each message's first link and first dependent, its template's offset added
+        pptr, dptr = np.cumsum(plen) - plen, np.cumsum(dcount) - dcount
+        didx = cat("didx", np.int64)  # local to a chunk: fill adds the chunk's first message
+        self._table = SimpleNamespace(
+            E=E, off=np.cumsum(E) - E, src=cat("src_a", np.int64), dst=cat("dst_a", np.int64),
+            down=cat("down_a", np.int8), hops=cat("hops_f", np.float64), plen=plen, pptr=pptr,
+            plinks=cat("plinks", np.int64), ndeps=cat("ndeps", np.int64), dcount=dcount, dptr=dptr, didx=didx)
+        return self._table
+
+
 class _Timed:
     """Messages of a tree collective (one per job, chunk and tree edge) with their data
     dependencies, scheduled by :meth:`schedule` and emitted by :meth:`emit`. ``ush[j]`` /
@@ -203,47 +304,121 @@ class _Timed:
         except KeyError:
             return None
 
-    def add(self, s: int, d: int, t: int, k: int, a: int, b: int, down: bool, deps, path, key) -> int:
-        if path is None:
-            raise KeyError((s, d))
-        self.src.append(s)
-        self.dst.append(d)
-        self.tree.append(t)
-        self.chunk.append(k)
-        self.lo.append(a)
-        self.hi.append(b)
-        self.down.append(down)
-        self.deps.append(tuple(deps))
-        self.path.append(path)
-        self.key.append(key)
-        return len(self.src) - 1
-
-    def tree_chunk(self, t: int, k: int, a: int, b: int, key: float, up: bool, down: bool) -> None:
-        """The messages of chunk ``[a, b)`` of job ``t``: reduced to the root over its up
-        tree (``up``), then (``down``) broadcast from it over its down tree."""
+    def template(self, t: int, up: bool, down: bool) -> "_Chunk":
+        """The messages of one chunk of job ``t``: reduced to the root over its up tree
+        (``up``), then (``down``) broadcast from it over its down tree. Raises KeyError
+        when a message's direction of a tree path is not a link."""
         us, ds = self.ush[t], self.dsh[t]
         upaths, dpaths = self.shape_info[id(us)][0], self.shape_info[id(ds)][0]
         udepth = self.shape_info[id(us)][2]
         dheight = self.shape_info[id(ds)][1]
-        rate = self.rate[t]
-        dl = self.hop_s * (b - a) * self.itemsize / (rate if rate > 0 else 1.0)
         below = dheight[ds.root] if down else 0
+        c = _Chunk()
         into: dict[int, list[int]] = {}
+
+        def add(s: int, d: int, dn: bool, deps, path, hops: int) -> int:
+            if path is None:
+                raise KeyError((s, d))
+            c.src.append(s)
+            c.dst.append(d)
+            c.down.append(dn)
+            c.deps.append(tuple(deps))
+            c.path.append(path)
+            c.hops.append(hops)
+            return len(c.src) - 1
+
         if up:
             for r in reversed(us.order):
                 if r == us.root:
                     continue
                 p = us.parent[r]
-                m = self.add(r, p, t, k, a, b, False, into.get(r, ()), upaths[r][1],
-                             key - dl * (udepth[r] + below))
-                into.setdefault(p, []).append(m)
-                self.upmsg[(t, k, r)] = m
+                i = add(r, p, False, into.get(r, ()), upaths[r][1], udepth[r] + below)
+                into.setdefault(p, []).append(i)
+                c.sender.append((i, r))
         got: dict[int, tuple[int, ...]] = {ds.root: tuple(into.get(us.root, ()))}
         if down:
             for r in ds.order:
-                for c in ds.children[r]:
-                    m = self.add(r, c, t, k, a, b, True, got[r], dpaths[c][0], key - dl * (1 + dheight[c]))
-                    got[c] = (m,)
+                for ch in ds.children[r]:
+                    got[ch] = (add(r, ch, True, got[r], dpaths[ch][0], 1 + dheight[ch]),)
+        return c.freeze()
+
+    def fill(self, spans: list[tuple[int, int]], sizes: list[int], weight: list[float], up: bool, down: bool,
+             chunks: "_Templates") -> None:
+        """Every job's messages, chunk by chunk (``sizes``: each job's chunk in elements),
+        as arrays (``self.a``); the per-message lists the Python loops read are made on
+        demand (:meth:`lists`). Message ``m`` of chunk ``k`` of job ``t`` is number
+        ``off_t + k x E_t + i`` for the ``i``-th message of the job's chunk template
+        (``chunks``, made on a job's first chunk; KeyError where a path is not a link). Its
+        key: when a fluid stream at the job's weight ends the chunk, ``(b - lo) x itemsize /
+        w``, less HOP_SLACK chunk periods per tree hop ahead (``template``'s ``hops``)."""
+        import numpy as np
+
+        itemsize, hop_s = self.itemsize, self.hop_s
+        count: dict[tuple[str, int], int] = {}
+        K = []
+        for t, (lo, hi) in enumerate(spans):
+            atoms = _even_chunks(lo, hi, sizes[t])
+            self.pieces.extend((t, a, b) for a, b in atoms)
+            self.ubase[t], self.dbase[t] = count.get(("u", self.utree[t]), 0), count.get(("d", self.dtree[t]), 0)
+            count[("u", self.utree[t])] = self.ubase[t] + len(atoms)
+            count[("d", self.dtree[t])] = self.dbase[t] + len(atoms)
+            K.append(len(atoms))
+            if atoms:
+                chunks.need(t, lambda t=t: self.template(t, up, down))
+        tab = chunks.table()
+        Kv = np.array(K, np.int64)
+        E = tab.E * (Kv > 0)
+        job_r = np.repeat(np.arange(len(K), dtype=np.int64), Kv)  # per chunk row: its job
+        R = len(job_r)
+        pieces = np.array(self.pieces, np.int64).reshape(R, 3)
+        a_r, b_r = pieces[:, 1], pieces[:, 2]
+        k_r = np.arange(R, dtype=np.int64) - np.repeat(np.cumsum(Kv) - Kv, Kv)
+        E_r = E[job_r]
+        row_start = np.cumsum(E_r) - E_r
+        nm = int(E_r.sum())
+        row_m = np.repeat(np.arange(R, dtype=np.int64), E_r)
+        tidx = tab.off[job_r][row_m] + (np.arange(nm, dtype=np.int64) - row_start[row_m])
+        lo_r = np.array([lo for lo, _ in spans], np.int64)[job_r]
+        w_r = np.array(weight, np.float64)[job_r]
+        rr_r = np.array([r if r > 0 else 1.0 for r in self.rate], np.float64)[job_r]
+        # the float operations of the key, in the order the reference wrote them
+        kk = (b_r - lo_r) * itemsize / w_r
+        dl = hop_s * (b_r - a_r) * itemsize / rr_r
+        pl = tab.plen[tidx]
+        dc = tab.dcount[tidx]
+        self.a = {
+            "src": tab.src[tidx], "dst": tab.dst[tidx], "down": tab.down[tidx], "tree": job_r[row_m],
+            "chunk": k_r[row_m], "lo": a_r[row_m], "hi": b_r[row_m],
+            "key": kk[row_m] - dl[row_m] * tab.hops[tidx],
+            "plen": pl, "plinks": tab.plinks[_gather(tab.pptr[tidx], pl)], "ndeps": tab.ndeps[tidx],
+            "dcount": dc, "didx": tab.didx[_gather(tab.dptr[tidx], dc)] + np.repeat(row_start[row_m], dc),
+        }
+        self.nm = nm
+        offs = (np.cumsum(Kv * E) - Kv * E).tolist()
+        self.blocks = [(t, offs[t], chunks.by_job[t], K[t]) for t in range(len(K)) if K[t]]
+        self._lists = False
+
+    def lists(self) -> None:
+        """The per-message lists (``src``, ``dst``, ``tree``, ``chunk``, ``lo``, ``hi``,
+        ``down``, ``deps``, ``path``, ``key``) and ``upmsg`` from the arrays of :meth:`fill`."""
+        if self._lists:
+            return
+        a = self.a
+        for f in ("src", "dst", "tree", "chunk", "lo", "hi", "key"):
+            setattr(self, f, a[f].tolist())
+        self.down = [bool(x) for x in a["down"].tolist()]
+        deps: list[tuple[int, ...]] = []
+        path: list[tuple[int, ...]] = []
+        for t, off, c, K in self.blocks:
+            E = len(c.src)
+            path.extend(c.path * K)
+            for k in range(K):
+                o = off + k * E
+                deps.extend(tuple(o + d for d in ds) if ds else () for ds in c.deps)
+                for i, r in c.sender:
+                    self.upmsg[(t, k, r)] = o + i
+        self.deps, self.path = deps, path
+        self._lists = True
 
     def prepare_paths(self) -> None:
         """Per distinct tree: its link paths (down, up) per rank, heights and depths."""
@@ -276,8 +451,64 @@ class _Timed:
     def schedule(self, window: int, gate: bool = False, wide: bool = False) -> list[int]:
         """Messages in the order the WFQ list schedule starts them (see the section
         comment); also fills ``self.pred``: per message, the message ``window`` places
-        earlier on its port (or -1). ``wide``: ports of ranks without a link to another rank
-        take SWITCH_ONLY_WINDOW messages in flight (see there)."""
+        earlier on its port (or -1), ``start``, ``end`` and ``makespan``. ``wide``: ports of
+        ranks without a link to another rank take SWITCH_ONLY_WINDOW messages in flight (see
+        there). The loop runs natively (compiler/_simcore.c's ``wfq``, the same order and
+        bit-identical times) where it is built, else :meth:`_schedule_py`."""
+        names = set(self.L.spec.ranks)
+        relay = any(v not in names for _, v in self.links.ends)
+        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
+        ports = {c.path[i][0] for _, _, c, _ in self.blocks for i in range(len(c.path))}
+        port_rank = {m_port: rank_of[self.links.ends[m_port][0]] for m_port in ports}
+        # without a switch every port is a direct link with a window of 1: each send starts at
+        # a completion already, and gating would only add dependencies
+        self.gated = gated = self.gated_ranks() if gate and relay else set()
+        self.relay = relay
+        direct = self.gated_ranks() if relay and wide else set()
+        wide_ports = {x for x, r in port_rank.items() if r not in direct} if relay and wide else set()
+        wsize = {x: (max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window) if relay else 1
+                 for x in port_rank}
+        if _wfq is not None and self.nm:
+            return self._schedule_native(port_rank, wsize, gate, gated)
+        self.lists()
+        return self._schedule_py(port_rank, wsize, gate, gated)
+
+    def _schedule_native(self, port_rank: dict[int, int], wsize: dict[int, int], gate: bool,
+                         gated: set[int]) -> list[int]:
+        """:meth:`_schedule_py`'s loop in compiler/_simcore.c over :meth:`fill`'s arrays."""
+        import numpy as np
+
+        nm, nl, a = self.nm, len(self.links.cap), self.a
+        path_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["plen"], out=path_ptr[1:])
+        path_links = a["plinks"]
+        port = path_links[path_ptr[:-1]]
+        nbytes = (a["hi"] - a["lo"]).astype(np.float64) * self.itemsize
+        dep_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["dcount"], out=dep_ptr[1:])
+        prank = np.full(nl, -1, np.int64)
+        wsz = np.ones(nl, np.int64)
+        gflag = np.zeros(nl, np.int8)
+        for x, r in port_rank.items():
+            prank[x], wsz[x], gflag[x] = r, wsize[x], r in gated
+        order = np.empty(nm, np.int64)
+        pred = np.empty(nm, np.int64)
+        start = np.zeros(nm, np.float64)
+        end = np.zeros(nm, np.float64)
+        done, self.makespan = _wfq(
+            port, path_ptr, path_links, nbytes, a["key"], a["down"], dep_ptr, a["didx"], a["ndeps"].copy(),
+            a["src"], a["dst"], prank, wsz, gflag, np.array(self.links.lat, np.float64),
+            np.array(self.links.cap, np.float64), self.per_msg, bool(gate), bool(gated), self.L.n,
+            order, pred, start, end)
+        if done != nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        self.pred, self.start, self.end_a = pred.tolist(), start.tolist(), end
+        self.end = end.tolist()
+        return order.tolist()
+
+    def _schedule_py(self, port_rank: dict[int, int], wsize: dict[int, int], gate: bool,
+                     gated: set[int]) -> list[int]:
+        """The reference loop of :meth:`schedule`."""
         import heapq
         from collections import deque
 
@@ -289,8 +520,6 @@ class _Timed:
         nxt: dict[int, float] = {}  # port -> earliest time its window allows a start
         started: dict[int, deque] = {}  # port -> (message, end) of its last ``window`` starts
         self.pred = [-1] * nm
-        names = set(self.L.spec.ranks)
-        relay = {i for i, (_, v) in enumerate(self.links.ends) if v not in names}
         self.end = [0.0] * nm
         self.start = [0.0] * nm
         self.makespan = 0.0
@@ -309,15 +538,7 @@ class _Timed:
             heappush(ev, (max(t, nxt.get(port, 0.0)), 1, seq, port))
             seq += 1
 
-        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
-        port_rank = {m_port: rank_of[self.links.ends[m_port][0]] for m_port in {p[0] for p in path}}
         comp: list[list[float]] = [[] for _ in range(self.L.n)]  # per rank: future completions
-        # without a switch every port is a direct link with a window of 1: each send starts at
-        # a completion already, and gating would only add dependencies
-        self.gated = gated = self.gated_ranks() if gate and relay else set()
-        self.relay = bool(relay)
-        direct = self.gated_ranks() if relay and wide else set()
-        wide_ports = {x for x, r in port_rank.items() if r not in direct} if relay and wide else set()
         for t, x in self._tries(ev, ready):
             q = queue.get(x)
             if not q or t < nxt.get(x, 0.0) - 1e-15:
@@ -334,7 +555,7 @@ class _Timed:
                     continue
             m = heappop(q)[3]
             win = started.setdefault(x, deque())
-            w = (max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window) if relay else 1
+            w = wsize[x]
             self.pred[m] = win[0][0] if len(win) == w else -1
             nb = nbytes[m]
             hops = path[m]
@@ -405,6 +626,7 @@ class _Timed:
         simulator will pop them (:meth:`_sim_key`), and every time is computed with the
         simulator's own floating-point operations. Fills ``pred``, ``start``, ``end``,
         ``makespan`` like :meth:`schedule`."""
+        self.lists()
         import bisect
         import heapq
         import itertools
@@ -600,6 +822,7 @@ class _Timed:
         """``self.ing``: per message, the message into the same last link (the receiver's
         link out of a switch) that the schedule ended last before this one started, or -1
         (all -1 unless ``on``): see INGRESS_GATE."""
+        self.lists()
         import bisect
 
         nm = len(self.src)
@@ -625,6 +848,7 @@ class _Timed:
         """Write the scheduled messages as ops, in schedule order (so every dependency,
         data or port window, names an earlier op). ``dst_of(r, t, a, b)``: the range rank
         ``r`` reduces chunk ``[a, b)`` of job ``t`` into (reducing kinds)."""
+        self.lists()
         L, B = self.L, self.L.B
         ush, dsh = self.ush, self.dsh
         send_op = [-1] * len(self.src)
@@ -776,8 +1000,51 @@ def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], 
 TIMED_KINDS = frozenset({"broadcast", "reduce", "allreduce", "allgather", "reduce_scatter"})
 
 
+# the trees' paths and chunk templates of the last few lowerings, kept for the next lowering
+# of the same trees (a chunk search lowers them at 3-8 sizes; one MI250 node's allgather: 48
+# trees, 4 sizes, the paths and templates a third of each timed lowering), up to this many
+# template messages per entry (jobs x ranks)
+MEMO_MAX_MESSAGES = 200_000
+_MEMO_SIZE = 4
+_memo: list = []
+
+
+def _memo_get(links, ush, dsh, up: bool, down: bool):
+    """The (shape_info, _Templates) of these very trees (compared by identity: the memo holds
+    them, so no id is reused while an entry lives), or None."""
+    for ent in _memo:
+        l, u, d, uu, dd, got = ent
+        if l is links and uu == up and dd == down and len(u) == len(ush) and len(d) == len(dsh) \
+                and all(x is y for x, y in zip(u, ush)) and all(x is y for x, y in zip(d, dsh)):
+            return got
+    return None
+
+
+def _memo_put(links, ush, dsh, up: bool, down: bool, got) -> None:
+    _memo.insert(0, (links, tuple(ush), tuple(dsh), up, down, got))
+    del _memo[_MEMO_SIZE:]
+
+
+# a schedule that replays exactly is dropped for a rival plan only when its makespan is above
+# the rival's by more than this: the two are computed with different floating-point sums
+REPLAY_MARGIN = 1e-9
+
+
+class Outrun(Exception):
+    """The timed schedule lost to its rival (lower_jobs' ``rival``); ``args[0]``: the rival's time."""
+
+
+def _replays_exactly(T: _Timed) -> bool:
+    """Whether the plan emitted from ``T``'s schedule simulates to ``T.makespan``: every
+    message one hop over its sender's own link, no switch, so a window of 1 on every port.
+    A message then starts, in the schedule and in cost.simulate alike, when its data is
+    there and its port's previous message has ended, and nothing else reserves its link."""
+    return not T.relay and not T.exact and all(c.one_hop for _, _, c, _ in T.blocks)
+
+
 def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
-                topo: Topology, per_msg: float, window: int) -> list[tuple[int, int]] | None:
+                topo: Topology, per_msg: float, window: int, rival=None,
+                rival_ops: int = 0) -> list[tuple[int, int]] | None:
     """Emit the tree kinds through the timed schedule and return the trees' spans; None
     (nothing emitted) when a tree path is not made of the collective's links (the plain
     lowering then routes it). Each tree is one job (its own up and down tree); the trees
@@ -790,13 +1057,14 @@ def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, in
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     ids = list(range(len(shapes)))
     return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window,
-                      TREE_MIN_CHUNK)
+                      TREE_MIN_CHUNK, rival, rival_ops)
 
 
 def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
-               window: int, min_chunk: float = 1.0) -> list[tuple[int, int]] | None:
+               window: int, min_chunk: float = 1.0, rival=None,
+               rival_ops: int = 0) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -805,7 +1073,14 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     on others (a tree over the 10 GB/s, 3 us socket link of a DGX-1 loses 4% at 1 MiB
     chunks, one over NVLink 9%), so the trees finish at different times. Up to
     REBALANCE_ROUNDS times, each job's share is scaled by the mean finish time of its
-    group (the jobs sharing one block) over its own, and the fastest schedule is kept."""
+    group (the jobs sharing one block) over its own, and the fastest schedule is kept.
+
+    ``rival``: a callable giving the predicted time of another plan of the same trees (the
+    plain order of lower.lower_priced), asked only where the kept schedule replays exactly
+    (:func:`_replays_exactly`) and its plan has at most ``rival_ops`` ops; where the rival is
+    faster, nothing is emitted and :class:`Outrun` is raised."""
+    import numpy as np
+
     kind = L.spec.kind
     links = _msg_paths(topo, L.spec.ranks)
     up = kind in ("reduce", "reduce_scatter", "allreduce")
@@ -818,7 +1093,9 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
     best = None
+    info = None
     njobs = len(ush)
+    chunks: _Templates | None = None  # per job, its chunk's messages (the same in every round)
     for rnd in range(rounds + 1):
         if rnd:
             spans = [(0, 0)] * njobs
@@ -826,22 +1103,21 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                 for t, sp in zip(ts, split_by_rate(*bounds_of[g], [weight[t] for t in ts])):
                     spans[t] = sp
         T = _Timed(L, ush, dsh, links, per_msg, utree, dtree, rates)
-        try:
-            T.prepare_paths()
-        except KeyError:
-            return None
-        itemsize = T.itemsize
+        if info is None:  # the trees' paths do not change with the shares or the chunk size
+            got = _memo_get(links, ush, dsh, up, down)
+            if got is None:
+                try:
+                    T.prepare_paths()
+                except KeyError:
+                    return None
+                got = (T.shape_info, _Templates(njobs))
+                if njobs * L.n <= MEMO_MAX_MESSAGES:
+                    _memo_put(links, ush, dsh, up, down, got)
+            info, chunks = got
+        T.shape_info = info
         sizes = _job_chunks(L.ce, weight, groups, min_chunk)
-        count: dict[tuple[str, int], int] = {}
         try:
-            for t, (lo, hi) in enumerate(spans):
-                atoms = _even_chunks(lo, hi, sizes[t])
-                T.pieces.extend((t, a, b) for a, b in atoms)
-                T.ubase[t], T.dbase[t] = count.get(("u", utree[t]), 0), count.get(("d", dtree[t]), 0)
-                count[("u", utree[t])] = T.ubase[t] + len(atoms)
-                count[("d", dtree[t])] = T.dbase[t] + len(atoms)
-                for k, (a, b) in enumerate(atoms):
-                    T.tree_chunk(t, k, a, b, (b - lo) * itemsize / weight[t], up, down)
+            T.fill(spans, sizes, weight, up, down, chunks)
         except KeyError:  # a message's direction of a tree path is not a link
             return None
         gate = PORT_GATE and window > 1
@@ -853,10 +1129,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
             T.exact = False
         if best is None or T.makespan < best[0].makespan * (1 - 1e-9):
             best = (T, order, list(spans))
-        finish = [0.0] * njobs
-        for m in range(len(T.src)):
-            if T.end[m] > finish[T.tree[m]]:
-                finish[T.tree[m]] = T.end[m]
+        finish_a = np.zeros(njobs)
+        if T.nm:
+            np.maximum.at(finish_a, T.a["tree"], np.asarray(T.end, np.float64))
+        finish = finish_a.tolist()
         moved = False
         for ts in groups.values():
             live = [t for t in ts if finish[t] > 0]
@@ -869,6 +1145,12 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         if not moved:
             break
     T, order, spans = best
+    if rival is not None and _replays_exactly(T) and 2 * T.nm + (L.n + 2) * len(T.pieces) <= rival_ops:
+        # the plan would simulate to T.makespan; where another plan of these trees is
+        # already faster, emitting this one is wasted (lower.lower_priced would drop it)
+        other = rival()
+        if T.makespan > other * (1 + REPLAY_MARGIN):
+            raise Outrun(other)
     if kind == "reduce_scatter":
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             j = ush[t].root

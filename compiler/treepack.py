@@ -188,11 +188,12 @@ def _memo(fn, args):
 def clear_cache() -> None:
     """Forget memoised packings and the tree shapes lowered from them (benchmarks that time
     the solver call this first)."""
-    from . import trees
+    from . import schedule, trees
 
     _pack_broadcast.cache_clear()
     _pack_allgather.cache_clear()
     trees._shape.cache_clear()
+    schedule._memo.clear()
 
 
 def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, few_trees: bool = True,
