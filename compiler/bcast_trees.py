@@ -51,6 +51,7 @@ from typing import Any, Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale
 from .builder import ProgramBuilder, plan_op, split_by_rate
+from .channels import _Search
 from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
@@ -60,8 +61,6 @@ __all__ = ["WINDOW", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "lower_db
 # receives of one tree edge posted ahead of the data (module docstring): 2 keeps a sender of
 # two children alternating between them without a gap; 1 left a gap of a message's latency
 WINDOW = 2
-# at most this many shortest routes are compared per edge (a 32-rack fat tree has 16)
-_MAX_ROUTES = 64
 
 
 def dbt_pair(m: int) -> tuple[list[int], list[int]]:
@@ -117,49 +116,18 @@ def _lift(par: list[int]) -> list[int]:
     return out
 
 
-def _shortest_routes(net: Routes, a: str, b: str) -> list[tuple[str, ...]]:
-    """Every shortest switch-only route a..b (vertex names), at most :data:`_MAX_ROUTES`."""
-    dist = {a: 0}
-    preds: dict[str, list[str]] = {a: []}
-    q = deque([a])
-    while q:
-        x = q.popleft()
-        if x != a and x not in net.switches:
-            continue  # ranks do not forward at the link level
-        for y in net.out.get(x, ()):
-            if y not in dist:
-                dist[y] = dist[x] + 1
-                preds[y] = [x]
-                q.append(y)
-            elif dist[y] == dist[x] + 1:
-                preds[y].append(x)
-    if b not in dist:
-        return []
-    out: list[tuple[str, ...]] = []
-    stack = [(b, (b,))]
-    while stack and len(out) < _MAX_ROUTES:
-        v, suffix = stack.pop()
-        if v == a:
-            out.append(suffix)
-            continue
-        for p in preds[v]:
-            stack.append((p, (p,) + suffix))
-    return out
-
-
-def spread(net: Routes, src: int, dst: int, share: float, load: dict) -> tuple[str, ...]:
+def spread(net: Routes, search: _Search, src: int, dst: int, share: float, load: dict) -> tuple[str, ...]:
     """The route from rank ``src`` to rank ``dst`` for ``share`` bytes (per byte of buffer):
-    the shortest switch-only route whose busiest link, with ``share`` added, is least loaded
-    relative to its capacity, then the next busiest (ties: the first found); ``load`` (arc -> bytes) is updated. No
-    switch-only route: routes.Routes.path (through other ranks)."""
-    r = net.ranks
-    cands = _shortest_routes(net, r[src], r[dst])
+    among the direct link or the shortest switch-only routes (channels.py's route search),
+    the one whose busiest link, with ``share`` added, is least loaded relative to its
+    capacity, then the next busiest (ties: the first found); ``load`` (arc -> bytes) is
+    updated. No such route: routes.Routes.path (through other ranks)."""
+    cands = search.routes(src, dst)
     if not cands:
         return net.path(src, dst)
 
     def worst(p):  # busiest link first, then the next: the rank's own links tie every route
-        return sorted(((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:])),
-                      reverse=True)
+        return sorted(((load.get(arc, 0.0) + share) / search.cap[arc] for arc in zip(p, p[1:])), reverse=True)
 
     best = min(cands, key=worst)
     for arc in zip(best, best[1:]):
@@ -268,13 +236,14 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
     if n < 3:
         return None
     net = routes(topo, ranks)
+    search = _Search(topo, ranks)
     groups = _host_order(topo, ranks, root)
     load: dict = {}
 
     def path(p: int, c: int, share: float) -> tuple[str, ...]:
         if inward:
-            return tuple(reversed(spread(net, c, p, share, load)))
-        return spread(net, p, c, share, load)
+            return tuple(reversed(spread(net, search, c, p, share, load)))
+        return spread(net, search, p, c, share, load)
 
     lanes = _lanes(net, topo, groups)
     if lanes is not None:

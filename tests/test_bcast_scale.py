@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -22,19 +23,9 @@ from hcc.compiler.pipeline import resolve
 
 from test_lower import check_numeric
 
-FATTREE = """
-topology ft {
-    host rack[0..3] {
-        node n[0..5]
-        switch leaf
-        n[0..5] <-> leaf : 100 Gbit/s, 1 us
-    }
-    switch spine[0..3]
-    rack[0..3].leaf <-> spine[0..3] : 200 Gbit/s, 2 us
-}
-collective b = broadcast on ft { root = rack1.n2  size = 1 MiB }
-collective r = reduce on ft { root = rack0.n0  size = 1 MiB }
-"""
+ROOT = Path(__file__).resolve().parent.parent
+# 8 racks of 16 nodes under 8 spines
+FATTREE = (ROOT / "samples" / "fattree.hcl").read_text()
 
 # three hosts of four GPUs: a ring of direct links inside, two PCIe switches with a NIC each
 MULTIPORT = """
@@ -56,22 +47,28 @@ collective r = reduce on mp { root = h2.g3  size = 1 MiB }
 """
 
 
-def setup(text: str, name: str, elems: int = 3001):
+def setup(text: str, name: str, elems: int = 3001, kind: str | None = None):
+    """The collective ``name`` of ``text`` at ``elems`` float64 elements (``kind``: as that
+    kind instead, summing)."""
     prog = load_program(text)
     spec = resolve(prog, name)
     spec = replace(spec, dtype="float64", size_bytes=elems * 8)
+    if kind is not None and kind != spec.kind:
+        spec = replace(spec, kind=kind, op="sum")
     return spec, prog.topology_of(spec)
 
 
-def broadcast_bound(spec, topo) -> float:
-    """Seconds: the buffer over the least root-to-rank max-flow (reversed for reduce)."""
+def broadcast_bound(spec, topo, most: int = 12) -> float:
+    """Seconds: the buffer over the least root-to-rank max-flow (reversed for reduce), over
+    at most ``most`` ranks spread through the rank list (each flow alone bounds the time;
+    the fat tree's 127 took a second)."""
     g = topo.graph()
     root = spec.ranks[spec.root]
+    others = [v for v in spec.ranks if v != root]
     flows = []
-    for v in spec.ranks:
-        if v != root:
-            a, b = (v, root) if spec.kind == "reduce" else (root, v)
-            flows.append(nx.maximum_flow_value(g, a, b, capacity="capacity"))
+    for v in others[:: max(1, len(others) // most)]:
+        a, b = (v, root) if spec.kind == "reduce" else (root, v)
+        flows.append(nx.maximum_flow_value(g, a, b, capacity="capacity"))
     return spec.size_bytes / min(flows)
 
 
@@ -93,14 +90,16 @@ def test_pair_is_two_trees_with_disjoint_interiors(m):
     assert not interiors[0] & interiors[1]
 
 
-@pytest.mark.parametrize("text,name", [(FATTREE, "b"), (FATTREE, "r"), (MULTIPORT, "b"), (MULTIPORT, "r")])
-def test_plans_verify_compute_and_respect_the_bound(text, name):
-    spec, topo = setup(text, name)
+@pytest.mark.parametrize("text,name,kind", [(FATTREE, "broadcast", None), (FATTREE, "broadcast", "reduce"),
+                                            (MULTIPORT, "b", None), (MULTIPORT, "r", None)])
+def test_plans_verify_compute_and_respect_the_bound(text, name, kind):
+    spec, topo = setup(text, name, kind=kind)
     trees = dbt_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
-    for chunk in (8 * 401, 8 * 3001):  # 8 chunks per tree share, and one
+    for chunk in (8 * 401, 8 * 3001):  # 8 chunks per tree share (the window gates), and one
         plan = lower_dbt(spec, topo, trees, chunk)
-        plan.verify()
-        check_numeric(plan, seed=chunk)
+        plan.verify()  # symbolic execution: every rank's final buffer
+        if len(spec.ranks) <= 16 or chunk > 8 * 401:  # the test executor: 6 s on 128 ranks x 8 chunks
+            check_numeric(plan, seed=chunk)
         assert simulate(plan).time >= broadcast_bound(spec, topo) * (1 - 1e-9)
     assert 8 <= chunk_for(spec, topo, trees, 1e-6) <= spec.size_bytes
 
@@ -115,7 +114,7 @@ def _sends(trees, kind):
 
 
 def test_fat_tree_pair_structure_and_spread_routes():
-    spec, topo = setup(FATTREE, "b")
+    spec, topo = setup(FATTREE, "broadcast")
     trees = dbt_trees(topo, spec.ranks, spec.root)
     assert len(trees) == 2 and sum(t.rate for t in trees) == pytest.approx(1.0)
     interior = [{p for p, _, _ in t.edges} - {t.root} for t in trees]
