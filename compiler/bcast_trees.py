@@ -72,18 +72,40 @@ def dbt_pair(m: int) -> tuple[list[int], list[int]]:
     >>> dbt_pair(5)
     ([4, 2, 4, 2, -1], [1, 3, 1, -1, 3])
     """
-    p1 = btree_parents(m)
+    p1 = _lift(btree_parents(m))
     even = m if m % 2 == 0 else m - 1  # the mirrored tree over an even count of positions
     sub = btree_parents(even)
     p2 = [-1] * m
     for q in range(even):  # position even-1-q of the mirror has q's parent, mirrored
         par = sub[q]
         p2[even - 1 - q] = -1 if par < 0 else even - 1 - par
-    if even < m:
-        # the last position (a child of its top in tree 1 at most) hangs off the mirror's
-        # top, which has one child in an lsb tree over an even count and none in tree 1
-        p2[m - 1] = even - 1
-    return _lift(p1), _lift(p2)
+    if even == m or m == 1:
+        return p1, _lift(p2)
+    # the last position (a leaf of tree 1, or its top's child) joins the mirror as a leaf:
+    # under a position of one child in it after the lift, else under the mirror's top,
+    # which has one child in an lsb tree over an even count (and none in tree 1)
+    p2 = _lift(p2[:even]) + [-1]
+    under = _one_child(p2[:even])
+    p2[m - 1] = under if under is not None else p2.index(-1)
+    return p1, p2
+
+
+def _one_child(par: list[int]) -> int | None:
+    """The shallowest position of ``par`` (a tree) with exactly one child (ties: the
+    lowest), None if none."""
+    kids: dict[int, int] = {}
+    for p in par:
+        if p >= 0:
+            kids[p] = kids.get(p, 0) + 1
+    depth: dict[int, int] = {}
+
+    def d(q: int) -> int:
+        if q not in depth:
+            depth[q] = 0 if par[q] < 0 else d(par[q]) + 1
+        return depth[q]
+
+    single = [q for q, k in kids.items() if k == 1]
+    return min(single, key=lambda q: (d(q), q)) if single else None
 
 
 def _lift(par: list[int]) -> list[int]:
@@ -91,28 +113,19 @@ def _lift(par: list[int]) -> list[int]:
     under the shallowest other position of one child: one level less to fill (an lsb tree's
     top has one child; on 1023 positions 11 levels become 10), and no position gains a
     second tree to send in (the new parent already has a child in this tree)."""
-    m = len(par)
-    kids: dict[int, list[int]] = {}
-    for q, p in enumerate(par):
-        if p >= 0:
-            kids.setdefault(p, []).append(q)
-    top = par.index(-1) if -1 in par else -1
-    if m < 3 or top < 0 or len(kids.get(top, ())) != 1:
+    if len(par) < 3 or -1 not in par:
         return par
-    new_top = kids[top][0]
-    depth = {new_top: 0}
-    stack = [new_top]
-    while stack:
-        x = stack.pop()
-        for c in kids.get(x, ()):
-            depth[c] = depth[x] + 1
-            stack.append(c)
-    single = [q for q in depth if len(kids.get(q, ())) == 1]
-    if not single:
+    top = par.index(-1)
+    kids = [q for q, p in enumerate(par) if p == top]
+    if len(kids) != 1:
         return par
-    under = min(single, key=lambda q: (depth[q], q))
     out = list(par)
-    out[new_top], out[top] = -1, under
+    out[kids[0]] = -1
+    out[top] = -1  # childless now, so never its own new parent
+    under = _one_child(out)
+    if under is None:
+        return par
+    out[top] = under
     return out
 
 
