@@ -18,7 +18,10 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
              registered builder at the chunk size that minimises the simulated time
              (chunks.choose_chunk); the NCCL-like baselines (compiler/baselines.py, channels.py:
              the single ring, multi-channel rings, double binary tree, recursive doubling)
-             are always priced too, for the figures
+             are always priced too, for the figures. ``algorithm = auto`` skips a candidate
+             whose lower bound at every chunk size (tree_floor.candidate_floor: the cut's
+             chunk floor, its trees' floor, what its ranks must send) is above a plan
+             already priced, and the chunk sizes whose bound is above it
     select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
     figures  predicted time, bound, efficiency = bound_s / predicted_s, the best NCCL-like
              baseline, algbw, busbw (nccl-tests factors), wire bytes, and the explanation:
@@ -103,6 +106,9 @@ class Unit:
     bandwidth_bound_s: float = 0.0  # the cut bound alone, without the latency term
     packings: tuple[tuple[str, object], ...] = ()  # (role, packing): registry.Algorithm.role
     candidates: tuple[Candidate, ...] = ()
+    # auto's candidates not lowered: their floor at every chunk size was above a plan already
+    # priced (tree_floor.candidate_floor), so they could not be selected
+    skipped: tuple[str, ...] = ()
     chosen: Candidate | None = None
     plan: Plan | None = None
 
@@ -190,6 +196,7 @@ class Lower:
         kept = None  # the index in out of the candidate Select would take so far
         builders: dict[str, Callable[[int], Plan]] = {}
         dropped: dict[str, int] = {}  # algorithm -> ops of the programs it no longer holds
+        skipped: list[str] = []  # candidates whose floor exceeds the best plan so far
         floor = chunk_floor.plan_floor(u) if spec.algorithm == "auto" else None
         for i, alg in enumerate(order):
             build = registry.builder(alg, u)
@@ -203,8 +210,14 @@ class Lower:
             if most and not spec.chunk_bytes:
                 mine = tuple(c for c in cands if c * most >= spec.size_bytes) or cands[:1]
             if prune and registry.algorithm(alg).chunked:  # sizes that cannot win (chunk_floor.py,
-                # and for the tree packings their own trees' floor, tree_floor.py)
-                mine = chunk_floor.worth_lowering(tree_floor.with_trees(floor, u, alg, best), mine, best)
+                # and for the tree packings their own trees' floors, tree_floor.py)
+                bound = tree_floor.candidate_floor(floor, u, alg, best)
+                least = skip_floor(bound, mine, best)
+                if least is not None:  # no size can beat the best so far: not lowered at all
+                    progress.report("lower", f"{alg} skipped: its floor {least:.6g} s is above {best:.6g} s")
+                    skipped.append(alg)
+                    continue
+                mine = chunk_floor.worth_lowering(bound, mine, best)
             # the timed tree plans are not unimodal in the chunk size while a tree share holds
             # only 1-3 chunks (DGX-1 allgather at 1 GB: 32 MiB 7.0 ms, 16 MiB 7.5, 8 MiB 6.8, 2 MiB
             # 6.2): they get a second chance past the first slower size
@@ -226,7 +239,16 @@ class Lower:
             if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
                 raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
             out[kept] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
-        return replace(u, candidates=tuple(out))
+        return replace(u, candidates=tuple(out), skipped=tuple(skipped))
+
+
+def skip_floor(floor: Callable[[int], float] | None, chunks: tuple[int, ...], incumbent: float) -> float | None:
+    """The least of ``floor`` over ``chunks`` where it exceeds ``incumbent`` at every one (the
+    candidate cannot produce the selected plan at any size), else None."""
+    if floor is None or not chunks or not incumbent < float("inf"):
+        return None
+    least = min(floor(c) for c in chunks)
+    return least if least > incumbent else None
 
 
 @dataclass(frozen=True)
@@ -406,7 +428,8 @@ class FiguresPass:
         the family's packings computed; 0 when none was."""
         chosen = u.chosen.algorithm
         family = {a.name for a in registry.REGISTRY if a.treepack}
-        algs = [chosen] if chosen in family else [c.algorithm for c in u.candidates if c.algorithm in family]
+        algs = [chosen] if chosen in family else [a for a in [c.algorithm for c in u.candidates] + list(u.skipped)
+                                                   if a in family]
         return max((registry.pack_rate(u, a) for a in algs), default=0.0)
 
     @staticmethod
