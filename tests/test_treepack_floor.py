@@ -13,7 +13,7 @@ from hcc.compiler import chunk_floor, tree_floor
 from hcc.compiler.pipeline import compile_unit
 from hcc.ir.topology import Link, Topology
 
-from test_chunk_floor import _unpruned  # the compile with no size pruned
+from test_candidate_floor import _unpruned  # the compile with no size pruned, no candidate skipped
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 # small samples, one of each kind the floor covers (forward and reversed trees, one group and
