@@ -23,9 +23,10 @@ Terms
   host with a link out of it; lane k is the k-th port of every host, its *gateway* the first
   rank of the host behind that port. Lane k carries 1/P of the data across hosts over a
   complementary pair of host-level trees between the lane's gateways, and inside each host
-  the gateway forwards its share over a spanning tree of direct rank-to-rank links (NVLink)
-  chosen least-loaded first: every host's P ports each carry 1/P of the buffer in and out,
-  which is the host cut's bound.
+  the gateway forwards its share over a spanning tree chosen least-loaded first, of direct
+  rank-to-rank links (NVLink) or, in a host without any, of routes through its own switches
+  (an NVSwitch): every host's P ports each carry 1/P of the buffer in and out, which is the
+  host cut's bound.
 
 Lowering (:func:`lower_dbt`): chunks round-robin over the trees, as lower.lower's plain
 order, with one addition: a rank posts the receive of a tree edge's chunk k only after that
@@ -210,32 +211,43 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
     return out
 
 
-def _host_tree(net: Routes, index: dict, group: Sequence[int], top: int, share: float,
+def _host_tree(search: _Search, inside: set, group: Sequence[int], top: int, share: float,
                load: dict) -> list[tuple[int, int, tuple[str, ...]]] | None:
-    """A spanning tree of ``group`` from ``top`` over direct rank-to-rank links, grown
-    least-loaded first (Prim over load / capacity with ``share`` added, then fewer hops);
-    None when direct links do not connect the group. Edges parents first, each with its
-    one-link path."""
-    r = net.ranks
+    """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
+    first (Prim over the busiest link's load / capacity with ``share`` added, then fewer
+    hops). Its edges are direct rank-to-rank links where the host has any (NVLink: a route
+    through a PCIe switch would load the links to the host's ports), else routes through
+    the host's own switches (an NVSwitch; ``inside``: the host's vertices). None when they
+    do not connect the group. Edges parents first, each with its path."""
+    r = search.ranks
     inset = set(group)
+    direct = any((r[u], r[v]) in search.cap for u in group for v in group if u != v)
     depth = {top: 0}
     edges = []
+
+    def options(u: int, v: int):
+        if direct:
+            return [(r[u], r[v])] if (r[u], r[v]) in search.cap else []
+        return [p for p in search.routes(u, v) if all(x in inside for x in p)]
+
     while len(depth) < len(inset):
         best = None
         for u in depth:
-            for y, cap in net.out[r[u]].items():
-                v = index.get(y)
-                if v is None or v not in inset or v in depth:
+            for v in group:
+                if v in depth:
                     continue
-                key = ((load.get((r[u], y), 0.0) + share) / cap, depth[u], u, v)
-                if best is None or key < best:
-                    best = key
+                for p in options(u, v):
+                    worst = max((load.get(arc, 0.0) + share) / search.cap[arc] for arc in zip(p, p[1:]))
+                    key = (worst, depth[u], u, v, p)
+                    if best is None or key < best:
+                        best = key
         if best is None:
             return None
-        _, du, u, v = best
+        _, du, u, v, p = best
         depth[v] = du + 1
-        load[(r[u], r[v])] = load.get((r[u], r[v]), 0.0) + share
-        edges.append((u, v, (r[u], r[v])))
+        for arc in zip(p, p[1:]):
+            load[arc] = load.get(arc, 0.0) + share
+        edges.append((u, v, p))
     return edges
 
 
@@ -260,7 +272,7 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
 
     lanes = _lanes(net, topo, groups)
     if lanes is not None:
-        trees = _lane_trees(net, groups, lanes, root, path, load)
+        trees = _lane_trees(search, topo, groups, lanes, root, path, load)
         if trees is not None:
             return trees
         load.clear()
@@ -269,14 +281,15 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
             for edges in _pair_edges(seq, root)]
 
 
-def _lane_trees(net: Routes, groups: list[list[int]], lanes: list[list[int]], root: int, path,
-                load: dict) -> list[PackedTree] | None:
+def _lane_trees(search: _Search, topo, groups: list[list[int]], lanes: list[list[int]], root: int,
+                path, load: dict) -> list[PackedTree] | None:
     """Two trees per lane (module docstring), each carrying 1 / (2P) of the data: the root's
     host's tree from the root, then host by host down the lane's host-level tree, the edge
     into a host's gateway followed by that host's tree from it. None where a host's ranks
-    are not joined by direct links."""
-    ranks = net.ranks
-    index = {v: i for i, v in enumerate(ranks)}
+    are not joined inside it."""
+    ranks = search.ranks
+    host = dict(topo.hosts)
+    inside = [{v for v, h in topo.hosts if h == host[ranks[g[0]]]} for g in groups]
     P = len(lanes[0])
     share = 1.0 / (2 * P)
     out = []
@@ -284,7 +297,7 @@ def _lane_trees(net: Routes, groups: list[list[int]], lanes: list[list[int]], ro
         gws = [lanes[h][k] for h in range(len(groups))]
         inner = []
         for h, g in enumerate(groups):
-            t = _host_tree(net, index, g, root if h == 0 else gws[h], 2 * share, load)
+            t = _host_tree(search, inside[h], g, root if h == 0 else gws[h], 2 * share, load)
             if t is None:
                 return None
             inner.append(t)

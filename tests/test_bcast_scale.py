@@ -47,6 +47,12 @@ collective r = reduce on mp { root = h2.g3  size = 1 MiB }
 """
 
 
+CLUSTER = (ROOT / "samples" / "cluster.hcl").read_text() + """
+collective b = broadcast on cluster { root = h1.gpu3  size = 1 MiB }
+collective r = reduce on cluster { root = h0.gpu0  size = 1 MiB }
+"""
+
+
 def setup(text: str, name: str, elems: int = 3001, kind: str | None = None):
     """The collective ``name`` of ``text`` at ``elems`` float64 elements (``kind``: as that
     kind instead, summing)."""
@@ -91,7 +97,8 @@ def test_pair_is_two_trees_with_disjoint_interiors(m):
 
 
 @pytest.mark.parametrize("text,name,kind", [(FATTREE, "broadcast", None), (FATTREE, "broadcast", "reduce"),
-                                            (MULTIPORT, "b", None), (MULTIPORT, "r", None)])
+                                            (MULTIPORT, "b", None), (MULTIPORT, "r", None),
+                                            (CLUSTER, "b", None), (CLUSTER, "r", None)])
 def test_plans_verify_compute_and_respect_the_bound(text, name, kind):
     spec, topo = setup(text, name, kind=kind)
     trees = dbt_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
@@ -146,34 +153,38 @@ def test_fat_tree_pair_structure_and_spread_routes():
                 assert len(path) == 3
 
 
-@pytest.mark.parametrize("name", ["b", "r"])
-def test_multiport_hosts_split_the_buffer_over_their_ports(name):
-    spec, topo = setup(MULTIPORT, name)
+@pytest.mark.parametrize("text,name,ports", [(MULTIPORT, "b", 2), (MULTIPORT, "r", 2), (CLUSTER, "b", 8),
+                                             (CLUSTER, "r", 8)])
+def test_multiport_hosts_split_the_buffer_over_their_ports(text, name, ports):
+    """Direct links inside the host (MULTIPORT) or an NVSwitch (samples/cluster.hcl)."""
+    spec, topo = setup(text, name)
     trees = dbt_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
-    assert len(trees) == 4 and all(t.rate == pytest.approx(0.25) for t in trees)
+    assert len(trees) == 2 * ports and all(t.rate == pytest.approx(0.5 / ports) for t in trees)
     load = Counter()
     for t in trees:
         for p, c, path in t.edges:
             data = tuple(reversed(path)) if spec.kind == "reduce" else path
             for arc in zip(data, data[1:]):
                 load[arc] += t.rate
-    for h in range(3):
-        for k in range(2):
-            nic = f"h{h}.nic{k}"
-            # each port carries half the buffer each way at most: the host cut's share
-            assert load[(nic, "fabric")] <= 0.5 + 1e-12
-            assert load[("fabric", nic)] <= 0.5 + 1e-12
-        # the buffer enters every other host once (broadcast), leaves it once (reduce)
-        arcs = [(f"h{h}.nic{k}", "fabric") if spec.kind == "reduce" else ("fabric", f"h{h}.nic{k}")
-                for k in range(2)]
-        root_host = spec.ranks[spec.root].split(".")[0]
-        assert sum(load[a] for a in arcs) == pytest.approx(0.0 if f"h{h}" == root_host else 1.0)
-    # per lane: no gateway outside the root's host has cross-host children in both of its
-    # lane's trees; the root's host's gateway feeds one host per tree
     host = dict(topo.hosts)
     root_host = host[spec.ranks[spec.root]]
-    for lane in (trees[0:2], trees[2:4]):
-        crossing = [Counter(p for p, c, _ in t.edges if host[p] != host[c]) for t in lane]
+    # a host's ports: its switches with a link to a vertex outside it (from the topology)
+    outward: dict[str, list[tuple[str, str]]] = {}
+    for l in topo.links:
+        if l.src in topo.switches and host.get(l.src) and host.get(l.dst) != host[l.src]:
+            outward.setdefault(host[l.src], []).append((l.src, l.dst))
+    assert len(outward) >= 3 and all(len(v) == ports for v in outward.values())
+    for h, arcs in outward.items():
+        for a, b in arcs:  # each port carries 1/P of the buffer each way at most
+            assert load[(a, b)] <= 1 / ports + 1e-12
+            assert load[(b, a)] <= 1 / ports + 1e-12
+        # the buffer enters every other host once (broadcast), leaves it once (reduce)
+        through = sum(load[arc if spec.kind == "reduce" else arc[::-1]] for arc in arcs)
+        assert through == pytest.approx(0.0 if h == root_host else 1.0)
+    # per lane: no gateway outside the root's host has cross-host children in both of its
+    # lane's trees; the root's host's gateway feeds one host per tree
+    for k in range(ports):
+        crossing = [Counter(p for p, c, _ in t.edges if host[p] != host[c]) for t in trees[2 * k:2 * k + 2]]
         both = set(crossing[0]) & set(crossing[1])
         assert all(host[g] == root_host for g in both)
         assert all(crossing[0][g] == crossing[1][g] == 1 for g in both)
