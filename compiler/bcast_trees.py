@@ -37,11 +37,11 @@ second's, and the second tree started half a broadcast late (0.37 of the bound o
 16-rank two-rack fat tree at 4 MiB chunks, 0.81 with the window).
 
 Chunk size (:func:`chunk_for`): at 1024 ranks the chunk search (compiler/chunks.py) stops
-above 200 000 ops, at 2-4 MiB here, while the α-β optimum of these trees is 0.5-1 MiB. The
-builder therefore lowers at no more than that optimum, ``sqrt(S k c / F)`` for the buffer's
-``S`` bytes out of the busiest rank at ``k`` = α + per-message cost per message and ``F``
-chunk times of fill (two per level of the deeper tree), rounded down to a power of two; a
-chunk size the program sets is used as given.
+above 200 000 ops, at 2-4 MiB here, while the α-β optimum of these trees is about 0.5 MiB.
+The builder therefore lowers at no more than that optimum, ``sqrt(S k c / F)`` for the
+buffer's ``S`` bytes out of the busiest rank at ``k`` = α + per-message cost per message and
+``F`` chunk times of fill (about three per level of the deeper tree), rounded down to a
+multiple of 64 KiB; a chunk size the program sets is used as given.
 """
 from __future__ import annotations
 
@@ -393,12 +393,22 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
                     algorithm, ce)
 
 
+# the two trees' streams meet at every rank's link in, so a chunk crosses a level in about
+# three chunk times rather than the two of its parent's sends: measured on the 1024-rank fat
+# tree (23.78 ms at 448 KiB, 23.82 at 512, 24.07 at 640) and 64 DGX-1s (7.16 ms at 512 KiB,
+# 7.67 at 1 MiB, 7.26 at 384)
+FILL_PER_LEVEL = 1.5
+# links within this factor of a route's narrowest set its per-message cost (chunk_for)
+NARROW = 1.25
+
+
 def chunk_for(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float) -> int:
-    """The α-β optimal chunk of ``trees`` (module docstring), a power of two in bytes, at
-    least 64 KiB and at most the largest tree's share. ``S``, ``k`` and ``c``: the busiest
-    sender's bytes (its children's shares), its slowest route's per-message cost and
-    capacity; ``F``: the deepest tree's fill in chunk times, the children of every rank on
-    its longest root-to-leaf path."""
+    """The α-β optimal chunk of ``trees`` (module docstring) in bytes, a multiple of 64 KiB
+    (at least that), at most the largest tree's share: ``sqrt(S k c / F)`` with ``S`` the
+    busiest sender's bytes (its children's shares, relative to the capacity ``c`` of its
+    slowest route), ``k`` the per-message cost (latency + per-message cost) of the narrowest
+    links of its routes (:data:`NARROW`) and ``F`` the deepest tree's fill in chunk times, the children of every rank on its
+    longest root-to-leaf path times :data:`FILL_PER_LEVEL`."""
     caps, lats = {}, {}
     for l in topo.links:
         caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
@@ -412,9 +422,11 @@ def chunk_for(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float
             src = c if spec.kind == "reduce" else p
             kids.setdefault(p, []).append(c)
             sent[src] = sent.get(src, 0.0) + t.rate * spec.size_bytes
-            arcs = list(zip(path, path[1:]))
-            k = max((lats.get(a, 0.0) for a in arcs), default=0.0) + per_message_s
+            arcs = list(zip(path[::-1], path[-2::-1])) if spec.kind == "reduce" else list(zip(path, path[1:]))
             c_min = min((caps.get(a, float("inf")) for a in arcs), default=float("inf"))
+            # the per-message cost of the route's narrowest links (a fat tree's spine hops
+            # are twice as wide and never busy; a DGX-1's EDR hop is as narrow as its PCIe)
+            k = max((lats.get(a, 0.0) for a in arcs if caps.get(a, 0.0) <= NARROW * c_min), default=0.0) + per_message_s
             old = cost.get(src)
             cost[src] = (max(k, old[0]), min(c_min, old[1])) if old else (k, c_min)
         stack = [(t.root, kids.get(t.root, []).__len__())]
@@ -427,9 +439,9 @@ def chunk_for(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float
     S, (k, cap) = sent[busiest], cost[busiest]
     if not (cap < float("inf") and k > 0):
         return spec.size_bytes
-    best = math.sqrt(S * k * cap / fill)
+    best = math.sqrt(S * k * cap / (fill * FILL_PER_LEVEL))
     top = max(t.rate for t in trees) / sum(t.rate for t in trees) * spec.size_bytes
-    c = 1 << max(16, int(math.log2(max(best, 1.0))))
+    c = max(1, int(best) >> 16) << 16
     return int(min(c, max(top, DTYPE_SIZES[spec.dtype])))
 
 
