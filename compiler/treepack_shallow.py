@@ -89,40 +89,51 @@ def _candidates(w: np.ndarray, root: int, depth: int) -> list[list[int]]:
             return [par]
     elif not np.isfinite(w[root]).any():
         return []
+    # the local searches below read single arcs: on lists (numpy scalar reads were most of a
+    # shallow probe's time at 16 ranks), the same comparisons in the same order
+    rows = w.tolist()
+    cols = w.T.tolist()
     out = []
-    for cand in (_repair(w, par, root, depth) if par is not None else None, _greedy(w, root, depth)):
+    for cand in (_repair(w, par, root, depth, cols) if par is not None else None, _greedy(w, root, depth, rows)):
         if cand is None:
             continue
-        _improve(w, cand, root, depth)
-        out.append((float(sum(w[p, v] for v, p in enumerate(cand) if p >= 0)), len(out), cand))
+        _improve(w, cand, root, depth, cols)
+        out.append((float(sum(rows[p][v] for v, p in enumerate(cand) if p >= 0)), len(out), cand))
     if not out:  # the greedy can fail near the eccentricity; a breadth-first tree cannot
         ecc = eccentricity(w, root)
         if ecc is not None and ecc <= depth:
             cand = _bfs_parents(w, root)
-            _improve(w, cand, root, depth)
+            _improve(w, cand, root, depth, cols)
             out.append((0.0, 0, cand))
     return [c for _, _, c in sorted(out)]
 
 
-def _repair(w: np.ndarray, par: list[int], root: int, depth: int) -> list[int] | None:
+def _repair(w: np.ndarray, par: list[int], root: int, depth: int, cols: list[list[float]] | None = None
+            ) -> list[int] | None:
     """The minimum arborescence cut down to ``depth`` levels: while some rank sits deeper,
-    the shallowest such rank moves (with its subtree) to its cheapest parent above the cap;
-    None if some such rank has none."""
-    lvl = _level_list(par, root)
+    the shallowest such rank (the first of them) moves (with its subtree) to its cheapest
+    parent above the cap (the first of them); None if some such rank has none. ``cols``:
+    ``w``'s columns as lists, when the caller has them."""
+    if cols is None:
+        cols = w.T.tolist()
+    lv = _level_list(par, root)
     n = len(par)
     kids: list[list[int]] = [[] for _ in range(n)]
     for v, p in enumerate(par):
         if p >= 0:
             kids[p].append(v)
-    lv = np.array(lvl)
+    inf = _INF
     while True:
-        deep = np.flatnonzero(lv > depth)
-        if not len(deep):
+        deep = [(lv[x], x) for x in range(n) if lv[x] > depth]
+        if not deep:
             return par
-        v = int(deep[np.argmin(lv[deep])])
-        cost = np.where(lv < depth, w[:, v], _INF)
-        u = int(np.argmin(cost))
-        if not np.isfinite(cost[u]):
+        v = min(deep)[1]
+        col = cols[v]
+        u, best = 0, inf
+        for x in range(n):
+            if lv[x] < depth and col[x] < best:
+                u, best = x, col[x]
+        if not best < inf:
             return None
         kids[par[v]].remove(v)
         kids[u].append(v)
@@ -157,36 +168,47 @@ def _level_list(par: list[int], root: int) -> list[int]:
     return lvl
 
 
-def _greedy(w: np.ndarray, root: int, depth: int) -> list[int] | None:
-    """Prim with a level cap: attach the cheapest outside vertex to an inside parent whose
-    level is below ``depth`` (ties keep the parent found first, i.e. the shallower)."""
-    n = w.shape[0]
+def _greedy(w: np.ndarray, root: int, depth: int, rows: list[list[float]] | None = None) -> list[int] | None:
+    """Prim with a level cap: attach the cheapest outside vertex (the first of them) to an
+    inside parent whose level is below ``depth`` (ties keep the parent found first, i.e. the
+    shallower). ``rows``: ``w``'s rows as lists, when the caller has them."""
+    if rows is None:
+        rows = w.tolist()
+    n = len(rows)
+    inf = _INF
     par = [-1] * n
-    lvl = np.full(n, -1)
+    lvl = [-1] * n
     lvl[root] = 0
-    inside = np.zeros(n, dtype=bool)
+    inside = [False] * n
     inside[root] = True
-    best = w[root].copy() if depth >= 1 else np.full(n, _INF)
-    best_par = np.full(n, root)
+    best = list(rows[root]) if depth >= 1 else [inf] * n
+    best_par = [root] * n
     for _ in range(n - 1):
-        cand = np.where(inside, _INF, best)
-        v = int(np.argmin(cand))
-        if not np.isfinite(cand[v]):
+        v, m = 0, inf
+        for x in range(n):
+            if not inside[x] and best[x] < m:
+                v, m = x, best[x]
+        if not m < inf:
             return None
-        u = int(best_par[v])
+        u = best_par[v]
         par[v] = u
         lvl[v] = lvl[u] + 1
         inside[v] = True
         if lvl[v] < depth:
-            better = w[v] < best
-            best = np.where(better, w[v], best)
-            best_par = np.where(better, v, best_par)
+            row = rows[v]
+            for x in range(n):
+                if row[x] < best[x]:
+                    best[x] = row[x]
+                    best_par[x] = v
     return par
 
 
-def _improve(w: np.ndarray, par: list[int], root: int, depth: int) -> None:
-    """Re-parent single vertices (with their subtrees) to cheaper parents while every level
-    stays <= ``depth``; in place."""
+def _improve(w: np.ndarray, par: list[int], root: int, depth: int, cols: list[list[float]] | None = None) -> None:
+    """Re-parent single vertices (with their subtrees), in vertex order, each to its cheapest
+    parent (the first of them) that is cheaper than its own and keeps every level <=
+    ``depth``; in place. ``cols``: ``w``'s columns as lists, when the caller has them."""
+    if cols is None:
+        cols = w.T.tolist()
     n = len(par)
     for _ in range(_IMPROVE_PASSES):
         moved = False
@@ -198,9 +220,9 @@ def _improve(w: np.ndarray, par: list[int], root: int, depth: int) -> None:
         for v in range(n):
             if v == root:
                 continue
-            cur = w[par[v], v]
-            row = w[:, v]
-            if not (row < cur).any():
+            row = cols[v]
+            cur = row[par[v]]
+            if not min(row) < cur:
                 continue
             # v's subtree: its vertices cannot become v's parent; its height bounds the move
             sub, stack, height = {v}, [v], 0
@@ -211,11 +233,9 @@ def _improve(w: np.ndarray, par: list[int], root: int, depth: int) -> None:
                     sub.add(c)
                     stack.append(c)
             best_u, best_c = -1, cur
-            for u in np.flatnonzero(row < cur):
-                u = int(u)
-                if u in sub or lvl[u] + 1 + height > depth:
-                    continue
-                if row[u] < best_c:
+            cap = depth - 1 - height
+            for u in range(n):
+                if row[u] < best_c and lvl[u] <= cap and u not in sub:
                     best_u, best_c = u, row[u]
             if best_u < 0:
                 continue
