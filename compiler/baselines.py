@@ -15,7 +15,9 @@ models. By candidate name (compiler/registry.py):
 - ``rings`` — NCCL's multi-channel rings (compiler/channels.py).
 - ``tree`` — NCCL 2.4's double binary tree for broadcast, reduce and allreduce: the two
   complementary lowest-set-bit trees of routes.btree_pair over the ring order, each carrying
-  half the data.
+  half the data. Broadcast and reduce route each edge over the least loaded of the equal
+  shortest routes (a fat tree's spines, as ECMP spreads them) and post each edge's receives
+  two chunks ahead (compiler/bcast_trees.py).
 - ``rd`` — the logarithmic allgather and reduce-scatter: recursive doubling for a power-of-two
   rank count (at step s rank r exchanges its aligned group of 2^s blocks with rank r XOR 2^s:
   log2(n) messages per rank and chunk), Bruck's dissemination otherwise (at step s rank r
@@ -41,6 +43,7 @@ from typing import Any, Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, block_range
 from ..ir.topology import Topology
+from .bcast_trees import lower_dbt, spread_trees
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op
 from .routes import btree_pair, chain_in, chain_out, pieces, ring_order, rotate, routes, star, tree_of
 
@@ -152,27 +155,28 @@ def dbtree_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
     kind, n = spec.kind, len(spec.ranks)
     if kind not in ("allreduce", "broadcast", "reduce"):
         return ring_plan(spec, topo, chunk_bytes)
-    net = routes(topo, spec.ranks)
     order = ring_order(topo, spec.ranks)
     if kind == "allreduce":
+        net = routes(topo, spec.ranks)
         e1, e2 = btree_pair(order)
-        roots = (order[0], order[n - 1] if n % 2 == 0 else order[1 % n])
-        inward = False
-    else:
-        rot = rotate(order, spec.root)
-        others = rot[1:]
-        e1, e2 = btree_pair(others) if others else ([], [])
-        if others:
-            # the root feeds (or is fed by) each tree's top: position 0 of each arrangement
-            top2 = others[n - 2] if (n - 1) % 2 == 0 else others[1 % (n - 1)]
-            e1 = [(spec.root, others[0])] + e1
-            e2 = [(spec.root, top2)] + e2
-        roots = (spec.root, spec.root)
-        inward = kind == "reduce"
-    trees = [tree_of(net, roots[0], e1, 1.0, inward), tree_of(net, roots[1], e2, 1.0, inward)]
-    if n <= 2:
-        trees = trees[:1]  # both trees would be the same single edge
-    return lower(spec, topo, trees, chunk_bytes, algorithm="tree")
+        trees = [tree_of(net, order[0], e1), tree_of(net, order[n - 1] if n % 2 == 0 else order[1 % n], e2)]
+        if n <= 2:
+            trees = trees[:1]  # both trees would be the same single edge
+        return lower(spec, topo, trees, chunk_bytes, algorithm="tree")
+    others = rotate(order, spec.root)[1:]
+    e1, e2 = btree_pair(others) if others else ([], [])
+    if others:
+        # the root feeds (or is fed by) each tree's top: position 0 of each arrangement
+        top2 = others[n - 2] if (n - 1) % 2 == 0 else others[1 % (n - 1)]
+        e1 = [(spec.root, others[0])] + e1
+        e2 = [(spec.root, top2)] + e2
+    # NCCL's trees as its runtime runs them on a fabric of many equal routes: each edge on
+    # its own least-loaded route (ECMP; the one breadth-first route put every cross-rack edge
+    # of the 1024-rank fat tree on one spine: 65.7 ms, 0.33 of the bound) and each edge's
+    # receives posted two chunks ahead (bcast_trees.lower_dbt)
+    pair = [e1, e2] if n > 2 else [e1]  # two ranks: both trees would be the same single edge
+    return lower_dbt(spec, topo, spread_trees(topo, spec.ranks, spec.root, pair, kind == "reduce"),
+                     chunk_bytes, algorithm="tree")
 
 
 # -- direct ----------------------------------------------------------------------------------------

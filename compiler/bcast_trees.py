@@ -57,7 +57,7 @@ from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
 
-__all__ = ["WINDOW", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "lower_dbt", "spread"]
+__all__ = ["WINDOW", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "lower_dbt", "spread", "spread_trees"]
 
 # receives of one tree edge posted ahead of the data (module docstring): 2 keeps a sender of
 # two children alternating between them without a gap; 1 left a gap of a message's latency
@@ -277,8 +277,29 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
             return trees
         load.clear()
     seq = [i for g in groups for i in g][1:]
-    return [PackedTree(ranks[root], tuple((ranks[p], ranks[c], path(p, c, 0.5)) for p, c in edges), 0.5)
-            for edges in _pair_edges(seq, root)]
+    return _spread_trees(ranks, root, _pair_edges(seq, root), path)
+
+
+def spread_trees(topo, ranks: Sequence[str], root: int, edge_lists, inward: bool = False) -> list[PackedTree]:
+    """One tree per list of (parent, child) rank-index edges, each carrying an equal share,
+    every edge on a spread route (:func:`spread`; ``inward``: in-trees, as dbt_trees)."""
+    net = routes(topo, ranks)
+    search = _Search(topo, ranks)
+    load: dict = {}
+    share = 1.0 / max(1, len(edge_lists))
+
+    def path(p: int, c: int, _share: float) -> tuple[str, ...]:
+        if inward:
+            return tuple(reversed(spread(net, search, c, p, share, load)))
+        return spread(net, search, p, c, share, load)
+
+    return _spread_trees(ranks, root, edge_lists, path)
+
+
+def _spread_trees(ranks, root: int, edge_lists, path) -> list[PackedTree]:
+    share = 1.0 / max(1, len(edge_lists))
+    return [PackedTree(ranks[root], tuple((ranks[p], ranks[c], path(p, c, share)) for p, c in edges), share)
+            for edges in edge_lists]
 
 
 def _lane_trees(search: _Search, topo, groups: list[list[int]], lanes: list[list[int]], root: int,
