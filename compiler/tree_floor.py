@@ -5,9 +5,10 @@ Terms
   the timed schedule, whatever shares its rebalancing gives the trees, and the plain order)
   splits each *group*'s bytes between the group's trees — the whole buffer among the trees
   of a broadcast or reduce, each root's block among that root's trees for allgather and
-  reduce-scatter — and moves a tree's share over every edge of the tree in messages of at
-  most the chunk size ``s``, each hop over the links of the edge's path (walked backwards
-  for the in-trees of reduce and reduce-scatter).
+  reduce-scatter (and allreduce where every rank roots a tree) — and moves a tree's share
+  over every edge of the tree in messages of at most the chunk size ``s``, each hop over the
+  links of the edge's path (walked backwards for the in-trees of reduce and
+  reduce-scatter, both ways for allreduce).
 - *effective capacity* ``c'(e) = c(e) s / (s + c(e) k(e))``, ``k(e) = α(e) +
   per_message_s`` (bounds.effective_capacity): a link busy for ``k(e) + b / c(e)`` per
   message of ``b <= s`` bytes moves at most ``c'(e)`` bytes per second (compiler/
@@ -45,26 +46,30 @@ def tree_floor(trees, topo: Any, kind: str, ranks, size_bytes: int, itemsize: in
     """``T(s)`` (module docstring) for the tree plans of ``trees`` (PackedTree values of a
     ``kind`` packing over ``ranks``), or None where it does not apply (another kind, a path
     off the topology's links)."""
-    if kind not in _FORWARD and kind not in _BACKWARD or not trees:
+    if kind not in _FORWARD and kind not in _BACKWARD and kind != "allreduce" or not trees:
         return None
     arcs = merged_arcs(topo)
     index: dict[tuple[str, str], int] = {}
     use: dict[tuple[int, int], int] = {}
-    back = kind in _BACKWARD
+    # allreduce moves each tree's share up every edge (reduce) and down it (broadcast)
+    ways = (True, False) if kind == "allreduce" else (kind in _BACKWARD,)
     for t, tree in enumerate(trees):
         for parent, child, *rest in tree.edges:
             path = tuple(rest[0]) if rest else (parent, child)
-            hops = zip(path[1:], path) if back else zip(path, path[1:])
-            for hop in hops:
-                if hop not in arcs:
-                    return None
-                a = index.setdefault(hop, len(index))
-                use[(t, a)] = use.get((t, a), 0) + 1
+            for back in ways:
+                for hop in (zip(path[1:], path) if back else zip(path, path[1:])):
+                    if hop not in arcs:
+                        return None
+                    a = index.setdefault(hop, len(index))
+                    use[(t, a)] = use.get((t, a), 0) + 1
     keys = list(index)
     cap = np.array([arcs[k][0] for k in keys])
     cost = np.array([arcs[k][1] + per_message_s for k in keys])
     elems = size_bytes // itemsize
-    if kind in ("allgather", "reduce_scatter"):
+    per_root = kind in ("allgather", "reduce_scatter")
+    if kind == "allreduce":  # lower.py's per_root: reduce-scatter + allgather when every rank roots a tree
+        per_root = {t.root for t in trees} == set(ranks)
+    if per_root:
         group_of = {r: g for g, r in enumerate(ranks)}
         block = (elems // len(ranks)) * itemsize  # the smallest block: the floor stays below
         groups = [group_of.get(t.root) for t in trees]
@@ -149,15 +154,20 @@ def _link_weights(busy: np.ndarray, members: dict[int, list[int]]) -> np.ndarray
 
 
 def packing_floor(u: Any, algorithm: str) -> "_TreeFloor | None":
-    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: only ``treepack``
-    (its plans are lower.lower_priced over the packing's trees), uncompressed, of the four
-    kinds above; None elsewhere."""
+    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: ``treepack`` and
+    ``treepack-rsag`` (their plans are lower.lower_priced over the packing's trees; an
+    allreduce moves each tree's share up and down every edge, a group per root where every
+    rank roots a tree), uncompressed, of the four kinds above and allreduce; None
+    elsewhere."""
     from ..ir.plan import DTYPE_SIZES
 
     spec = u.spec
-    if algorithm != "treepack" or spec.compress != "none" or len(spec.ranks) < 2:
+    roles = {"treepack": "trees", "treepack-rsag": "rsag"}
+    if algorithm not in roles or spec.compress != "none" or len(spec.ranks) < 2:
         return None
-    packing = u.packing("trees")
+    if algorithm == "treepack-rsag" and spec.kind != "allreduce":
+        return None
+    packing = u.packing(roles[algorithm])
     if packing is None:
         return None
     return tree_floor(packing.trees, u.topology, spec.kind, spec.ranks, spec.size_bytes,

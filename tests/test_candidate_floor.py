@@ -1,7 +1,8 @@
-"""The egress floor (compiler/tree_floor.egress_floor) and the candidates auto skips by it
-(pipeline.skip_floor): a lower bound on the simulated time of the treepack and
-treepack-rsag candidates at every chunk size tried, exact on one link, and skipping a
-candidate changes no compiled plan."""
+"""The egress floor (compiler/tree_floor.egress_floor), the tree floor of the allreduce
+trees (tree_floor.packing_floor) and the candidates auto skips by them (pipeline.skip_floor):
+lower bounds on the simulated time of the treepack and treepack-rsag candidates at every
+chunk size tried, the egress floor exact on one link, and skipping a candidate changes no
+compiled plan."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -61,8 +62,11 @@ def test_egress_floor_bounds_every_tried_chunk(monkeypatch, source, name, alg):
     assert floor is not None
     cand = full.candidate(alg)
     assert cand is not None and len(cand.choice.tried) >= 2
+    trees = tree_floor.packing_floor(full, alg)  # the LP floor over the candidate's own trees
+    assert trees is not None
     for chunk, t in cand.choice.tried:
         assert floor(chunk) <= t, (alg, chunk, floor(chunk), t)
+        assert trees(chunk) <= t * (1 + 1e-12), (alg, chunk, trees(chunk), t)
     assert floor(1 << 40) > 0
 
 

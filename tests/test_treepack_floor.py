@@ -62,5 +62,9 @@ def test_tree_floor_by_hand_on_two_paths():
     # reversed (a reduce to a): the same hops walked backwards, the same floor
     back = tree_floor.tree_floor((t1, t2), topo, "reduce", ("a", "b"), M, 4, k)
     assert back(1 << 16) == pytest.approx(floor(1 << 16), rel=1e-9)
+    # allreduce (reduce up, broadcast down the same trees): each share once each way, on
+    # opposite arcs, so each arc as loaded as in the broadcast: the same floor
+    both = tree_floor.tree_floor((t1, t2), topo, "allreduce", ("a", "b"), M, 4, k)
+    assert both(1 << 16) == pytest.approx(floor(1 << 16), rel=1e-9)
     # a kind whose plans move other bytes has no tree floor
-    assert tree_floor.tree_floor((t1, t2), topo, "allreduce", ("a", "b"), M, 4, k) is None
+    assert tree_floor.tree_floor((t1, t2), topo, "alltoall", ("a", "b"), M, 4, k) is None
