@@ -243,11 +243,15 @@ class Lower:
 
 
 def skip_floor(floor: Callable[[int], float] | None, chunks: tuple[int, ...], incumbent: float) -> float | None:
-    """The least of ``floor`` over ``chunks`` where it exceeds ``incumbent`` at every one (the
-    candidate cannot produce the selected plan at any size), else None."""
+    """``floor`` at the largest of ``chunks`` where it exceeds ``incumbent`` (the candidate
+    cannot produce the selected plan at any size), else None. The largest size decides: every
+    floor here (tree_floor.candidate_floor's three) bounds a quantity that does not grow with
+    the chunk size (fewer, larger messages only lower the per-message charges), so the plan
+    at any smaller size is no faster than the floor at the largest; the tree floor's LP is
+    solved once, not per size (3 s on the 512-rank allreduce's trees)."""
     if floor is None or not chunks or not incumbent < float("inf"):
         return None
-    least = min(floor(c) for c in chunks)
+    least = floor(max(chunks))
     return least if least > incumbent else None
 
 

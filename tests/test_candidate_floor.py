@@ -68,6 +68,11 @@ def test_egress_floor_bounds_every_tried_chunk(monkeypatch, source, name, alg):
         assert floor(chunk) <= t, (alg, chunk, floor(chunk), t)
         assert trees(chunk) <= t * (1 + 1e-12), (alg, chunk, trees(chunk), t)
     assert floor(1 << 40) > 0
+    # pipeline.skip_floor reads the floors at the largest size only: none grows with the size
+    sizes = [1 << k for k in range(12, 29, 2)]
+    for f in (floor, trees, tree_floor.candidate_floor(chunk_floor.plan_floor(full), full, alg, 0.0)):
+        values = [f(c) for c in sizes]
+        assert all(a >= b * (1 - 1e-9) for a, b in zip(values, values[1:])), values
 
 
 def test_egress_floor_is_exact_on_one_link(monkeypatch):
