@@ -52,7 +52,6 @@ from typing import Any, Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale
 from .builder import ProgramBuilder, plan_op, split_by_rate
-from .channels import _Search
 from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
@@ -130,18 +129,19 @@ def _lift(par: list[int]) -> list[int]:
     return out
 
 
-def spread(net: Routes, search: _Search, src: int, dst: int, share: float, load: dict) -> tuple[str, ...]:
+def spread(net: Routes, src: int, dst: int, share: float, load: dict) -> tuple[str, ...]:
     """The route from rank ``src`` to rank ``dst`` for ``share`` bytes (per byte of buffer):
-    among the direct link or the shortest switch-only routes (channels.py's route search),
-    the one whose busiest link, with ``share`` added, is least loaded relative to its
-    capacity, then the next busiest (ties: the first found); ``load`` (arc -> bytes) is
-    updated. No such route: routes.Routes.path (through other ranks)."""
-    cands = search.routes(src, dst)
+    among the shortest switch-only routes (routes.Routes.shortest_routes; a direct link is
+    the one shortest), the one whose busiest link, with ``share`` added, is least loaded
+    relative to its capacity, then the next busiest (ties: the first found); ``load`` (arc
+    -> bytes) is updated. No such route: routes.Routes.path (through other ranks)."""
+    cands = net.shortest_routes(src, dst)
     if not cands:
         return net.path(src, dst)
 
     def worst(p):  # busiest link first, then the next: the rank's own links tie every route
-        return sorted(((load.get(arc, 0.0) + share) / search.cap[arc] for arc in zip(p, p[1:])), reverse=True)
+        return sorted(((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:])),
+                      reverse=True)
 
     best = min(cands, key=worst)
     for arc in zip(best, best[1:]):
@@ -211,7 +211,7 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
     return out
 
 
-def _host_tree(search: _Search, inside: set, group: Sequence[int], top: int, share: float,
+def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: float,
                load: dict) -> list[tuple[int, int, tuple[str, ...]]] | None:
     """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
     first (Prim over the busiest link's load / capacity with ``share`` added, then fewer
@@ -219,16 +219,16 @@ def _host_tree(search: _Search, inside: set, group: Sequence[int], top: int, sha
     through a PCIe switch would load the links to the host's ports), else routes through
     the host's own switches (an NVSwitch; ``inside``: the host's vertices). None when they
     do not connect the group. Edges parents first, each with its path."""
-    r = search.ranks
+    r = net.ranks
     inset = set(group)
-    direct = any((r[u], r[v]) in search.cap for u in group for v in group if u != v)
+    direct = any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
     depth = {top: 0}
     edges = []
 
     def options(u: int, v: int):
         if direct:
-            return [(r[u], r[v])] if (r[u], r[v]) in search.cap else []
-        return [p for p in search.routes(u, v) if all(x in inside for x in p)]
+            return [(r[u], r[v])] if r[v] in net.out[r[u]] else []
+        return [p for p in net.shortest_routes(u, v) if all(x in inside for x in p)]
 
     while len(depth) < len(inset):
         best = None
@@ -237,7 +237,7 @@ def _host_tree(search: _Search, inside: set, group: Sequence[int], top: int, sha
                 if v in depth:
                     continue
                 for p in options(u, v):
-                    worst = max((load.get(arc, 0.0) + share) / search.cap[arc] for arc in zip(p, p[1:]))
+                    worst = max((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:]))
                     key = (worst, depth[u], u, v, p)
                     if best is None or key < best:
                         best = key
@@ -261,18 +261,17 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
     if n < 3:
         return None
     net = routes(topo, ranks)
-    search = _Search(topo, ranks)
     groups = _host_order(topo, ranks, root)
     load: dict = {}
 
     def path(p: int, c: int, share: float) -> tuple[str, ...]:
         if inward:
-            return tuple(reversed(spread(net, search, c, p, share, load)))
-        return spread(net, search, p, c, share, load)
+            return tuple(reversed(spread(net, c, p, share, load)))
+        return spread(net, p, c, share, load)
 
     lanes = _lanes(net, topo, groups)
     if lanes is not None:
-        trees = _lane_trees(search, topo, groups, lanes, root, path, load)
+        trees = _lane_trees(net, topo, groups, lanes, root, path, load)
         if trees is not None:
             return trees
         load.clear()
@@ -284,14 +283,13 @@ def spread_trees(topo, ranks: Sequence[str], root: int, edge_lists, inward: bool
     """One tree per list of (parent, child) rank-index edges, each carrying an equal share,
     every edge on a spread route (:func:`spread`; ``inward``: in-trees, as dbt_trees)."""
     net = routes(topo, ranks)
-    search = _Search(topo, ranks)
     load: dict = {}
     share = 1.0 / max(1, len(edge_lists))
 
     def path(p: int, c: int, _share: float) -> tuple[str, ...]:
         if inward:
-            return tuple(reversed(spread(net, search, c, p, share, load)))
-        return spread(net, search, p, c, share, load)
+            return tuple(reversed(spread(net, c, p, share, load)))
+        return spread(net, p, c, share, load)
 
     return _spread_trees(ranks, root, edge_lists, path)
 
@@ -302,13 +300,13 @@ def _spread_trees(ranks, root: int, edge_lists, path) -> list[PackedTree]:
             for edges in edge_lists]
 
 
-def _lane_trees(search: _Search, topo, groups: list[list[int]], lanes: list[list[int]], root: int,
+def _lane_trees(net: Routes, topo, groups: list[list[int]], lanes: list[list[int]], root: int,
                 path, load: dict) -> list[PackedTree] | None:
     """Two trees per lane (module docstring), each carrying 1 / (2P) of the data: the root's
     host's tree from the root, then host by host down the lane's host-level tree, the edge
     into a host's gateway followed by that host's tree from it. None where a host's ranks
     are not joined inside it."""
-    ranks = search.ranks
+    ranks = net.ranks
     host = dict(topo.hosts)
     inside = [{v for v, h in topo.hosts if h == host[ranks[g[0]]]} for g in groups]
     P = len(lanes[0])
@@ -318,7 +316,7 @@ def _lane_trees(search: _Search, topo, groups: list[list[int]], lanes: list[list
         gws = [lanes[h][k] for h in range(len(groups))]
         inner = []
         for h, g in enumerate(groups):
-            t = _host_tree(search, inside[h], g, root if h == 0 else gws[h], 2 * share, load)
+            t = _host_tree(net, inside[h], g, root if h == 0 else gws[h], 2 * share, load)
             if t is None:
                 return None
             inner.append(t)
@@ -474,3 +472,20 @@ def dbt_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *, 
     if not getattr(spec, "chunk_bytes", 0):
         chunk_bytes = min(chunk_bytes, chunk_for(spec, topo, trees, (model or DEFAULT_MODEL).per_message_s))
     return lower_dbt(spec, topo, trees, chunk_bytes)
+
+
+def trees_rate(topo, trees: Sequence[PackedTree], inward: bool = False) -> float:
+    """Bytes/s of buffer the trees sustain when every tree carries its share (``rate``, a
+    fraction of the buffer): the least over the links they cross of capacity / the shares
+    crossing it (``inward``: data runs each path backwards). The packing's rate of
+    ``treepack-dbt``; the broadcast bound where no link carries more than its cut's share."""
+    caps: dict[tuple[str, str], float] = {}
+    for l in topo.links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+    load: dict[tuple[str, str], float] = {}
+    for t in trees:
+        for _, _, path in t.edges:
+            data = path[::-1] if inward else path
+            for arc in zip(data, data[1:]):
+                load[arc] = load.get(arc, 0.0) + t.rate
+    return min((caps.get(a, 0.0) / x for a, x in load.items() if x > 0), default=0.0)

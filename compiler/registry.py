@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from ..ir.plan import Plan
 from . import baselines
-from .bcast_trees import dbt_plan, dbt_trees
+from .bcast_trees import dbt_plan, dbt_trees, trees_rate
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
 from .channels import rings_plan as channels_plan
@@ -149,6 +149,11 @@ def _pack_trees(u):
 def _pack_dbt(u):
     """The double binary trees of bcast_trees.py (in-trees for reduce), None under 3 ranks."""
     return dbt_trees(u.topology, u.spec.ranks, u.spec.root, inward=u.spec.kind == "reduce")
+
+
+def _dbt_rate(u, trees) -> float:
+    """The double binary trees' rate at their shares (bcast_trees.trees_rate)."""
+    return trees_rate(u.topology, trees, inward=u.spec.kind == "reduce") if trees else 0.0
 
 
 def _pack_rsag(u):
@@ -341,7 +346,7 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
     Algorithm("treepack-dbt", frozenset({"broadcast", "reduce"}), _over(dbt_plan, model=True), role="dbt",
-              pack=_pack_dbt, treepack=True, chunked=True),
+              pack=_pack_dbt, pack_rate=_dbt_rate, treepack=True, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
               chunked=True),

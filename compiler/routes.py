@@ -50,30 +50,50 @@ class Routes:
                 continue
             self.out[l.src][l.dst] = self.out[l.src].get(l.dst, 0.0) + l.capacity
         self._paths: dict[tuple[str, bool], dict[str, tuple[str, ...]]] = {}
+        self._preds: dict[tuple[str, bool], dict[str, list[str]]] = {}
 
     def _bfs(self, u: str, through_ranks: bool) -> dict[str, tuple[str, ...]]:
         key = (u, through_ranks)
         if key not in self._paths:
-            prev: dict[str, str | None] = {u: None}
+            # every vertex's predecessors on its shortest paths from u, first found first
+            preds: dict[str, list[str]] = {u: []}
+            hops = {u: 0}
             q = deque([u])
             while q:
                 x = q.popleft()
                 if x != u and x not in self.switches and not through_ranks:
                     continue  # a rank ends a path: ranks do not forward at the link level
                 for y in self.out.get(x, ()):
-                    if y not in prev:
-                        prev[y] = x
+                    if y not in hops:
+                        hops[y] = hops[x] + 1
+                        preds[y] = [x]
                         q.append(y)
+                    elif hops[y] == hops[x] + 1:
+                        preds[y].append(x)
             paths = {}
-            for v in prev:
+            for v in preds:
                 if v != u and v not in self.switches:
-                    p, x = [], v
-                    while x is not None:
+                    p, x = [v], v
+                    while preds[x]:
+                        x = preds[x][0]
                         p.append(x)
-                        x = prev[x]
                     paths[v] = tuple(reversed(p))
             self._paths[key] = paths
+            self._preds[key] = preds
         return self._paths[key]
+
+    def shortest_routes(self, u: int, v: int, limit: int = 32) -> tuple[tuple[str, ...], ...]:
+        """Up to ``limit`` of the shortest routes from rank ``u`` to rank ``v`` through
+        switches only (a direct link is the one shortest route), :meth:`path`'s first;
+        empty where there is none."""
+        a, b = self.ranks[u], self.ranks[v]
+        if b not in self._bfs(a, False):
+            return ()
+        preds = self._preds[(a, False)]
+        routes = [(b,)]
+        while routes[0][0] != a:  # extend every partial route back by one hop, all at once
+            routes = [(x,) + r for r in routes for x in preds[r[0]]][:limit]
+        return tuple(routes)
 
     def path(self, u: int, v: int) -> tuple[str, ...]:
         """Vertices from rank ``u`` to rank ``v``: through switches only if possible, else

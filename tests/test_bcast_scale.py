@@ -19,7 +19,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_trees, lower_dbt
+from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_trees, lower_dbt, trees_rate
 from hcc.compiler.cost import simulate
 from hcc.compiler.frontend import load_program
 from hcc.compiler.pipeline import resolve
@@ -115,6 +115,9 @@ def test_plans_verify_compute_and_respect_the_bound(text, name, kind):
             check_numeric(plan, seed=chunk)
         assert simulate(plan).time >= broadcast_bound(spec, topo) * (1 - 1e-9)
     assert 8 <= chunk_for(spec, topo, trees, 1e-6) <= spec.size_bytes
+    # the trees at their shares sustain the broadcast bound's rate (the packing's rate)
+    assert trees_rate(topo, trees, spec.kind == "reduce") == pytest.approx(
+        spec.size_bytes / broadcast_bound(spec, topo), rel=1e-9)
 
 
 def _sends(trees, kind):
