@@ -213,26 +213,17 @@ out:
    message: order (start position -> message), pred (-1 or the message wsize starts
    earlier on its port), start, end. */
 
+/* a heap item ordered by (k, a, b); the event heap's are (time, phase, sequence number, what),
+   a port queue's (key, not down, -m, m) */
 typedef struct {
-    double t;
-    int64_t phase, seq, what;
-} Ev;
+    double k;
+    int64_t a, b, x;
+} Item;
 
-static inline int ev_less(const Ev *a, const Ev *b) {
-    if (a->t != b->t) return a->t < b->t;
-    if (a->phase != b->phase) return a->phase < b->phase;
-    return a->seq < b->seq;
-}
-
-typedef struct {
-    double key;
-    int64_t up, neg; /* (key, not down, -m): m = -neg */
-} Qe;
-
-static inline int q_less(const Qe *a, const Qe *b) {
-    if (a->key != b->key) return a->key < b->key;
-    if (a->up != b->up) return a->up < b->up;
-    return a->neg < b->neg;
+static inline int item_less(const Item *p, const Item *q) {
+    if (p->k != q->k) return p->k < q->k;
+    if (p->a != q->a) return p->a < q->a;
+    return p->b < q->b;
 }
 
 /* one generic binary min-heap: elements of `size` bytes, ordered by `lt` */
@@ -280,8 +271,7 @@ typedef struct {
 
 static inline int d_less(const double *a, const double *b) { return *a < *b; }
 
-HEAP_FUNCS(evh, Ev, ev_less)
-HEAP_FUNCS(qh, Qe, q_less)
+HEAP_FUNCS(ih, Item, item_less)
 HEAP_FUNCS(dh, double, d_less)
 
 #define NWFQ 20
@@ -338,17 +328,17 @@ static PyObject *wfq(PyObject *self, PyObject *args) {
     do {                                                                                           \
         int64_t m_ = (M), x_ = port[m_];                                                           \
         double t_ = (T), a_ = nxt[x_];                                                             \
-        Qe q_ = {key[m_], !down[m_], -m_};                                                         \
-        Ev e_ = {t_ >= a_ ? t_ : a_, 1, seq++, x_};                                                \
-        if (qh_push(&queue[x_], q_) || evh_push(&ev, e_)) oom = 1;                                 \
+        Item q_ = {key[m_], !down[m_], -m_, m_};                                                   \
+        Item e_ = {t_ >= a_ ? t_ : a_, 1, seq++, x_};                                              \
+        if (ih_push(&queue[x_], q_) || ih_push(&ev, e_)) oom = 1;                                  \
     } while (0)
     for (Py_ssize_t m = 0; m < nm && !oom; m++)
         if (remaining[m] == 0) READY(m, 0.0);
     while (ev.n > 0 && !oom) {
-        Ev top = evh_pop(&ev);
-        double t = top.t;
-        int64_t x = top.what;
-        if (top.phase == 0) {
+        Item top = ih_pop(&ev);
+        double t = top.k;
+        int64_t x = top.x;
+        if (top.a == 0) {
             for (int64_t k = dep_ptr[x]; k < dep_ptr[x + 1] && !oom; k++) {
                 int64_t d = dep_idx[k];
                 if (--remaining[d] == 0) READY(d, t);
@@ -361,12 +351,12 @@ static PyObject *wfq(PyObject *self, PyObject *args) {
             Heap *c = &comp[port_rank[x]];
             while (c->n && ((double *)c->a)[0] < t - 1e-12) dh_pop(c);
             if (c->n && ((double *)c->a)[0] > t + 1e-12) {
-                Ev e = {((double *)c->a)[0], 1, seq++, x};
-                if (evh_push(&ev, e)) oom = 1;
+                Item e = {((double *)c->a)[0], 1, seq++, x};
+                if (ih_push(&ev, e)) oom = 1;
                 continue;
             }
         }
-        int64_t m = -qh_pop(q).neg;
+        int64_t m = ih_pop(q).x;
         int64_t w = wsize[x], *wm = win_m + win_off[x];
         double *we = win_e + win_off[x];
         pred[m] = win_len[x] == w ? wm[win_head[x]] : -1;
@@ -399,12 +389,12 @@ static PyObject *wfq(PyObject *self, PyObject *args) {
         win_len[x]++;
         double allow = win_len[x] == w ? we[win_head[x]] : 0.0;
         nxt[x] = allow >= link_free[x] ? allow : link_free[x];
-        Ev done = {end, 0, seq++, m};
-        if (evh_push(&ev, done)) oom = 1;
+        Item done = {end, 0, seq++, m};
+        if (ih_push(&ev, done)) oom = 1;
         if (end > makespan) makespan = end;
         if (q->n) {
-            Ev again = {nxt[x], 1, seq++, x};
-            if (evh_push(&ev, again)) oom = 1;
+            Item again = {nxt[x], 1, seq++, x};
+            if (ih_push(&ev, again)) oom = 1;
         }
     }
 #undef READY
