@@ -409,16 +409,8 @@ out:
         for (Py_ssize_t x = 0; x < nl; x++) free(queue[x].a);
     if (comp)
         for (Py_ssize_t r = 0; r < nranks; r++) free(comp[r].a);
-    free(queue);
-    free(comp);
-    free(ev.a);
-    free(link_free);
-    free(nxt);
-    free(win_off);
-    free(win_head);
-    free(win_len);
-    free(win_m);
-    free(win_e);
+    void *owned[] = {queue, comp, ev.a, link_free, nxt, win_off, win_head, win_len, win_m, win_e};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
     for (int i = 0; i < NWFQ; i++)
         if (b[i].obj) PyBuffer_Release(&b[i]);
     return result;
