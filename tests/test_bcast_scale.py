@@ -111,7 +111,7 @@ def test_plans_verify_compute_and_respect_the_bound(text, name, kind):
     for chunk in (8 * 401, 8 * 3001):  # 8 chunks per tree share (the window gates), and one
         plan = lower_dbt(spec, topo, trees, chunk)
         plan.verify()  # symbolic execution: every rank's final buffer
-        if len(spec.ranks) <= 16 or chunk > 8 * 401:  # the test executor: 6 s on 128 ranks x 8 chunks
+        if len(spec.ranks) <= 16:  # the test executor: 0.4-6 s a plan on 32-128 ranks
             check_numeric(plan, seed=chunk)
         assert simulate(plan).time >= broadcast_bound(spec, topo) * (1 - 1e-9)
     assert 8 <= chunk_for(spec, topo, trees, 1e-6) <= spec.size_bytes
