@@ -161,20 +161,19 @@ def _link_weights(busy: np.ndarray, members: dict[int, list[int]]) -> np.ndarray
 
 
 def packing_floor(u: Any, algorithm: str) -> "_TreeFloor | None":
-    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: ``treepack`` and
-    ``treepack-rsag`` (their plans are lower.lower_priced over the packing's trees; an
-    allreduce moves each tree's share up and down every edge, a group per root where every
-    rank roots a tree), uncompressed, of the four kinds above and allreduce; None
-    elsewhere."""
+    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: only ``treepack``
+    (its plans are lower.lower_priced over the packing's trees; an allreduce moves each
+    tree's share up and down every edge), uncompressed, of the four kinds above and
+    allreduce; None elsewhere. Not ``treepack-rsag``: :func:`tree_floor` holds for its
+    per-root trees too, but over the 512-rank allreduce's 896 trees both ways building and
+    solving the LP took 7 CPU s and pruned nothing (the cut's floor and :func:`egress_floor`
+    are what skip it on the fat tree)."""
     from ..ir.plan import DTYPE_SIZES
 
     spec = u.spec
-    roles = {"treepack": "trees", "treepack-rsag": "rsag"}
-    if algorithm not in roles or spec.compress != "none" or len(spec.ranks) < 2:
+    if algorithm != "treepack" or spec.compress != "none" or len(spec.ranks) < 2:
         return None
-    if algorithm == "treepack-rsag" and spec.kind != "allreduce":
-        return None
-    packing = u.packing(roles[algorithm])
+    packing = u.packing("trees")
     if packing is None:
         return None
     return tree_floor(packing.trees, u.topology, spec.kind, spec.ranks, spec.size_bytes,

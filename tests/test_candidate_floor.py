@@ -62,7 +62,12 @@ def test_egress_floor_bounds_every_tried_chunk(monkeypatch, source, name, alg):
     assert floor is not None
     cand = full.candidate(alg)
     assert cand is not None and len(cand.choice.tried) >= 2
-    trees = tree_floor.packing_floor(full, alg)  # the LP floor over the candidate's own trees
+    # the LP floor over the candidate's own trees (tree_floor.packing_floor offers it for
+    # treepack alone; it holds for treepack-rsag's per-root trees too)
+    spec = full.spec
+    packing = full.packing("rsag" if alg == "treepack-rsag" else "trees")
+    trees = tree_floor.tree_floor(packing.trees, full.topology, spec.kind, spec.ranks, spec.size_bytes, 4,
+                                  full.model.per_message_s)
     assert trees is not None
     for chunk, t in cand.choice.tried:
         assert floor(chunk) <= t, (alg, chunk, floor(chunk), t)
