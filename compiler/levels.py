@@ -48,7 +48,7 @@ from .builder import split_by_rate
 from .lower import ProgramBuilder, assemble, chunk_elems, plan_op
 from .routes import pieces, ring_order
 
-__all__ = ["Levels", "levels_plan", "plan_levels", "rank_groups"]
+__all__ = ["Levels", "levels_forms", "levels_plan", "levels_priced", "plan_levels", "rank_groups"]
 
 LEVEL_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
 # a lane rank's send waits for its receive this many lane messages earlier: every lane message
@@ -57,6 +57,12 @@ LEVEL_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
 # (DGX-1 x 64 allgather, 512 KiB: 9.1 ms against a bound of 5.5 ms; a ring of groups instead
 # waits a whole path latency per step, 6.2 ms)
 LANE_WINDOW = 2
+# up to this many ranks the candidate lowers both lane forms (star and ring of groups) at each
+# chunk size and keeps the faster: neither wins everywhere (samples/cluster.hcl allgather
+# 256 MB: ring 0.911, star 0.859 of the bound; 64 DGX-1s: star 5.94 ms, ring 6.1), and past
+# it a second form costs seconds per chunk size (the 512-rank allgather: 4-8 s each), so the
+# larger collectives take the default (star for split lanes, ring for full ones)
+BOTH_FORMS_MAX_RANKS = 128
 # full lanes are taken when the group's cut into it carries at least this share of what its
 # ranks' own links take in (the fat tree's racks: 16 x 25 GB/s up = 32 x 12.5 GB/s down, 1.0;
 # a DGX-1 host: 4 x 12 GB/s against 8 x 162 GB/s, 0.04; split lanes there)
@@ -486,3 +492,28 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
             if k in gating:
                 ag_recv[k] = rv
     return assemble(spec, topo, B, layout.trees, "treepack-levels", ce)
+
+
+def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | None:
+    """The lane forms the candidate prices (:data:`BOTH_FORMS_MAX_RANKS`): the default layout,
+    and the other lane form too for smaller collectives; None where there is no layout."""
+    first = plan_levels(topo, ranks)
+    if first is None:
+        return None
+    if len(ranks) > BOTH_FORMS_MAX_RANKS:
+        return (first,)
+    other = plan_levels(topo, ranks, star=not first.star)
+    return (first,) if other is None else (first, other)
+
+
+def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_bytes: int, *, model=None):
+    """``(plan, simulation)`` of the fastest of ``forms`` at ``chunk_bytes``."""
+    from .cost import DEFAULT_MODEL, simulate
+
+    best = None
+    for lay in forms:
+        plan = levels_plan(spec, topo, lay, chunk_bytes)
+        sim = simulate(plan, model=model or DEFAULT_MODEL)
+        if best is None or sim.time < best[1].time:
+            best = (plan, sim)
+    return best

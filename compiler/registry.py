@@ -56,7 +56,7 @@ from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
 from .channels import rings_plan as channels_plan
 from .hier import hier_plan, two_level_cut
-from .levels import LEVEL_KINDS, levels_plan, plan_levels
+from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
 from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
@@ -303,8 +303,8 @@ def _lower_hier(u, spec, cut) -> Builder | None:
 
 
 def _pack_levels(u):
-    """The two-level layout (levels.py), None where the ranks form no groups."""
-    return plan_levels(u.topology, u.spec.ranks)
+    """The two-level layouts (levels.py), None where the ranks form no groups."""
+    return levels_forms(u.topology, u.spec.ranks)
 
 
 # -- the baselines and the other lowerings -------------------------------------------------------
@@ -341,7 +341,7 @@ REGISTRY: tuple[Algorithm, ...] = (
               max_chunks=NEW_FORMS_MAX_CHUNKS),
     # before the tree packings: at 512-1024 ranks it has ~20x fewer messages than they do and,
     # where it wins, their chunk searches stop early against it
-    Algorithm("treepack-levels", LEVEL_KINDS, _over(levels_plan), role="levels", pack=_pack_levels,
+    Algorithm("treepack-levels", LEVEL_KINDS, _over(levels_priced, model=True), role="levels", pack=_pack_levels,
               treepack=True, chunked=True),
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
