@@ -37,11 +37,7 @@ topology t {
 # each node's own link binds (full lanes); 4 racks
 RACKS = """
 topology t {
-    host r[0..3] {
-        node n[0..2]
-        switch leaf
-        n[0..2] <-> leaf : 10 GB/s, 1 us
-    }
+    host r[0..3] { node n[0..2]  switch leaf  n[0..2] <-> leaf : 10 GB/s, 1 us }
     switch spine[0..1]
     r[0..3].leaf <-> spine[0..1] : 15 GB/s, 1 us
 }
