@@ -57,6 +57,11 @@ LEVEL_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
 # (DGX-1 x 64 allgather, 512 KiB: 9.1 ms against a bound of 5.5 ms; a ring of groups instead
 # waits a whole path latency per step, 6.2 ms)
 LANE_WINDOW = 2
+# in the reduce-scatter, a rank's group-internal send waits for its own send this many before
+# it: reversed, the far end of every chain has all its sends ready at once, and queued ahead
+# on its links they held the partial sums the lanes wait for back (DGX-1 x 64 reduce-scatter
+# at 1 MiB: first lane message at 1.5 ms, 7.25 ms in all; 5.84 ms with 4, 8.8 with 2)
+RS_SEND_WINDOW = 4
 # up to this many ranks the candidate lowers both lane forms (star and ring of groups) at each
 # chunk size and keeps the faster: neither wins everywhere (samples/cluster.hcl allgather
 # 256 MB: ring 0.911, star 0.859 of the bound; 64 DGX-1s: star 5.94 ms, ring 6.1), and past
@@ -453,14 +458,19 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         for src, dst, a, b, _ in moves:
             init.add(dst, a, b, B.add(dst, Copy(ChunkRef("in", a, b - a), acc(dst, a, b))))
         sends = [0] * len(moves)
-        # no gates in the reduce-scatter: its lane sends wait for their group's partial sums
-        # already, and gating them as well (the allgather's window, reversed, or a window on
-        # the group's own chains) was slower (DGX-1 x 64, 1 MiB: 7.3 ms without, 8.3-8.7 with)
+        # no lane gates in the reduce-scatter: its lane sends wait for their group's partial
+        # sums already (the allgather's window reversed: 8.7 against 7.3 ms on DGX-1 x 64);
+        # the group's own sends are paced instead (RS_SEND_WINDOW)
+        mine: list[list[int]] = [[] for _ in range(n)]  # per rank, its group-internal sends
         for k in range(len(moves) - 1, -1, -1):
             src, dst, a, b, tree = moves[k]
+            own_sends = mine[dst]
+            pace = (own_sends[-RS_SEND_WINDOW],) if tree < 0 and len(own_sends) >= RS_SEND_WINDOW else ()
             sends[k], rv = B.message(dst, src, acc(dst, a, b), acc(src, a, b),
-                                     send_deps=init.over(dst, a, b) + added.over(dst, a, b),
+                                     send_deps=init.over(dst, a, b) + added.over(dst, a, b) + pace,
                                      recv_deps=init.over(src, a, b), reduce=True, tree=tree)
+            if tree < 0:
+                own_sends.append(sends[k])
             added.add(src, a, b, rv)
         for r in range(n):
             lo, hi = own[r]
