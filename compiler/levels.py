@@ -13,15 +13,20 @@ Terms
   ring over group 0, NVLink first).
 - group range ``R_g``: the elements of ``out`` that group ``g``'s ranks own in an allgather,
   one contiguous range because the group's ranks are numbered consecutively.
-- lane: a member index whose rank in every group sends a share of its group's range straight
-  to the same member of every other group (a star per lane and group: no message waits for
-  another to be forwarded, where a ring of groups would add every hop's latency to each of its
-  ``G - 1`` steps: DGX-1 x 64 allgather 6.5 against 5.5 ms), over routes spread across the
-  fabric's parallel links (:func:`_switch_routes`). *Full*
-  lanes (every member a lane, each carrying whole group ranges) fit where each rank's own
-  link is what binds, as in a fat tree whose racks have full bisection; *split* lanes
-  (one per distinct exit from the group, e.g. a NIC, each carrying ``1/L`` of every range)
-  fit where the group's exits bind, as on DGX-1 hosts behind four NICs (:func:`plan_levels`).
+- lane: a member index whose rank in every group carries a share of each group range to the
+  same member of every other group, over routes spread across the fabric's parallel links
+  (:func:`_switch_routes`). *Full* lanes (every member a lane, each carrying whole group
+  ranges) fit where each rank's own link is what binds, as in a fat tree whose racks have
+  full bisection; *split* lanes (one per distinct exit from the group, e.g. a NIC, each
+  carrying ``1/L`` of every range) fit where the group's exits bind, as on DGX-1 hosts behind
+  four NICs (:func:`plan_levels`).
+- lane form: a *star* (the lane rank of each group sends its share straight to every other
+  group's, no message waiting for another's forwarding, paced by :data:`LANE_WINDOW`) or a
+  *ring of groups* ``0 -> 1 -> ... -> G-1 -> 0`` (each lane rank forwards what it received,
+  which keeps the lanes in step). Neither wins everywhere: the star on 64 DGX-1s (allgather
+  5.94 against 6.1 ms), the ring on the 1024-rank fat tree (23.0 against 25.9 ms) and on
+  samples/cluster.hcl; the default is the star for split lanes and the ring for full ones,
+  and up to :data:`BOTH_FORMS_MAX_RANKS` ranks both are priced (:func:`levels_priced`).
 - transfer: ``(src, dst, a, b, tree)``: ``dst`` receives ``out[a:b)`` from ``src``, which holds
   it then; the allgather is a list of transfers in which every rank receives every element
   it does not own exactly once (:func:`_transfers`): the intra-group ring allgather (phase
