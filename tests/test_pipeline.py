@@ -190,7 +190,7 @@ def small_topologies(draw):
     return Topology("rand", names, switches, tuple(links))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=small_topologies(), kind=st.sampled_from(["broadcast", "reduce", "allgather", "allreduce", "reduce_scatter", "gather", "scatter", "alltoall"]),
        size=st.sampled_from([1 << 16, 3 << 20]))
 def test_random_topologies_verify_and_never_beat_the_bound(topo, kind, size):
@@ -444,7 +444,7 @@ def test_an_algorithm_is_one_registered_object(monkeypatch):
     assert "star-test" not in registry.candidates_for(spec("allgather", topo))[1]
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=small_topologies(), size=st.sampled_from([1 << 16, 3 << 20]), op=st.sampled_from(["sum", "avg"]))
 def test_random_topologies_every_new_allreduce_form_verifies_above_the_bound(topo, size, op):
     from hcc.compiler.bidir import bidir_packing, bidir_plan

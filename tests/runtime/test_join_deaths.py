@@ -15,8 +15,8 @@ SIGKILLed at the chosen moment:
 The zygote reaps its children and, like ``backends/launch.py``, puts the killed rank in the
 store's ``<group>/dead`` list. Each seed uses its own group name, so the seeds share a store
 but nothing else. A fork costs milliseconds where a fresh interpreter importing numpy and hcc
-costs a second of CPU: 4 ranks x 20 seeds x 3 moments x 2 policies would not fit in a CI minute
-otherwise. The victims take turns (seed mod 4), so every rank dies 5 times per moment and
+costs a second of CPU: 4 ranks x 12 seeds x 3 moments x 2 policies would not fit in a CI minute
+otherwise. The victims take turns (seed mod 4), so every rank dies 3 times per moment and
 policy; a seed's own random draw sets how long after its moment the kill lands.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # also when the zygote runs this file a
 from conftest import ring_topology  # noqa: E402
 
 MOMENTS = ("before", "during", "after")
-# per moment and policy: 20, so each rank is killed 5 times in every sweep
-SEEDS = int(os.environ.get("HCC_JOIN_SEEDS", "20"))
+# per moment and policy: 12, so each rank is killed 3 times in every sweep
+SEEDS = int(os.environ.get("HCC_JOIN_SEEDS", "12"))
 WORLD = 4
 PARALLEL = 6  # seeds in flight at once: a seed mostly waits (deaths, store round trips), not computes
 TIMEOUT = 10.0  # every wait's deadline in the ranks; a seed that needs it has failed
