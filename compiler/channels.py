@@ -32,6 +32,7 @@ from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, Plan, Tree
 from ..ir.topology import Topology
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_by_rate
+from .routes import shortest_preds
 from .trees import PackedTree
 
 __all__ = ["RingChannel", "ring_channels", "rings_plan", "MAX_CHANNELS"]
@@ -131,26 +132,10 @@ class _Search:
         return tuple(out)
 
     def _switch_bfs(self, a: str) -> dict[str, list[str]]:
-        """Breadth-first from rank ``a`` through switches only (a rank ends a route): every
-        vertex's predecessors on its shortest routes, once per source (the 512-rank DGX-1
-        cluster's fabric is 1 500 vertices; a search per rank pair took 38 s per ring)."""
-        preds: dict[str, list[str]] = {a: []}
-        dist = {a: 0}
-        frontier = [a]
-        while frontier:
-            nxt: list[str] = []
-            for x in frontier:
-                if x != a and x not in self.switches:
-                    continue
-                for y in self.out.get(x, ()):
-                    if y not in dist:
-                        dist[y] = dist[x] + 1
-                        preds[y] = [x]
-                        nxt.append(y)
-                    elif dist[y] == dist[x] + 1:
-                        preds[y].append(x)
-            frontier = nxt
-        return preds
+        """Every vertex's predecessors on its shortest routes from rank ``a`` through switches
+        only, once per source (the 512-rank DGX-1 cluster's fabric is 1 500 vertices; a search
+        per rank pair took 38 s per ring)."""
+        return shortest_preds(self.out, self.switches, a)
 
     def set_hosts(self, topo: Topology) -> bool:
         """Keep each ring inside a host until it has visited all of the host's ranks, as

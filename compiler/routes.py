@@ -29,12 +29,34 @@ from ..ir.errors import PlanError
 from ..ir.topology import Topology
 from .trees import PackedTree
 
-__all__ = ["Routes", "btree_pair", "btree_parents", "chain_in", "chain_out", "pieces", "ring_order",
+__all__ = ["Routes", "shortest_preds", "btree_pair", "btree_parents", "chain_in", "chain_out", "pieces", "ring_order",
            "rotate", "routes", "star", "tree_of"]
 
 # Hamiltonian search budget: 200k extensions is ~0.2 s in CPython and finds DGX-1's NVLink
 # ring (8 ranks) in a few dozen; past it we fall back to the order found so far / rank order.
 _SEARCH_BUDGET = 200_000
+
+
+def shortest_preds(out, switches, u: str, through_ranks: bool = False) -> dict[str, list[str]]:
+    """Breadth-first from ``u`` over the adjacency ``out`` (vertex -> its out-neighbours):
+    every reached vertex's predecessors on its shortest paths from ``u``, first found first.
+    Unless ``through_ranks``, only ``u`` and switches forward (a rank ends a path: ranks do
+    not forward at the link level)."""
+    preds: dict[str, list[str]] = {u: []}
+    hops = {u: 0}
+    q = deque([u])
+    while q:
+        x = q.popleft()
+        if x != u and x not in switches and not through_ranks:
+            continue
+        for y in out.get(x, ()):
+            if y not in hops:
+                hops[y] = hops[x] + 1
+                preds[y] = [x]
+                q.append(y)
+            elif hops[y] == hops[x] + 1:
+                preds[y].append(x)
+    return preds
 
 
 class Routes:
@@ -55,21 +77,7 @@ class Routes:
     def _bfs(self, u: str, through_ranks: bool) -> dict[str, tuple[str, ...]]:
         key = (u, through_ranks)
         if key not in self._paths:
-            # every vertex's predecessors on its shortest paths from u, first found first
-            preds: dict[str, list[str]] = {u: []}
-            hops = {u: 0}
-            q = deque([u])
-            while q:
-                x = q.popleft()
-                if x != u and x not in self.switches and not through_ranks:
-                    continue  # a rank ends a path: ranks do not forward at the link level
-                for y in self.out.get(x, ()):
-                    if y not in hops:
-                        hops[y] = hops[x] + 1
-                        preds[y] = [x]
-                        q.append(y)
-                    elif hops[y] == hops[x] + 1:
-                        preds[y].append(x)
+            preds = shortest_preds(self.out, self.switches, u, through_ranks)
             paths = {}
             for v in preds:
                 if v != u and v not in self.switches:
