@@ -98,23 +98,40 @@ static int ordered(Anc *A, int64_t i, const int64_t *tgt, Py_ssize_t nt) {
     return left == 0;
 }
 
-#define NBUF 23
+#define NBUF 25
+
+/* a value of the message being moved: pieces of (relative start, shift, divisor, W mask words) */
+#define PIECE(v, k) ((v)->a + (k) * (W + 3))
+
+/* append piece [rel, ...) with value (shift, div, mask) to cur, merged into the last piece when
+   the values are equal (a run of one value, as verify_values keeps it) */
+static int piece_push(Vec *cur, Py_ssize_t W, int64_t rel, int64_t shift, int64_t div, const uint64_t *mask) {
+    Py_ssize_t np_ = cur->n / (W + 3);
+    if (np_) {
+        int64_t *last = cur->a + (np_ - 1) * (W + 3);
+        if (last[1] == shift && last[2] == div && !memcmp(last + 3, mask, (size_t)W * 8)) return 0;
+    }
+    if (vec_push(cur, rel) || vec_push(cur, shift) || vec_push(cur, div)) return -1;
+    for (Py_ssize_t j = 0; j < W; j++)
+        if (vec_push(cur, (int64_t)mask[j])) return -1;
+    return 0;
+}
 
 static PyObject *run(PyObject *self, PyObject *args) {
     Py_buffer b[NBUF];
     Py_ssize_t n, W, nslots;
     memset(b, 0, sizeof(b));
-    if (!PyArg_ParseTuple(args, "nny*y*y*y*y*y*y*y*y*y*y*y*w*ny*y*y*y*y*y*y*y*y*", &n, &W, &b[0], &b[1], &b[2],
-                          &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &nslots, &b[13],
-                          &b[14], &b[15], &b[16], &b[17], &b[18], &b[19], &b[20], &b[21]))
+    if (!PyArg_ParseTuple(args, "nny*y*y*y*y*y*y*y*y*y*y*y*y*y*w*ny*y*y*y*y*y*y*y*y*", &n, &W, &b[0], &b[1], &b[2],
+                          &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14],
+                          &nslots, &b[15], &b[16], &b[17], &b[18], &b[19], &b[20], &b[21], &b[22], &b[23]))
         return NULL;
     const int8_t *code = b[0].buf;
-    const int64_t *rank = b[1].buf, *dep_ptr = b[2].buf, *dep_idx = b[3].buf, *rslot = b[4].buf, *roff = b[5].buf,
-                  *wslot = b[6].buf, *woff = b[7].buf, *extra = b[8].buf, *partner = b[9].buf, *succ_ptr = b[10].buf,
-                  *succ_idx = b[11].buf, *out_rng = b[13].buf, *slot_start = b[14].buf, *slot_end = b[15].buf,
-                  *req_ptr = b[16].buf, *req_lo = b[17].buf, *req_hi = b[18].buf, *req_shift = b[19].buf,
-                  *req_bit = b[20].buf, *req_div = b[21].buf;
-    int64_t *indeg = b[12].buf;
+    const int64_t *rank = b[1].buf, *dep_ptr = b[2].buf, *dep_idx = b[3].buf, *rslot = b[4].buf, *rend = b[5].buf,
+                  *roff = b[6].buf, *wslot = b[7].buf, *wend = b[8].buf, *woff = b[9].buf, *extra = b[10].buf,
+                  *partner = b[11].buf, *succ_ptr = b[12].buf, *succ_idx = b[13].buf, *out_rng = b[15].buf,
+                  *slot_start = b[16].buf, *slot_end = b[17].buf, *req_ptr = b[18].buf, *req_lo = b[19].buf,
+                  *req_hi = b[20].buf, *req_shift = b[21].buf, *req_bit = b[22].buf, *req_div = b[23].buf;
+    int64_t *indeg = b[14].buf;
     Py_ssize_t total = b[0].len;
     const char *why = NULL;
     int oom = 0;
@@ -123,7 +140,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
     Anc A = {dep_ptr, dep_idx, calloc((size_t)total + 1, 4), calloc((size_t)total + 1, 4), 0, {0}};
     int64_t *w = malloc((size_t)(nslots + 1) * 8), *red = malloc((size_t)(nslots + 1) * 8),
             *rd = malloc((size_t)(nslots + 1) * 8);
-    Vec node_op = {0}, node_next = {0}, tg = {0}, order = {0}, ready = {0}, pool = {0}, free_list = {0};
+    Vec node_op = {0}, node_next = {0}, tg = {0}, order = {0}, ready = {0}, pool = {0}, free_list = {0}, cur = {0};
     int64_t *inflight = malloc((size_t)(total + 1) * 8);
     int8_t *written = calloc((size_t)nslots + 1, 1);
     int64_t *vshift = malloc((size_t)(nslots + 1) * 8), *vdiv = malloc((size_t)(nslots + 1) * 8);
@@ -134,7 +151,8 @@ static PyObject *run(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    /* -- 4. races: per slot, last plain writer w, reductions red and readers rd (lists) -- */
+    /* -- 4. races: per slot, last plain writer w, reductions red and readers rd (lists); an op
+       over several slots is checked once against the targets of all of them -- */
     for (Py_ssize_t s = 0; s < nslots; s++) w[s] = red[s] = rd[s] = -1;
 #define COLLECT(head)                                                              \
     for (int64_t q = (head); q >= 0; q = node_next.a[q])                          \
@@ -144,34 +162,42 @@ static PyObject *run(PyObject *self, PyObject *args) {
     (head) = node_op.n - 1;
     for (Py_ssize_t g = 0; g < total && !why && !oom; g++) {
         int c = code[g];
-        int64_t s = rslot[g];
-        if (s >= 0) { /* a read: ordered after the writer and the reductions */
+        if (rslot[g] >= 0) { /* a read: ordered after the writers and the reductions */
             tg.n = 0;
-            if (w[s] >= 0 && vec_push(&tg, w[s])) { oom = 1; break; }
-            COLLECT(red[s]);
+            for (int64_t s = rslot[g]; s < rend[g] && !oom; s++) {
+                if (w[s] >= 0 && vec_push(&tg, w[s])) { oom = 1; break; }
+                COLLECT(red[s]);
+            }
             if (oom) break;
             int ok = ordered(&A, g, tg.a, tg.n);
             if (ok < 0) { oom = 1; break; }
             if (!ok) { why = "data race (read)"; break; }
-            PREPEND(rd[s], g);
+            for (int64_t s = rslot[g]; s < rend[g]; s++) {
+                PREPEND(rd[s], g);
+            }
+            if (oom) break;
         }
-        s = wslot[g];
-        if (s >= 0) {
+        if (wslot[g] >= 0) {
             int commuting = c == 2 || c == 4;
             tg.n = 0;
-            if (w[s] >= 0 && vec_push(&tg, w[s])) { oom = 1; break; }
-            COLLECT(rd[s]);
-            if (!commuting) COLLECT(red[s]);
+            for (int64_t s = wslot[g]; s < wend[g] && !oom; s++) {
+                if (w[s] >= 0 && vec_push(&tg, w[s])) { oom = 1; break; }
+                COLLECT(rd[s]);
+                if (!commuting) COLLECT(red[s]);
+            }
             if (oom) break;
             int ok = ordered(&A, g, tg.a, tg.n);
             if (ok < 0) { oom = 1; break; }
             if (!ok) { why = "data race (write)"; break; }
-            if (commuting) {
-                PREPEND(red[s], g);
-            } else {
-                w[s] = g;
-                red[s] = rd[s] = -1;
+            for (int64_t s = wslot[g]; s < wend[g]; s++) {
+                if (commuting) {
+                    PREPEND(red[s], g);
+                } else {
+                    w[s] = g;
+                    red[s] = rd[s] = -1;
+                }
             }
+            if (oom) break;
         }
     }
     /* -- 5. a topological order of the completes-before graph (verify._order's) -- */
@@ -186,73 +212,83 @@ static PyObject *run(PyObject *self, PyObject *args) {
         }
     }
     if (!why && !oom && order.n != total) why = "dependency cycle";
-    /* -- 6. symbolic execution in that order -- */
+    /* -- 6. symbolic execution in that order; the value an op moves is `cur`: its pieces
+       relative to the op's first element, message shifts (element p of the range holds the
+       term at input position p + shift) -- */
     for (Py_ssize_t k = 0; k < order.n && !why && !oom; k++) {
         int64_t g = order.a[k];
         int c = code[g];
-        int64_t shift, div;
-        const uint64_t *mask;
+        cur.n = 0;
         if (c == 0 || c == 3 || c == 4) { /* the source value */
             int64_t s = rslot[g];
             if (s == -2) {
                 memset(tmp, 0, (size_t)W * 8);
                 tmp[rank[g] >> 6] = 1ull << (rank[g] & 63);
-                mask = tmp;
-                shift = 0;
-                div = 1;
+                if (piece_push(&cur, W, 0, roff[g], 1, tmp)) { oom = 1; break; }
             } else {
-                if (!written[s]) { why = "reads elements never written"; break; }
-                mask = vmask + s * W;
-                shift = vshift[s];
-                div = vdiv[s];
+                for (; s < rend[g]; s++) {
+                    if (!written[s]) { why = "reads elements never written"; break; }
+                    if (piece_push(&cur, W, slot_start[s] - roff[g], vshift[s] + roff[g], vdiv[s], vmask + s * W)) {
+                        oom = 1;
+                        break;
+                    }
+                }
+                if (why || oom) break;
             }
-            shift += roff[g];
-            if (c == 0) { /* in flight until its receive, in a pool entry of W + 2 words */
-                int64_t e;
-                if (free_list.n) {
+            if (c == 0) { /* in flight until its receive: [pieces, piece...] in the pool */
+                int64_t e, np_ = cur.n / (W + 3);
+                if (np_ == 1 && free_list.n) {
                     e = free_list.a[--free_list.n];
                 } else {
                     e = pool.n;
-                    for (Py_ssize_t j = 0; j < W + 2; j++)
+                    for (Py_ssize_t j = 0; j < cur.n + 1; j++)
                         if (vec_push(&pool, 0)) { oom = 1; break; }
                     if (oom) break;
                 }
-                pool.a[e] = shift;
-                pool.a[e + 1] = div;
-                memcpy(pool.a + e + 2, mask, (size_t)W * 8);
+                pool.a[e] = np_;
+                memcpy(pool.a + e + 1, cur.a, (size_t)cur.n * 8);
                 inflight[partner[g]] = e;
                 continue;
             }
         } else if (c == 1 || c == 2) {
-            int64_t e = inflight[g];
-            shift = pool.a[e];
-            div = pool.a[e + 1];
-            memcpy(tmp, pool.a + e + 2, (size_t)W * 8);
-            mask = tmp;
-            if (vec_push(&free_list, e)) { oom = 1; break; }
+            int64_t e = inflight[g], np_ = pool.a[e];
+            for (int64_t j = 0; j < np_ * (W + 3); j++)
+                if (vec_push(&cur, pool.a[e + 1 + j])) { oom = 1; break; }
+            if (oom) break;
+            if (np_ == 1 && vec_push(&free_list, e)) { oom = 1; break; } /* longer entries are not reused */
         } else { /* Scale */
-            int64_t s = wslot[g];
-            if (!written[s]) { why = "scales elements never written"; break; }
-            if (vdiv[s] != 1) { why = "scales twice"; break; }
-            vdiv[s] = extra[g];
+            for (int64_t s = wslot[g]; s < wend[g]; s++) {
+                if (!written[s]) { why = "scales elements never written"; break; }
+                if (vdiv[s] != 1) { why = "scales twice"; break; }
+                vdiv[s] = extra[g];
+            }
             continue;
         }
-        int64_t s = wslot[g];
-        shift -= woff[g];
-        uint64_t *dst = vmask + s * W;
-        if (c == 2 || c == 4) { /* a reduction: disjoint terms at the same shift, unscaled */
-            if (!written[s]) { why = "combines elements never written"; break; }
-            if (vdiv[s] != 1 || div != 1) { why = "reduces a scaled value"; break; }
-            if (vshift[s] != shift) { why = "terms at two shifts (not represented here)"; break; }
-            for (Py_ssize_t j = 0; j < W; j++) {
-                if (dst[j] & mask[j]) { why = "counts an input twice"; break; }
-                dst[j] |= mask[j];
+        /* write the pieces over the destination's slots: each slot inside one piece */
+        Py_ssize_t np_ = cur.n / (W + 3), p = 0;
+        for (int64_t s = wslot[g]; s < wend[g]; s++) {
+            int64_t lo = slot_start[s] - woff[g], hi = slot_end[s] - woff[g];
+            while (p + 1 < np_ && PIECE(&cur, p + 1)[0] <= lo) p++;
+            if (p + 1 < np_ && PIECE(&cur, p + 1)[0] < hi) { why = "a slot holds two values (not represented here)"; break; }
+            const int64_t *pc = PIECE(&cur, p);
+            int64_t shift = pc[1] - woff[g], div = pc[2];
+            const uint64_t *mask = (const uint64_t *)(pc + 3);
+            uint64_t *dst = vmask + s * W;
+            if (c == 2 || c == 4) { /* a reduction: disjoint terms at the same shift, unscaled */
+                if (!written[s]) { why = "combines elements never written"; break; }
+                if (vdiv[s] != 1 || div != 1) { why = "reduces a scaled value"; break; }
+                if (vshift[s] != shift) { why = "terms at two shifts (not represented here)"; break; }
+                for (Py_ssize_t j = 0; j < W; j++) {
+                    if (dst[j] & mask[j]) { why = "counts an input twice"; break; }
+                    dst[j] |= mask[j];
+                }
+                if (why) break;
+            } else {
+                memcpy(dst, mask, (size_t)W * 8);
+                vshift[s] = shift;
+                vdiv[s] = div;
+                written[s] = 1;
             }
-        } else {
-            if (dst != mask) memcpy(dst, mask, (size_t)W * 8);
-            vshift[s] = shift;
-            vdiv[s] = div;
-            written[s] = 1;
         }
     }
     /* -- 7. every rank's out against the required runs -- */
@@ -286,7 +322,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
 done:;
     void *owned[] = {A.seen, A.want, A.stack.a, w, red, rd, node_op.a, node_next.a, tg.a, order.a, ready.a,
-                     pool.a, free_list.a, inflight, written, vshift, vdiv, vmask, tmp};
+                     pool.a, free_list.a, cur.a, inflight, written, vshift, vdiv, vmask, tmp};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     for (int i = 0; i < NBUF; i++) {
         if (b[i].obj) PyBuffer_Release(&b[i]);

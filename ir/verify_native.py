@@ -3,15 +3,20 @@ execution, final buffers) in one native pass (ir/_verifycore.c) over the op colu
 ir/verify_scan.py read for checks 2-3, for plans of millions of ops.
 
 Terms
-- slot: one ``(rank, buffer, range)`` of ``out`` or ``tmp`` that some op names. The native
-  pass needs every buffer *laminar* (ranges pairwise equal or disjoint, verify_values._laminar:
-  the lowerings' plans are), so one slot holds one value and one race state.
+- slot: one elementary ``(rank, buffer, range)`` of ``out`` or ``tmp``: the ranges the rank's
+  ops name in the buffer, cut at every one's start and end, so that each op's range is a run
+  of whole slots and one slot holds one value and one race state. In a *laminar* buffer
+  (ranges pairwise equal or disjoint, verify_values._laminar: the tree lowerings' plans) a
+  slot is an op's range; the two-level plans (compiler/levels.py) name ranges that overlap
+  without nesting, whose ops then span several slots. A message's value is the run of its
+  source slots' values (equal neighbours merged); a destination slot that would receive two
+  different values is not represented here.
 - value: verify_values' ``((shift, mask),), divisor`` with a single term group, the rank mask
   as ``ceil(n / 64)`` 64-bit words.
 
 :func:`verify` returns True only when every check passed natively. It returns False when the
-columns are missing, the extension is not built, a buffer is not laminar, the kind's final
-state is not a fixed table (neighbor_average), a value needs two term groups, or any check
+columns are missing, the extension is not built, the kind's final state is not a fixed
+table (neighbor_average), a value needs two term groups, a slot two values, or any check
 failed: ir/verify.py then runs its Python checks, which accept the plan or name its fault
 with rank and op. So the native pass decides nothing the Python checks would decide
 otherwise; tests/test_verify_native.py holds the two to the same verdict on valid plans and
@@ -47,11 +52,12 @@ def verify(plan, sizes: list[dict[str, int]], ix) -> bool:
     req = _required(plan)
     if req is None:
         return False
-    slots = _slots(tab)
-    if slots is None:
-        return False
-    rslot, wslot, slot_key, slot_end = slots
-    del slots
+    req_ptr, req_lo, req_hi, req_shift, req_bit, req_div = req
+    # the required table's run ends cut ``out`` too: a range that spans two blocks of
+    # different owners (an allgather's lane message) holds two values, one per block
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(req_ptr))
+    cuts = np.concatenate([(owner * 2) << OFFSET_BITS | req_lo, (owner * 2) << OFFSET_BITS | req_hi])
+    rslot, rend, wslot, wend, slot_key, slot_end = _slots(tab, cuts)
     code, rank, soff, doff, extra = tab.code, tab.rank, tab.soff, tab.doff, tab.extra
     # deps as global ids: the first ndep_edges edges, in op order (verify_scan's edges A)
     dep_ptr = np.zeros(total + 1, dtype=np.int64)
@@ -72,10 +78,9 @@ def verify(plan, sizes: list[dict[str, int]], ix) -> bool:
     out_rng = np.stack([np.searchsorted(slot_key, r2 << OFFSET_BITS),
                         np.searchsorted(slot_key, (r2 + 1) << OFFSET_BITS)], axis=1).astype(np.int64).ravel()
     slot_start = slot_key & ((1 << OFFSET_BITS) - 1)
-    req_ptr, req_lo, req_hi, req_shift, req_bit, req_div = req
     words = (n + 63) // 64
     status, why = _verifycore.run(
-        n, words, _c(code, np.int8), _c(rank), dep_ptr, dep_idx, rslot, _c(soff), wslot, _c(doff),
+        n, words, _c(code, np.int8), _c(rank), dep_ptr, dep_idx, rslot, rend, _c(soff), wslot, wend, _c(doff),
         _c(extra), _c(ix.partner), succ_ptr, succ, indeg, int(slot_key.size),
         _c(out_rng), _c(slot_start), _c(slot_end), req_ptr, req_lo, req_hi, req_shift, req_bit, req_div)
     return status == 0
@@ -85,35 +90,40 @@ def _c(a: np.ndarray, dtype=np.int64) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _slots(tab):
-    """``(rslot, wslot, slot_key, slot_end)``: per op the slot it reads (-1 none, -2 ``in``)
-    and writes (-1 none), and per slot its key and end; None when a buffer is not laminar."""
+def _slots(tab, cuts: np.ndarray):
+    """``(rslot, rend, wslot, wend, slot_key, slot_end)``: per op the slots it reads
+    (``rslot:rend``; rslot -1 none, -2 ``in``) and writes (``wslot:wend``; -1 none), and per
+    slot its key and end. The slots of a (rank, buffer) are the *elementary* ranges between
+    consecutive ends of the ranges its ops name and of ``cuts`` (keys where values are
+    known to change; module docstring): a range of a laminar buffer is one slot, one that
+    overlaps others without nesting spans several."""
     code, rank = tab.code, tab.rank
     reads = ((code == 0) | (code == 3) | (code == 4)) & (tab.sbuf >= 1)
     writes = code >= 1
     r_ids, w_ids = np.flatnonzero(reads), np.flatnonzero(writes)
     key = np.concatenate([((rank[r_ids] * 2 + tab.sbuf[r_ids] - 1) << OFFSET_BITS) + tab.soff[r_ids],
                           ((rank[w_ids] * 2 + tab.dbuf[w_ids] - 1) << OFFSET_BITS) + tab.doff[w_ids]])
-    end = np.concatenate([tab.soff[r_ids] + tab.scnt[r_ids], tab.doff[w_ids] + tab.dcnt[w_ids]])
-    order = np.lexsort((end, key))
-    k, e = key[order], end[order]
-    if k.size:
-        group = k >> OFFSET_BITS
-        start = k & ((1 << OFFSET_BITS) - 1)
-        same_group = group[1:] == group[:-1]
-        same_range = (k[1:] == k[:-1]) & (e[1:] == e[:-1])
-        # laminar: within one (rank, buffer), each next distinct range starts at or after
-        # the previous one's end
-        if (same_group & ~same_range & (start[1:] < e[:-1])).any():
-            return None
-    slot_key, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    slot_end = end[first]
+    end = key + np.concatenate([tab.scnt[r_ids], tab.dcnt[w_ids]])
+    # every start and end, sorted: elementary range i is [ends[i], ends[i + 1]), a slot when
+    # some range covers it (ranges never cross a (rank, buffer): ends stay below 2**40)
+    ends = np.unique(np.concatenate([key, end, cuts]))
+    lo, hi = np.searchsorted(ends, key), np.searchsorted(ends, end)
+    depth = np.cumsum(np.bincount(lo, minlength=ends.size) - np.bincount(hi, minlength=ends.size))[:-1]
+    covered = depth > 0
+    sid = np.cumsum(covered) - 1  # the slot of each covered elementary range
+    slot_key = ends[:-1][covered]
+    slot_end = ends[1:][covered] & ((1 << OFFSET_BITS) - 1)
+    first = sid[lo]
+    last = first + (hi - lo)  # every elementary range inside an op's range is covered
     rslot = np.full(tab.total, -1, dtype=np.int64)
     rslot[((code == 0) | (code == 3) | (code == 4)) & (tab.sbuf == 0)] = -2
-    rslot[r_ids] = inverse[:r_ids.size]
+    rend = np.full(tab.total, -1, dtype=np.int64)
+    k = r_ids.size
+    rslot[r_ids], rend[r_ids] = first[:k], last[:k]
     wslot = np.full(tab.total, -1, dtype=np.int64)
-    wslot[w_ids] = inverse[r_ids.size:]
-    return rslot, wslot, slot_key, slot_end
+    wend = np.full(tab.total, -1, dtype=np.int64)
+    wslot[w_ids], wend[w_ids] = first[k:], last[k:]
+    return rslot, rend, wslot, wend, slot_key, slot_end
 
 
 def _required(plan):
