@@ -1,4 +1,6 @@
-/* hcc.compiler._simcore — the event loop of compiler/cost.py's simulator over flat arrays.
+/* hcc.compiler._simcore — the event loop of compiler/cost.py's simulator over flat arrays,
+   and the timed lowering's two list schedules (compiler/schedule.py: wfq and exact, each
+   documented at its section below).
 
    It runs exactly the loop of cost._simulate_py (the reference, kept in Python): the same
    FIFO of ops whose dependencies completed, the same heap of ready messages ordered by
@@ -21,8 +23,10 @@
    done[g] (-1 for ops that never ran) and the per-link figures, preset by the caller. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     double t;
@@ -416,9 +420,485 @@ out:
     return result;
 }
 
+/* ---- the exact (switch) list schedule (compiler/schedule.py, _Timed.schedule_exact) ------
+
+   exact(port, path_ptr, path_links, nbytes, key, down, dep_ptr, dep_idx, remaining, src,
+         dst, rep, upz, avgroot, port_rank, wsize, lat, cap, per_msg, nranks,
+         order, pred, start, end, pop, gate_z, gate_side, first_in)
+       -> (started, makespan, ungated)
+
+   Runs exactly the loop of schedule._Timed._schedule_exact_py (the reference, kept in
+   Python): the same event heap on (time, phase, sequence number), the same per-port queues
+   on (key, up before down, later message first), the same windows, the same choice of the
+   completion that gates a start (or the time to wait for), the same order among the starts
+   of one instant (the simulator's pop order, _sim_key), and the per-hop reservations in the
+   simulator's floating-point operations in the same order, so both give the same order,
+   predecessors, gates and bit-identical times. Per message m (int64 unless said): port[m]
+   its first link; its links path_links[path_ptr[m]:path_ptr[m+1]]; nbytes[m] (double,
+   exact); key[m] (double); down[m] (int8); dependents dep_idx[dep_ptr[m]:dep_ptr[m+1]] in
+   increasing order, remaining[m] its dependency count (consumed); src/dst ranks; rep[m]: for
+   an up message the first message of its chunk into the same rank (the key of first_in),
+   else -1; upz[m]: for a down message of an allreduce the up message its receiver sends in
+   the same job and chunk, else -1; avgroot[m] (int8): an avg allreduce's root sends it
+   (its Send waits for the Scale). Per link: port_rank (its sender, -1 when no message
+   starts on it), wsize (its window). Outputs per message: order (start position ->
+   message), pred (-1 or the message wsize starts earlier on its port), start, end, pop (its
+   start position), gate_z/gate_side (the message whose completion gated its start and the
+   side, 0 sender, 1 receiver; gate_z -1: none), first_in[rep] (the first up message started
+   into that rank and chunk, -1 if none; preset by the caller). */
+
+/* a completion at a rank: (end, message), kept sorted per rank */
+typedef struct {
+    double e;
+    int64_t m;
+} Done;
+
+typedef struct {
+    Done *a;
+    Py_ssize_t head, n, cap; /* live entries a[head:n] */
+} Comps;
+
+static inline int done_le(const Done *p, double e, int64_t m) { return p->e < e || (p->e == e && p->m <= m); }
+
+/* the first live index whose end is above v (bisect_right on (v, +inf)) */
+static Py_ssize_t comps_above(const Comps *c, double v) {
+    Py_ssize_t lo = c->head, hi = c->n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (c->a[mid].e <= v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* drop the completions before t (bisect_left on (t, -1)) */
+static void comps_drop(Comps *c, double t) {
+    Py_ssize_t lo = c->head, hi = c->n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (c->a[mid].e < t) lo = mid + 1;
+        else hi = mid;
+    }
+    c->head = lo;
+}
+
+/* insort_right of (e, m) */
+static int comps_insert(Comps *c, double e, int64_t m) {
+    if (c->n == c->cap) {
+        if (c->head > 0) {
+            memmove(c->a, c->a + c->head, (size_t)(c->n - c->head) * sizeof(Done));
+            c->n -= c->head;
+            c->head = 0;
+        }
+        if (c->n == c->cap) {
+            Py_ssize_t nc = c->cap ? c->cap * 2 : 16;
+            Done *na = realloc(c->a, (size_t)nc * sizeof(Done));
+            if (!na) return -1;
+            c->a = na;
+            c->cap = nc;
+        }
+    }
+    Py_ssize_t lo = c->head, hi = c->n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (done_le(&c->a[mid], e, m)) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(c->a + lo + 1, c->a + lo, (size_t)(c->n - lo) * sizeof(Done));
+    c->a[lo].e = e;
+    c->a[lo].m = m;
+    c->n++;
+    return 0;
+}
+
+/* a start decided for one instant: port x, message m, its gate, its simulator key */
+typedef struct {
+    int64_t k[4];
+    int64_t x, m, gz;
+    int gs;
+} Go;
+
+static inline int key_cmp(const int64_t *p, const int64_t *q) {
+    for (int i = 0; i < 4; i++)
+        if (p[i] != q[i]) return p[i] < q[i] ? -1 : 1;
+    return 0;
+}
+
+static inline void key_max(int64_t *best, int64_t a, int64_t b, int64_t c, int64_t d) {
+    int64_t k[4] = {a, b, c, d};
+    if (key_cmp(k, best) > 0) memcpy(best, k, sizeof(k));
+}
+
+static int go_cmp(const void *p, const void *q) {
+    const Go *a = p, *b = q;
+    int c = key_cmp(a->k, b->k);
+    if (c) return c;
+    return (a->x > b->x) - (a->x < b->x);
+}
+
+static int i64_cmp(const void *p, const void *q) {
+    int64_t a = *(const int64_t *)p, b = *(const int64_t *)q;
+    return (a > b) - (a < b);
+}
+
+/* the state of one run of exact() */
+typedef struct {
+    Py_ssize_t nm, nl, nranks;
+    const int64_t *port, *path_ptr, *path_links, *dep_ptr, *dep_idx, *src, *dst, *rep, *upz, *port_rank, *wsize;
+    const double *nbytes, *key, *lat, *cap;
+    const int8_t *down, *avgroot;
+    double per_msg;
+    int64_t *remaining, *order, *pred, *pop, *gate_z, *first_in;
+    int8_t *gate_side;
+    double *t_start, *t_end;
+    /* working state */
+    Heap ev, *queue;
+    Comps *comp;
+    double *link_free, *allow, *last, *stream;
+    int8_t *has_last, *has_deps;
+    int64_t *maxdep, *win_off, *win_head, *win_len, *win_m;
+    double *win_e;
+    int64_t seq, norder, ungated;
+    double makespan;
+} Exact;
+
+/* _sim_key: where cost.simulate puts message m among the messages ready at one instant */
+static void sim_key(const Exact *S, int64_t x, int64_t m, int64_t gz, int gs, int64_t *out) {
+    int64_t s = S->src[m], d = S->dst[m];
+    int64_t best[4] = {-1, 0, s, 0};
+    if (S->has_deps[m]) key_max(best, S->maxdep[m], S->avgroot[m] ? 2 : 1, 0, 0);
+    if (S->win_len[x] == S->wsize[x]) key_max(best, S->pop[S->win_m[S->win_off[x] + S->win_head[x]]], 0, 0, 0);
+    if (gz >= 0 && gs == 0) key_max(best, S->pop[gz], S->src[gz] == s ? 0 : 1, 0, 0);
+    int64_t recv[4];
+    if (S->down[m]) {
+        int64_t z = S->upz[m];
+        if (z >= 0) {
+            recv[0] = S->pop[z], recv[1] = 0, recv[2] = 0, recv[3] = 0;
+        } else {
+            recv[0] = -1, recv[1] = 0, recv[2] = d, recv[3] = 0;
+        }
+    } else {
+        int64_t f = S->first_in[S->rep[m]];
+        recv[0] = -1, recv[1] = 1, recv[2] = d, recv[3] = f >= 0 ? S->pop[f] : S->nm;
+    }
+    if (gz >= 0 && gs == 1) key_max(recv, S->pop[gz], S->src[gz] == d ? 0 : 1, 0, 0);
+    key_max(best, recv[0], recv[1], recv[2], recv[3]);
+    memcpy(out, best, sizeof(best));
+}
+
+/* decide: 1 go (the gate in *gz, *gs; *gz -1: none), 0 wait until *wait */
+static int decide(Exact *S, int64_t x, int64_t m, double t, int64_t *gz, int *gs, double *wait) {
+    *gz = -1;
+    *gs = 0;
+    if (t == 0.0 && !S->has_last[x]) return 1; /* everything without dependencies is posted at 0 */
+    Comps *c2[2] = {&S->comp[S->port_rank[x]], &S->comp[S->dst[m]]};
+    comps_drop(c2[0], t);
+    comps_drop(c2[1], t);
+    int64_t nz = -1;
+    int ns = 0;
+    if (!(S->has_last[x] && S->last[x] == t)) {
+        for (int i = 0; i < 2; i++) {
+            Comps *c = c2[i];
+            if (c->n > c->head && c->a[c->head].e == t) {
+                nz = c->a[c->head].m;
+                ns = i;
+                break;
+            }
+        }
+    }
+    /* the latest completion after t while the port is still busy */
+    double busy = S->link_free[x], later = -1.0;
+    for (int i = 0; i < 2; i++) {
+        Py_ssize_t j = comps_above(c2[i], busy) - 1;
+        if (j >= c2[i]->head && c2[i]->a[j].e > t && c2[i]->a[j].e > later) later = c2[i]->a[j].e;
+    }
+    if (later > t) {
+        *wait = later;
+        return 0;
+    }
+    if (nz >= 0) {
+        *gz = nz;
+        *gs = ns;
+        return 1;
+    }
+    double nxt = INFINITY;
+    for (int i = 0; i < 2; i++) {
+        Py_ssize_t j = comps_above(c2[i], t);
+        if (j < c2[i]->n && c2[i]->a[j].e < nxt) nxt = c2[i]->a[j].e;
+    }
+    if (nxt < INFINITY) {
+        *wait = nxt;
+        return 0;
+    }
+    S->ungated++;
+    return 1;
+}
+
+static int exact_start(Exact *S, int64_t x, int64_t m, double t, int64_t gz, int gs) {
+    ih_pop(&S->queue[x]);
+    int64_t w = S->wsize[x], *wm = S->win_m + S->win_off[x];
+    double *we = S->win_e + S->win_off[x];
+    if (S->win_len[x] == w) { /* popleft */
+        S->pred[m] = wm[S->win_head[x]];
+        S->win_head[x] = (S->win_head[x] + 1) % w;
+        S->win_len[x]--;
+    }
+    if (gz >= 0) {
+        S->gate_z[m] = gz;
+        S->gate_side[m] = (int8_t)gs;
+    }
+    double nb = S->nbytes[m], st = S->stream[m], per_msg = S->per_msg;
+    double t_hop = t, end = t + per_msg;
+    for (int64_t k = S->path_ptr[m]; k < S->path_ptr[m + 1]; k++) { /* cost.simulate's reservation */
+        int64_t e = S->path_links[k];
+        if (S->link_free[e] > t_hop) t_hop = S->link_free[e];
+        double fixed = S->lat[e] + per_msg, inv = 1.0 / S->cap[e];
+        S->link_free[e] = t_hop + (fixed + nb * inv);
+        t_hop += S->lat[e];
+        if (t_hop + per_msg + st > end) end = t_hop + per_msg + st;
+    }
+    int64_t p = S->norder++;
+    S->pop[m] = p;
+    S->order[p] = m;
+    for (int64_t k = S->dep_ptr[m]; k < S->dep_ptr[m + 1]; k++) S->maxdep[S->dep_idx[k]] = p;
+    if (!S->down[m] && S->first_in[S->rep[m]] < 0) S->first_in[S->rep[m]] = m;
+    S->t_start[m] = t;
+    S->t_end[m] = end;
+    if (comps_insert(&S->comp[S->src[m]], end, m) || comps_insert(&S->comp[S->dst[m]], end, m)) return -1;
+    S->last[x] = t;
+    S->has_last[x] = 1;
+    int64_t slot = (S->win_head[x] + S->win_len[x]) % w;
+    wm[slot] = m;
+    we[slot] = end;
+    S->win_len[x]++;
+    S->allow[x] = S->win_len[x] == w ? we[S->win_head[x]] : 0.0;
+    Item done = {end, 0, S->seq++, m};
+    if (ih_push(&S->ev, done)) return -1;
+    if (end > S->makespan) S->makespan = end;
+    if (S->queue[x].n) {
+        Item again = {t >= S->allow[x] ? t : S->allow[x], 1, S->seq++, x};
+        if (ih_push(&S->ev, again)) return -1;
+    }
+    return 0;
+}
+
+static int exact_ready(Exact *S, int64_t m, double t) {
+    int64_t x = S->port[m];
+    double a = S->allow[x];
+    Item q = {S->key[m], !S->down[m], -m, m};
+    Item e = {t >= a ? t : a, 1, S->seq++, x};
+    return ih_push(&S->queue[x], q) || ih_push(&S->ev, e) ? -1 : 0;
+}
+
+/* the loop; 0 done, -1 out of memory, -2 the event bound passed. ports, mark, go: nl each */
+static int exact_run(Exact *S, int64_t *ports, int64_t *mark, Go *go) {
+    for (Py_ssize_t m = 0; m < S->nm; m++)
+        if (S->remaining[m] == 0 && exact_ready(S, m, 0.0)) return -1;
+    /* a bound far above any run: each message is made ready, starts and completes once, and a
+       port waits only for a later completion of its rank or its message's receiver */
+    int64_t budget = (int64_t)64 * (S->nm + S->nl + 1) * (S->nranks + 16), pops = 0;
+    while (S->ev.n > 0) {
+        if (++pops > budget) return -2;
+        Item top = ih_pop(&S->ev);
+        double t = top.k;
+        int64_t first = pops;
+        if (top.a == 0) {
+            for (int64_t k = S->dep_ptr[top.x]; k < S->dep_ptr[top.x + 1]; k++) {
+                int64_t d = S->dep_idx[k];
+                if (--S->remaining[d] == 0 && exact_ready(S, d, t)) return -1;
+            }
+            continue;
+        }
+        /* every port tried at this instant, in increasing order, once each */
+        Py_ssize_t np_ = 0;
+        mark[top.x] = pops;
+        ports[np_++] = top.x;
+        while (S->ev.n > 0 && ((Item *)S->ev.a)[0].k == t && ((Item *)S->ev.a)[0].a == 1) {
+            if (++pops > budget) return -2;
+            int64_t x = ih_pop(&S->ev).x;
+            if (mark[x] < first) { /* not yet among this instant's ports */
+                mark[x] = pops;
+                ports[np_++] = x;
+            }
+        }
+        qsort(ports, (size_t)np_, sizeof(int64_t), i64_cmp);
+        Py_ssize_t ngo = 0;
+        for (Py_ssize_t i = 0; i < np_; i++) {
+            int64_t x = ports[i];
+            Heap *q = &S->queue[x];
+            if (q->n == 0 || t < S->allow[x]) continue;
+            int64_t m = ((Item *)q->a)[0].x, gz;
+            int gs;
+            double wait;
+            if (decide(S, x, m, t, &gz, &gs, &wait)) {
+                go[ngo].x = x, go[ngo].m = m, go[ngo].gz = gz, go[ngo].gs = gs;
+                ngo++;
+            } else {
+                Item e = {wait, 1, S->seq++, x};
+                if (ih_push(&S->ev, e)) return -1;
+            }
+        }
+        if (ngo == 1) {
+            if (exact_start(S, go[0].x, go[0].m, t, go[0].gz, go[0].gs)) return -1;
+            continue;
+        }
+        if (ngo == 0) continue;
+        /* in the simulator's order among the messages ready at this instant */
+        int any_up = 0;
+        for (Py_ssize_t i = 0; i < ngo; i++) {
+            sim_key(S, go[i].x, go[i].m, go[i].gz, go[i].gs, go[i].k);
+            any_up |= !S->down[go[i].m];
+        }
+        qsort(go, (size_t)ngo, sizeof(Go), go_cmp);
+        if (go[0].k[0] < 0 && any_up) {
+            /* an up message's key depends on which Copy the others' starts create: the least
+               key now, the first in the sorted order among equal ones */
+            for (Py_ssize_t left = ngo; left > 0; left--) {
+                Py_ssize_t bi = 0;
+                int64_t bk[4], k[4];
+                sim_key(S, go[0].x, go[0].m, go[0].gz, go[0].gs, bk);
+                for (Py_ssize_t i = 1; i < left; i++) {
+                    sim_key(S, go[i].x, go[i].m, go[i].gz, go[i].gs, k);
+                    if (key_cmp(k, bk) < 0) {
+                        bi = i;
+                        memcpy(bk, k, sizeof(k));
+                    }
+                }
+                Go g = go[bi];
+                memmove(go + bi, go + bi + 1, (size_t)(left - bi - 1) * sizeof(Go));
+                if (exact_start(S, g.x, g.m, t, g.gz, g.gs)) return -1;
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < ngo; i++)
+                if (exact_start(S, go[i].x, go[i].m, t, go[i].gz, go[i].gs)) return -1;
+        }
+    }
+    return 0;
+}
+
+#define NEXACT 26
+
+/* whether every v[i] (i < n) lies in [lo, hi) */
+static int in_range(const int64_t *v, Py_ssize_t n, int64_t lo, int64_t hi) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (v[i] < lo || v[i] >= hi) return 0;
+    return 1;
+}
+
+static PyObject *exact(PyObject *self, PyObject *args) {
+    Py_buffer b[NEXACT];
+    Exact S;
+    Py_ssize_t nranks;
+    memset(b, 0, sizeof(b));
+    memset(&S, 0, sizeof(S));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*w*y*y*y*y*y*y*y*y*y*dnw*w*w*w*w*w*w*w*", &b[0], &b[1], &b[2],
+                          &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13],
+                          &b[14], &b[15], &b[16], &b[17], &S.per_msg, &nranks, &b[18], &b[19], &b[20], &b[21],
+                          &b[22], &b[23], &b[24], &b[25]))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *ports = NULL, *mark = NULL;
+    Go *go = NULL;
+    Py_ssize_t nm = b[0].len / 8, nl = b[16].len / 8;
+    S.nm = nm, S.nl = nl, S.nranks = nranks;
+    S.port = b[0].buf, S.path_ptr = b[1].buf, S.path_links = b[2].buf, S.nbytes = b[3].buf, S.key = b[4].buf;
+    S.down = b[5].buf, S.dep_ptr = b[6].buf, S.dep_idx = b[7].buf, S.remaining = b[8].buf, S.src = b[9].buf;
+    S.dst = b[10].buf, S.rep = b[11].buf, S.upz = b[12].buf, S.avgroot = b[13].buf, S.port_rank = b[14].buf;
+    S.wsize = b[15].buf, S.lat = b[16].buf, S.cap = b[17].buf, S.order = b[18].buf, S.pred = b[19].buf;
+    S.t_start = b[20].buf, S.t_end = b[21].buf, S.pop = b[22].buf, S.gate_z = b[23].buf, S.gate_side = b[24].buf;
+    S.first_in = b[25].buf;
+
+    /* every length and index checked before the loop reads it */
+    Py_ssize_t i64[] = {0, 9, 10, 11, 12, 18, 19, 22, 23, 25}, f64[] = {3, 4, 20, 21}, i8[] = {5, 13, 24};
+    int ok = nranks > 0 && b[1].len == (nm + 1) * 8 && b[6].len == (nm + 1) * 8 && b[8].len == nm * 8 &&
+             b[14].len == nl * 8 && b[15].len == nl * 8 && b[17].len == nl * 8 && b[2].len % 8 == 0 &&
+             b[7].len % 8 == 0;
+    for (size_t i = 0; ok && i < sizeof(i64) / sizeof(i64[0]); i++) ok = b[i64[i]].len == nm * 8;
+    for (size_t i = 0; ok && i < sizeof(f64) / sizeof(f64[0]); i++) ok = b[f64[i]].len == nm * 8;
+    for (size_t i = 0; ok && i < sizeof(i8) / sizeof(i8[0]); i++) ok = b[i8[i]].len == nm;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "exact: array lengths disagree");
+        goto out;
+    }
+    Py_ssize_t npl = b[2].len / 8, ndi = b[7].len / 8;
+    ok = S.path_ptr[0] == 0 && S.path_ptr[nm] == npl && S.dep_ptr[0] == 0 && S.dep_ptr[nm] == ndi &&
+         in_range(S.path_links, npl, 0, nl) && in_range(S.dep_idx, ndi, 0, nm) && in_range(S.src, nm, 0, nranks) &&
+         in_range(S.dst, nm, 0, nranks) && in_range(S.upz, nm, -1, nm) && in_range(S.remaining, nm, 0, nm + 1) &&
+         in_range(S.port_rank, nl, -1, nranks);
+    for (Py_ssize_t m = 0; ok && m < nm; m++) {
+        int64_t x = S.port[m];
+        ok = S.path_ptr[m] < S.path_ptr[m + 1] && S.path_ptr[m + 1] <= npl && S.dep_ptr[m] <= S.dep_ptr[m + 1] &&
+             S.dep_ptr[m + 1] <= ndi && S.path_links[S.path_ptr[m]] == x && S.port_rank[x] == S.src[m] &&
+             S.wsize[x] >= 1 && S.wsize[x] <= (int64_t)1 << 20 && S.src[m] != S.dst[m] &&
+             (S.down[m] ? S.rep[m] == -1 : S.rep[m] >= 0 && S.rep[m] < nm);
+        for (int64_t k = S.path_ptr[m]; ok && k < S.path_ptr[m + 1]; k++) ok = S.cap[S.path_links[k]] > 0.0;
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "exact: an index or a size out of range");
+        goto out;
+    }
+
+    S.queue = calloc((size_t)(nl ? nl : 1), sizeof(Heap));
+    S.comp = calloc((size_t)nranks, sizeof(Comps));
+    S.link_free = calloc((size_t)(nl ? nl : 1), sizeof(double));
+    S.allow = calloc((size_t)(nl ? nl : 1), sizeof(double));
+    S.last = calloc((size_t)(nl ? nl : 1), sizeof(double));
+    S.has_last = calloc((size_t)(nl ? nl : 1), 1);
+    S.stream = malloc((size_t)(nm ? nm : 1) * sizeof(double));
+    S.has_deps = malloc((size_t)(nm ? nm : 1));
+    S.maxdep = calloc((size_t)(nm ? nm : 1), sizeof(int64_t));
+    S.win_off = calloc((size_t)(nl + 1), sizeof(int64_t));
+    S.win_head = calloc((size_t)(nl ? nl : 1), sizeof(int64_t));
+    S.win_len = calloc((size_t)(nl ? nl : 1), sizeof(int64_t));
+    ports = malloc((size_t)(nl ? nl : 1) * sizeof(int64_t));
+    mark = calloc((size_t)(nl ? nl : 1), sizeof(int64_t));
+    go = malloc((size_t)(nl ? nl : 1) * sizeof(Go));
+    if (!S.queue || !S.comp || !S.link_free || !S.allow || !S.last || !S.has_last || !S.stream || !S.has_deps ||
+        !S.maxdep || !S.win_off || !S.win_head || !S.win_len || !ports || !mark || !go) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t x = 0; x < nl; x++) S.win_off[x + 1] = S.win_off[x] + (S.port_rank[x] >= 0 ? S.wsize[x] : 0);
+    S.win_m = malloc((size_t)(S.win_off[nl] ? S.win_off[nl] : 1) * sizeof(int64_t));
+    S.win_e = malloc((size_t)(S.win_off[nl] ? S.win_off[nl] : 1) * sizeof(double));
+    if (!S.win_m || !S.win_e) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t m = 0; m < nm; m++) {
+        double cmin = INFINITY;
+        for (int64_t k = S.path_ptr[m]; k < S.path_ptr[m + 1]; k++)
+            if (S.cap[S.path_links[k]] < cmin) cmin = S.cap[S.path_links[k]];
+        S.stream[m] = S.nbytes[m] / cmin;
+        S.has_deps[m] = S.remaining[m] > 0;
+        S.pred[m] = S.pop[m] = S.gate_z[m] = S.first_in[m] = -1;
+        S.gate_side[m] = 0;
+        S.t_start[m] = S.t_end[m] = 0.0;
+    }
+    rc = exact_run(&S, ports, mark, go);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) PyErr_NoMemory();
+    else if (rc == -2) PyErr_SetString(PyExc_RuntimeError, "exact: the event bound passed (a schedule that never settles)");
+    else result = Py_BuildValue("ndn", (Py_ssize_t)S.norder, S.makespan, (Py_ssize_t)S.ungated);
+out:
+    if (S.queue)
+        for (Py_ssize_t x = 0; x < nl; x++) free(S.queue[x].a);
+    if (S.comp)
+        for (Py_ssize_t r = 0; r < nranks; r++) free(S.comp[r].a);
+    void *owned[] = {S.queue, S.comp, S.ev.a, S.link_free, S.allow, S.last, S.has_last, S.stream, S.has_deps,
+                     S.maxdep, S.win_off, S.win_head, S.win_len, S.win_m, S.win_e, ports, mark, go};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
+    for (int i = 0; i < NEXACT; i++)
+        if (b[i].obj) PyBuffer_Release(&b[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS, "the simulator's event loop over flat arrays (compiler/cost.py)"},
     {"wfq", wfq, METH_VARARGS, "the timed lowering's list schedule over flat arrays (compiler/schedule.py)"},
+    {"exact", exact, METH_VARARGS, "the exact (switch) list schedule over flat arrays (compiler/schedule.py)"},
     {NULL, NULL, 0, NULL},
 };
 

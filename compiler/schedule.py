@@ -41,9 +41,9 @@ operations. The simulator then reserves every link, the switches' egress links i
 the schedule's order, and the plan's simulated time is the schedule's makespan
 (tests/test_schedule_ingress.py).
 
-Cost. The list schedule's event loop runs natively (compiler/_simcore.c's ``wfq``, the
-Python loop kept as its reference and fallback, the two equal message for message:
-tests/test_schedule_native.py); each job's messages per chunk are one template repeated per
+Cost. The list schedules' event loops run natively (compiler/_simcore.c's ``wfq`` and,
+over switches, ``exact``; the Python loops kept as their references and fallbacks, each
+pair equal message for message: tests/test_schedule_native.py); each job's messages per chunk are one template repeated per
 chunk as arrays, and the templates of a set of trees are kept for its next lowering (the
 chunk search lowers the same trees at several sizes). A schedule that replays exactly (one
 hop per message over the sender's own link: :func:`_replays_exactly`) is compared with the
@@ -73,6 +73,10 @@ try:
     from ._simcore import wfq as _wfq
 except ImportError:  # not built (HCC_NO_NATIVE=1): the schedule runs its Python reference loop
     _wfq = None
+try:
+    from ._simcore import exact as _exact
+except ImportError:  # not built, or built before it had the exact schedule: the Python loop
+    _exact = None
 
 __all__ = ["PORT_WINDOW", "TIMED_KINDS", "Outrun", "lower_timed", "lower_jobs"]
 
@@ -205,7 +209,23 @@ class _Chunk:
         self.dcount = np.array([len(x) for x in dependents], np.int64)
         self.didx = np.array([j for x in dependents for j in x], np.int64)
         self.one_hop = all(len(p) == 1 for p in self.path)
+        self._exact_locals = None
         return self
+
+    def exact_locals(self):
+        """Per message of the chunk (int64 arrays, -1 where none): ``rep``, for an up message
+        the first up message into the same rank (the chunk's key of ``first_in``); ``up``, for
+        a down message the up message its receiver sends (``upmsg``). For the native exact
+        schedule (:meth:`_Timed._schedule_exact_native`)."""
+        import numpy as np
+
+        if self._exact_locals is None:
+            first: dict[int, int] = {}
+            rep = [-1 if dn else first.setdefault(d, j) for j, (d, dn) in enumerate(zip(self.dst, self.down))]
+            sent = {r: i for i, r in self.sender}
+            up = [sent.get(d, -1) if dn else -1 for d, dn in zip(self.dst, self.down)]
+            self._exact_locals = (np.array(rep, np.int64), np.array(up, np.int64))
+        return self._exact_locals
 
 
 def _gather(starts, lens):
@@ -625,8 +645,75 @@ class _Timed:
         sender, 1 receiver), messages that start at one instant start in the order the
         simulator will pop them (:meth:`_sim_key`), and every time is computed with the
         simulator's own floating-point operations. Fills ``pred``, ``start``, ``end``,
-        ``makespan`` like :meth:`schedule`."""
+        ``makespan`` like :meth:`schedule`, and ``pop`` (each message's start position),
+        ``first_in`` and ``ungated`` (starts after 0 with no completion to gate them). The loop
+        runs natively (compiler/_simcore.c's ``exact``: the same order, gates and bit-identical
+        times) where it is built, else :meth:`_schedule_exact_py`."""
+        if _exact is not None and self.nm:
+            return self._schedule_exact_native(window, wide)
         self.lists()
+        return self._schedule_exact_py(window, wide)
+
+    def _exact_windows(self, ports, window: int, wide: bool):
+        """(port -> sending rank, the wide ports, port -> window) of :meth:`schedule_exact`."""
+        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
+        port_rank = {x: rank_of[self.links.ends[x][0]] for x in ports}
+        direct = self.gated_ranks() if wide else set()
+        wide_ports = {x for x, r in port_rank.items() if r not in direct} if wide else set()
+        wsize = {x: max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window for x in port_rank}
+        return port_rank, wide_ports, wsize
+
+    def _schedule_exact_native(self, window: int, wide: bool) -> list[int]:
+        """:meth:`_schedule_exact_py`'s loop in compiler/_simcore.c over :meth:`fill`'s arrays."""
+        import numpy as np
+
+        nm, nl, a = self.nm, len(self.links.cap), self.a
+        path_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["plen"], out=path_ptr[1:])
+        port = a["plinks"][path_ptr[:-1]]
+        port_rank, _, wsize = self._exact_windows(np.unique(port).tolist(), window, wide)
+        prank = np.full(nl, -1, np.int64)
+        wsz = np.ones(nl, np.int64)
+        for x, r in port_rank.items():
+            prank[x], wsz[x] = r, wsize[x]
+        dep_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["dcount"], out=dep_ptr[1:])
+        # first_in's and upmsg's keys as message numbers, chunk template by chunk template
+        rep = np.full(nm, -1, np.int64)
+        upz = np.full(nm, -1, np.int64)
+        allreduce = self.L.spec.kind == "allreduce"
+        for _, off, c, K in self.blocks:
+            E = len(c.src)
+            rl, ul = c.exact_locals()
+            base = off + np.arange(K, dtype=np.int64)[:, None] * E
+            rep[off:off + K * E] = np.where(rl >= 0, base + rl, -1).ravel()
+            if allreduce:
+                upz[off:off + K * E] = np.where(ul >= 0, base + ul, -1).ravel()
+        avgroot = np.zeros(nm, np.int8)
+        if allreduce and self.L.op == "avg" and self.L.n > 1:  # the root's Send waits for its Scale
+            droot = np.array([sh.root for sh in self.dsh], np.int64)[a["tree"]]
+            avgroot = ((a["down"] != 0) & (a["src"] == droot)).astype(np.int8)
+        nbytes = (a["hi"] - a["lo"]).astype(np.float64) * self.itemsize
+        order, pred, pop, gate_z, first_in = (np.empty(nm, np.int64) for _ in range(5))
+        start, end = np.zeros(nm, np.float64), np.zeros(nm, np.float64)
+        gate_side = np.zeros(nm, np.int8)
+        done, self.makespan, self.ungated = _exact(
+            port, path_ptr, a["plinks"], nbytes, a["key"], a["down"], dep_ptr, a["didx"], a["ndeps"].copy(),
+            a["src"], a["dst"], rep, upz, avgroot, prank, wsz, np.array(self.links.lat, np.float64),
+            np.array(self.links.cap, np.float64), self.per_msg, self.L.n,
+            order, pred, start, end, pop, gate_z, gate_side, first_in)
+        if done != nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        self.pred, self.start, self.end, self.pop = pred.tolist(), start.tolist(), end.tolist(), pop.tolist()
+        g = np.flatnonzero(gate_z >= 0)
+        self.gate_by = dict(zip(g.tolist(), zip(gate_z[g].tolist(), gate_side[g].tolist())))
+        f = np.flatnonzero(first_in >= 0)
+        self.first_in = dict(zip(zip(a["dst"][f].tolist(), a["tree"][f].tolist(), a["chunk"][f].tolist()),
+                                 first_in[f].tolist()))
+        return order.tolist()
+
+    def _schedule_exact_py(self, window: int, wide: bool) -> list[int]:
+        """The reference loop of :meth:`schedule_exact`."""
         import bisect
         import heapq
         import itertools
@@ -642,10 +729,7 @@ class _Timed:
         for pth in set(path):
             cmin[pth] = min(cap[e] for e in pth)
         stream = [nbytes[m] / cmin[path[m]] for m in range(nm)]
-        rank_of = {v: i for i, v in enumerate(self.L.spec.ranks)}
-        port_rank = {x: rank_of[self.links.ends[x][0]] for x in {p[0] for p in path}}
-        direct = self.gated_ranks() if wide else set()
-        wide_ports = {x for x, r in port_rank.items() if r not in direct} if wide else set()
+        port_rank, wide_ports, wsize = self._exact_windows({p[0] for p in path}, window, wide)
         link_free = [0.0] * len(cap)
         queue: dict[int, list] = {}
         allow: dict[int, float] = {}  # port -> when its window next allows a start
@@ -671,7 +755,6 @@ class _Timed:
             heappush(queue.setdefault(x, []), (key[m], not down[m], -m, m))
             heappush(ev, (max(t, allow.get(x, 0.0)), 1, next(tick), x))
 
-        wsize = {x: max(window, SWITCH_ONLY_WINDOW) if x in wide_ports else window for x in port_rank}
         bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
         pred, pop, t_start, t_end, gate_by, first_in = self.pred, self.pop, self.start, self.end, self.gate_by, \
             self.first_in

@@ -1,18 +1,24 @@
-"""The timed lowering's fast paths (compiler/schedule.py): the native list schedule
-(compiler/_simcore.c's ``wfq``) against the Python reference loop, message for message; the
-exact replay that lets lower.lower_priced drop a losing timed schedule before writing it out
-(schedule.Outrun); and that the choice it returns is still the faster of the two orders. No
-timing."""
+"""The timed lowering's fast paths (compiler/schedule.py): the native list schedules
+(compiler/_simcore.c's ``wfq`` and, over switches, ``exact``) against their Python reference
+loops, message for message; the exact replay that lets lower.lower_priced drop a losing
+timed schedule before writing it out (schedule.Outrun); and that the choice it returns is
+still the faster of the two orders. No timing."""
 from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
 
 import pytest
 
 from hcc.compiler import schedule, treepack
 from hcc.compiler.builder import _Lowering
 from hcc.compiler.cost import CostModel, simulate
+from hcc.compiler.frontend import load_program
 from hcc.compiler.lower import _root_spans, assemble, lower, lower_priced
 from hcc.compiler.schedule import PORT_WINDOW, lower_timed
 from hcc.compiler.trees import TreeShape
+from hcc.ir.topology import Link, Topology
 
 from test_schedule_efficiency import random_graph, spec
 from test_timed_split import _fragment
@@ -26,17 +32,20 @@ def _packing(kind: str, topo, ranks):
     return treepack.pack_broadcast(topo, ranks, ranks[0], reverse=kind == "reduce")
 
 
-def _timed(kind: str, topo, chunk_elems: int):
-    """(plan, lowering) of the timed lowering of ``kind`` over its packing on ``topo``."""
-    ranks = topo.nodes
+def _timed(kind: str, topo, chunk_elems: int, ranks=None, window: int = PORT_WINDOW, op: str | None = None):
+    """(plan, lowering) of the timed lowering of ``kind`` over its packing on ``topo``
+    (among ``ranks``, default every node)."""
+    ranks = topo.nodes if ranks is None else tuple(ranks)
     s = spec(kind, ranks, 4 << 20, 0 if kind in ("broadcast", "reduce") else -1)
+    if op is not None:
+        s = dataclasses.replace(s, op=op)
     shapes = [TreeShape.of(t, ranks, i) for i, t in enumerate(_packing(kind, topo, ranks).trees)]
     L = _Lowering(s, chunk_elems)
     if kind in ("allgather", "reduce_scatter"):
         spans = _root_spans(L, shapes)
     else:
         spans = schedule.split_by_rate(0, L.E, [sh.rate for sh in shapes])
-    got = lower_timed(L, shapes, spans, False, topo, 1e-6, PORT_WINDOW)
+    got = lower_timed(L, shapes, spans, False, topo, 1e-6, window)
     assert got is not None
     plan = assemble(s, topo, L.B, tuple(sh.to_tree(i, got[i]) for i, sh in enumerate(shapes)), "treepack", L.ce)
     return plan, L
@@ -101,3 +110,72 @@ def test_lower_priced_returns_the_faster_order(monkeypatch, net, kind):
         assert sim.time == min(times)
         assert simulate(plan, model=model).time == sim.time
     assert len(outrun) == (2 if (net, kind) == ("random", "allgather") else 0)
+
+
+# -- the exact (switch) schedule: compiler/_simcore.c's ``exact`` against _schedule_exact_py --
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+EXACT_FIELDS = ("pred", "start", "end", "pop", "gate_by", "first_in", "makespan", "ungated")
+
+
+def _sample_topology(sample: str, name: str) -> Topology:
+    return load_program(str(SAMPLES / f"{sample}.hcl")).topologies[name]
+
+
+def random_switched(seed: int, n: int = 7) -> Topology:
+    """Ranks on 1-3 switches (random uplink and downlink capacities and latencies, the
+    switches chained), a few direct links between ranks: some ranks reach the others only
+    through switches, so the timed lowering schedules exactly."""
+    rng = random.Random(seed)
+    v = tuple(f"r{i}" for i in range(n))
+    sw = tuple(f"s{i}" for i in range(rng.randint(1, 3)))
+    links = []
+    for i, r in enumerate(v):
+        s = sw[i % len(sw)]
+        links += [Link(r, s, rng.choice((1, 2, 4)) * 1e9, rng.choice((0.0, 1e-6))),
+                  Link(s, r, rng.choice((1, 2, 4)) * 1e9, rng.choice((0.0, 1e-6)))]
+    for a, b in zip(sw, sw[1:]):
+        links += [Link(a, b, 8e9, 2e-6), Link(b, a, 8e9, 2e-6)]
+    for _ in range(rng.randint(0, 2)):
+        a, b = rng.sample(range(n - 1), 2)  # the last rank keeps only its switch
+        links += [Link(v[a], v[b], 2e9, 1e-6), Link(v[b], v[a], 2e9, 1e-6)]
+    return Topology(f"rsw{seed}", v, sw, tuple(links))
+
+
+def _compare_exact(monkeypatch, runs: list) -> None:
+    """Make every exact schedule run both loops, also at other windows and with ``wide``
+    flipped (the same messages), and record whether the two agreed on everything."""
+    def snap(T, order):
+        return (order,) + tuple(getattr(T, f) for f in EXACT_FIELDS)
+
+    def both(self, window, wide):
+        self.lists()
+        for w, wd in ((window, wide), (window, not wide), (2, wide), (7, not wide)):
+            fast = snap(self, self._schedule_exact_native(w, wd))
+            ref = snap(self, self._schedule_exact_py(w, wd))
+            runs.append((self.L.spec.kind, w, wd, self.nm, fast == ref))
+        return self._schedule_exact_py(window, wide)
+
+    monkeypatch.setattr(schedule._Timed, "schedule_exact", both)
+
+
+CLUSTER_RANKS = ("h0.gpu0", "h0.gpu1", "h0.gpu2", "h1.gpu0", "h1.gpu1", "h2.gpu3")
+FATTREE_RANKS = ("rack0.n0", "rack0.n1", "rack0.n2", "rack1.n0", "rack1.n5", "rack2.n3", "rack7.n15")
+
+
+@pytest.mark.skipif(schedule._exact is None, reason="the native core is not built")
+@pytest.mark.parametrize("kind,op", [(k, None) for k in KINDS] + [("allreduce", "avg")])
+@pytest.mark.parametrize("net", ["cluster", "fattree", "random"])
+def test_native_exact_schedule_is_the_reference_loop(monkeypatch, kind, op, net):
+    # cluster.hcl: NVSwitch, NICs and a ToR; fattree.hcl: leaves and spines; both among a few
+    # ranks of several hosts or racks. The random graphs mix switches and direct links.
+    runs: list = []
+    _compare_exact(monkeypatch, runs)
+    if net == "random":
+        for seed in (1, 2, 3):
+            _timed(kind, random_switched(seed), (64 << 10) // 4, op=op)
+    else:
+        topo = _sample_topology("cluster", "cluster") if net == "cluster" else _sample_topology("fattree", "fattree")
+        ranks = CLUSTER_RANKS if net == "cluster" else FATTREE_RANKS
+        _timed(kind, topo, (32 << 10) // 4, ranks=ranks, op=op)
+    assert runs and all(r[-1] for r in runs), [r for r in runs if not r[-1]]
+    assert {wd for _, _, wd, _, _ in runs} == {False, True}
