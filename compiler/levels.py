@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..ir.errors import PlanError
@@ -67,6 +67,22 @@ LANE_WINDOW = 2
 # on its links they held the partial sums the lanes wait for back (DGX-1 x 64 reduce-scatter
 # at 1 MiB: first lane message at 1.5 ms, 7.25 ms in all; 5.84 ms with 4, 8.8 with 2)
 RS_SEND_WINDOW = 4
+# the packed form's reduce-scatter paces each rank's sends to each group peer the same way:
+# the leaves of its trees hold every partial sum at once, and queued ahead on the links they
+# held back the sums interior ranks forward
+# the packed form's allgather: each in-group send waits for the one before it to the same
+# peer over the same tree from the same block (its own, or one a lane brought): the own
+# blocks, ready at once, queued ahead of the lanes' blocks on each rank's port and left the
+# lanes' last blocks to cross the group after everything else (2 x A100 allgather 256 MB at
+# 4 MiB: 0.605 of the bound unpaced, 0.712 with 1 in flight, 0.682 with 2)
+AG_PACKED_WINDOW = 1
+# (2 x MI250 reduce-scatter 256 MB: 0.50 of the bound unpaced, 0.69 with 1 in flight per
+# rank, peer and tree, 0.65 with 2; paced per rank pair instead, 0.19: a leaf then waited
+# for an interior rank's sends)
+RS_PACKED_WINDOW = 1
+# the packed form's in-group messages carry up to this many lane chunks; each is priced
+# (2 x MI250 allreduce 256 MB: 0.736 at 2 MiB x 1, 0.743 at 1 MiB x 2; allgather 0.827 / 0.800)
+PACKED_SCALES = (1, 2)
 # up to this many ranks the candidate lowers both lane forms (star and ring of groups) at each
 # chunk size and keeps the faster: neither wins everywhere (samples/cluster.hcl allgather
 # 256 MB: ring 0.911, star 0.859 of the bound; 64 DGX-1s: star 5.94 ms, ring 6.1), and past
@@ -158,6 +174,11 @@ class Levels:
     full: bool
     star: bool
     trees: tuple[Tree, ...]
+    # the packed in-group form (:func:`plan_packed`): per group, per member index, the indices
+    # in ``trees`` of the group's own allgather trees rooted at that member; empty: the ring
+    inner: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # the packed form's in-group messages carry up to this many lane chunks
+    inner_scale: int = 1
 
 
 def _switch_routes(sub: Topology, ranks: tuple[str, ...], pairs: Sequence[tuple[int, int]]) -> list[tuple[str, ...]]:
@@ -388,6 +409,112 @@ def _transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[int, int,
     return out, sent, got
 
 
+def plan_packed(topo: Topology, ranks: Sequence[str]) -> Levels | None:
+    """The packed two-level layout: where every member of a group has an exit of its own
+    (split lanes, one per member, as each A100 GPU's or MI250 GCD's NIC), each rank's lane
+    carries its own block straight to the same member of every other group (a star), and
+    inside each group every member forwards its *bundle* (its block and the blocks its lane
+    received) over that group's own allgather tree packing (treepack.pack_allgather on the
+    group's vertices): the NVSwitch star on an A100 host, the xGMI mesh's 48 trees on an
+    MI250 node, where the ring of :func:`plan_levels` used one ring's links of the mesh
+    (2 x MI250 allgather 256 MB: 0.27 of the bound). None where the layout is not split
+    lanes on every member, or a group packs at rate 0."""
+    from .treepack import pack_allgather  # OR-Tools: loaded when a compile packs
+
+    ranks = tuple(ranks)
+    base = plan_levels(topo, ranks, star=True)
+    if base is None or base.full or len(base.lanes) != len(base.ring):
+        return None
+    groups, comps = _group_parts(topo, ranks)  # type: ignore[misc]  # plan_levels found them
+    n = len(ranks)
+    trees = list(base.trees)
+    inner = []
+    for g, (grp, comp) in enumerate(zip(groups, comps)):
+        names = tuple(ranks[r] for r in grp)
+        sub = Topology(f"{topo.name}.group{g}", names, tuple(v for v in topo.switches if v in comp),
+                       tuple(l for l in topo.links if l.src in comp and l.dst in comp and l.src != l.dst))
+        pk = pack_allgather(sub, names)
+        if not pk.trees or pk.rate <= 0:
+            return None
+        pos = {ranks[r]: r for r in grp}
+        mine: list[list[int]] = [[] for _ in grp]
+        for t in pk.trees:
+            parent, paths = [-1] * n, [()] * n
+            for a, b, path in t.edges:
+                parent[pos[b]] = pos[a]
+                paths[pos[b]] = tuple(path)
+            root = pos[t.root]
+            mine[grp.index(root)].append(len(trees))
+            trees.append(Tree(len(trees), root, tuple(parent), t.rate, (0, 0), tuple(paths)))
+        inner.append(tuple(tuple(x) for x in mine))
+    return replace(base, trees=tuple(trees), inner=tuple(inner))
+
+
+def _bfs(tree: Tree) -> list[tuple[int, int]]:
+    """``(parent, child)`` edges of ``tree``, parents before children."""
+    kids: dict[int, list[int]] = {}
+    for c, p in enumerate(tree.parent):
+        if p >= 0:
+            kids.setdefault(p, []).append(c)
+    out, q = [], deque([tree.root])
+    n = len(tree.parent)
+    while q:
+        x = q.popleft()
+        # children from the root's next rank on: every root of a switch group sending to
+        # its peers in the same order sent them all to one peer's port at once
+        for c in sorted(kids.get(x, ()), key=lambda c: (c - tree.root) % n):
+            out.append((x, c))
+            q.append(c)
+    return out
+
+
+def _packed_transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[int, int, int, int, int]],
+                                                                   dict[int, list[int]], dict[int, list[int]]]:
+    """The packed layout's allgather as transfers (see :func:`_transfers`): the lanes (every
+    rank's block to the same member of every other group, chunks of ``ce``), then each
+    group's bundles over its trees, each member's own block first, then the blocks its lane
+    brings in arrival order, in messages of up to ``ce x inner_scale`` elements (a message
+    waits for every lane chunk it overlaps)."""
+    groups, G, m = L.groups, len(L.groups), len(L.ring)
+    out: list[tuple[int, int, int, int, int]] = []
+    sent: dict[int, list[int]] = {}
+    got: dict[int, list[int]] = {}
+    blocks = [block_range(E, n, r) for r in range(n)]
+    lane = [list(pieces(*blocks[r], ce)) for r in range(n)]
+    most = max(len(c) for c in lane)
+    for q in range(most):
+        for s in range(1, G):
+            for l, i in enumerate(L.lanes):
+                for h in range(G):
+                    src, dst = groups[h][i], groups[(h + s) % G][i]
+                    if q < len(lane[src]):
+                        a, b = lane[src][q]
+                        sent.setdefault(src, []).append(len(out))
+                        got.setdefault(dst, []).append(len(out))
+                        out.append((src, dst, a, b, l * G + h))
+    ci = ce * max(1, L.inner_scale)
+    edges = {t: _bfs(L.trees[t]) for per in L.inner for ts in per for t in ts}
+    # own blocks first, while the lanes run, then the lanes' blocks in the order they arrive;
+    # reversed (reduce-scatter) the blocks bound for other groups are reduced first, so the
+    # lanes start early (2 x MI250 reduce-scatter 256 MB, own and lanes' blocks interleaved:
+    # the last lane messages left 0.5 ms after the group's reductions)
+    for s in range(G):
+        jobs: list[list[tuple[int, int, int]]] = []
+        for g in range(G):
+            for i in range(m):
+                ts = L.inner[g][i]
+                a, b = blocks[groups[(g - s) % G][i]]
+                for t, (x, y) in zip(ts, split_by_rate(a, b, [L.trees[t].rate for t in ts])):
+                    jobs.append([(x0, x1, t) for x0, x1 in pieces(x, y, ci)])
+        most = max((len(j) for j in jobs), default=0)
+        for q in range(most):
+            for j in jobs:
+                if q < len(j):
+                    x0, x1, t = j[q]
+                    out.extend((p, c, x0, x1, t) for p, c in edges[t])
+    return out, sent, got
+
+
 def _gates(sent: dict[int, list[int]], got: dict[int, list[int]]) -> tuple[dict[int, int], set[int]]:
     """``({k: j}, the gating transfers)``: lane transfer ``k``'s send waits for the receive of
     lane transfer ``j`` at the same rank, :data:`LANE_WINDOW` of its lane messages earlier."""
@@ -438,7 +565,7 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         raise PlanError(f"no two-level form for {kind} {spec.name!r}")
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     ce = chunk_elems(chunk_bytes, spec.dtype)
-    moves, sent, got = _transfers(layout, E, n, ce)
+    moves, sent, got = (_packed_transfers if layout.inner else _transfers)(layout, E, n, ce)
     B = ProgramBuilder(n)
     own = [block_range(E, n, r) for r in range(n)]
     held = _Spans(n)  # allgather: the ops after which a rank holds a range of ``out``
@@ -466,15 +593,18 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         # no lane gates in the reduce-scatter: its lane sends wait for their group's partial
         # sums already (the allgather's window reversed: 8.7 against 7.3 ms on DGX-1 x 64);
         # the group's own sends are paced instead (RS_SEND_WINDOW)
-        mine: list[list[int]] = [[] for _ in range(n)]  # per rank, its group-internal sends
+        mine: dict[Any, list[int]] = {}  # per rank (packed: per rank pair), its group-internal sends
+        window = RS_PACKED_WINDOW if layout.inner else RS_SEND_WINDOW
+        lane_trees = len(layout.lanes) * len(layout.groups)
         for k in range(len(moves) - 1, -1, -1):
             src, dst, a, b, tree = moves[k]
-            own_sends = mine[dst]
-            pace = (own_sends[-RS_SEND_WINDOW],) if tree < 0 and len(own_sends) >= RS_SEND_WINDOW else ()
+            inside = tree < 0 or tree >= lane_trees
+            own_sends = mine.setdefault((dst, src, tree) if layout.inner else dst, [])
+            pace = (own_sends[-window],) if inside and len(own_sends) >= window else ()
             sends[k], rv = B.message(dst, src, acc(dst, a, b), acc(src, a, b),
                                      send_deps=init.over(dst, a, b) + added.over(dst, a, b) + pace,
                                      recv_deps=init.over(src, a, b), reduce=True, tree=tree)
-            if tree < 0:
+            if inside:
                 own_sends.append(sends[k])
             added.add(src, a, b, rv)
         for r in range(n):
@@ -497,12 +627,22 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
                     held.add(r, lo, hi, B.add(r, Copy(ChunkRef("in", 0, hi - lo), ChunkRef("out", lo, hi - lo))))
         gates, gating = _gates(sent, got)
         ag_recv: dict[int, int] = {}  # gating transfers: the receive, at their dst
+        lane_trees = len(layout.lanes) * len(layout.groups)
+        starts = [lo for lo, _ in own]
+        streams: dict[tuple[int, int, int, int], list[int]] = {}  # packed: per (src, dst, tree, block)
         for k, (src, dst, a, b, tree) in enumerate(moves):
             ref = ChunkRef("out", a, b - a)
             wd = (rs_send[k],) if rs_send else ()
             gate = (ag_recv[gates[k]],) if k in gates else ()
-            _, rv = B.message(src, dst, ref, ref, send_deps=held.over(src, a, b) + gate, recv_deps=wd,
-                              tree=tree)
+            seq = None
+            if layout.inner and tree >= lane_trees:
+                seq = streams.setdefault((src, dst, tree, bisect.bisect_right(starts, a)), [])
+                if len(seq) >= AG_PACKED_WINDOW:
+                    gate += (seq[-AG_PACKED_WINDOW],)
+            sd, rv = B.message(src, dst, ref, ref, send_deps=held.over(src, a, b) + gate, recv_deps=wd,
+                               tree=tree)
+            if seq is not None:
+                seq.append(sd)
             held.add(dst, a, b, rv)
             if k in gating:
                 ag_recv[k] = rv
@@ -511,14 +651,19 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
 
 def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | None:
     """The lane forms the candidate prices (:data:`BOTH_FORMS_MAX_RANKS`): the default layout,
-    and the other lane form too for smaller collectives; None where there is no layout."""
+    and for smaller collectives the other lane form and the packed layout
+    (:func:`plan_packed`) at each of :data:`PACKED_SCALES`; None where there is no layout."""
     first = plan_levels(topo, ranks)
     if first is None:
         return None
     if len(ranks) > BOTH_FORMS_MAX_RANKS:
         return (first,)
     other = plan_levels(topo, ranks, star=not first.star)
-    return (first,) if other is None else (first, other)
+    forms = (first,) if other is None else (first, other)
+    packed = plan_packed(topo, ranks)
+    if packed is not None:
+        forms += tuple(replace(packed, inner_scale=k) for k in PACKED_SCALES)
+    return forms
 
 
 def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_bytes: int, *, model=None):

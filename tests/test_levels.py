@@ -190,3 +190,43 @@ def test_compiled_plan_never_beats_its_bound_and_auto_takes_it():
         assert u.plan.algorithm == min(offered, key=lambda c: c.predicted_s).algorithm
         if name == "ag":  # the hosts' NICs bind: it beats every NCCL-like baseline
             assert all(lv.predicted_s < c.predicted_s for c in u.candidates if c.algorithm in BASELINES)
+
+
+def test_packed_form_over_each_groups_own_trees():
+    """Every member its own exit (MESH: each GCD on the switch): each lane carries its rank's
+    block, and each group forwards its bundles over its own allgather packing; the plans
+    verify, compute what numpy computes, and never beat a networkx bound."""
+    from hcc.compiler.levels import levels_forms, plan_packed
+
+    spec, topo = load(MESH, "size = 8008 B  dtype = float64")
+    lay = plan_packed(topo, spec.ranks)
+    assert lay is not None and lay.star and len(lay.lanes) == len(lay.ring) == 4
+    lanes = len(lay.lanes) * len(lay.groups)
+    for g, grp in enumerate(lay.groups):
+        for i, ts in enumerate(lay.inner[g]):
+            for t in ts:
+                tree = lay.trees[t]
+                # a tree of group g rooted at its member i, spanning exactly the group
+                assert t >= lanes and tree.root == grp[i]
+                assert {r for r, p in enumerate(tree.parent) if p >= 0} == set(grp) - {grp[i]}
+                assert all(p in grp for p in tree.parent if p >= 0)
+        # every member's trees carry the same rate (the group's allgather packing)
+        rates = [sum(lay.trees[t].rate for t in ts) for ts in lay.inner[g]]
+        assert max(rates) == pytest.approx(min(rates))
+    assert sum(1 for f in levels_forms(topo, spec.ranks) if f.inner) == 2
+    for kind, op in (("allgather", None), ("reduce_scatter", "sum"), ("allreduce", "avg")):
+        spec, topo = load(MESH, "size = 8008 B  dtype = float64", kind, f"op = {op}" if op else "")
+        for chunk, k in ((800, 2), (4000, 1)):
+            plan = levels_plan(spec, topo, replace(lay, inner_scale=k), chunk)
+            verify(plan)
+            check_numeric(plan, seed=chunk)
+    # simulated at 64 MiB, never under what networkx allows: a group takes in the other
+    # group's half of the buffer through its cut, twice for the allreduce
+    n = len(spec.ranks)
+    for kind, factor in (("allgather", 1), ("reduce_scatter", 1), ("allreduce", 2)):
+        spec, topo = load(MESH, "size = 64 MiB", kind, "op = sum" if kind != "allgather" else "")
+        inside = [spec.ranks[r] for r in lay.groups[0]]
+        outside = [r for r in spec.ranks if r not in inside]
+        floor = factor * spec.size_bytes * len(outside) / n / min_cut_into(topo, inside, outside)
+        for k in (1, 2):
+            assert simulate(levels_plan(spec, topo, replace(lay, inner_scale=k), 1 << 20)).time >= floor
