@@ -212,13 +212,14 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
 
 
 def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: float,
-               load: dict) -> list[tuple[int, int, tuple[str, ...]]] | None:
+               load: dict, top_kids: int = 0) -> list[tuple[int, int, tuple[str, ...]]] | None:
     """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
     first (Prim over the busiest link's load / capacity with ``share`` added, then fewer
     hops). Its edges are direct rank-to-rank links where the host has any (NVLink: a route
     through a PCIe switch would load the links to the host's ports), else routes through
     the host's own switches (an NVSwitch; ``inside``: the host's vertices). None when they
-    do not connect the group. Edges parents first, each with its path."""
+    do not connect the group. ``top_kids``: at most that many children of ``top`` (0: any).
+    Edges parents first, each with its path."""
     r = net.ranks
     inset = set(group)
     direct = any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
@@ -233,6 +234,8 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
     while len(depth) < len(inset):
         best = None
         for u in depth:
+            if top_kids and u == top and sum(1 for e in edges if e[0] == top) >= top_kids:
+                continue
             for v in group:
                 if v in depth:
                     continue
@@ -243,8 +246,8 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
                         best = key
         if best is None:
             return None
-        _, du, u, v, p = best
-        depth[v] = du + 1
+        u, v, p = best[-3:]
+        depth[v] = depth[u] + 1
         for arc in zip(p, p[1:]):
             load[arc] = load.get(arc, 0.0) + share
         edges.append((u, v, p))

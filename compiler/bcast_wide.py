@@ -1,0 +1,248 @@
+"""hcc.compiler.bcast_wide — broadcast and reduce over wide lane trees: one tree per port of a
+multi-port host, each host interior with up to one child per port.
+
+treepack-dbt (compiler/bcast_trees.py) gives each port of a host (a DGX-1's four NICs) a
+complementary pair of binary trees over the hosts: the buffer's 1/P share crosses a port at
+the cut's rate, but a binary interior sends each chunk twice through the same port, so a
+chunk descends about two chunk times per host level, and 64 hosts are six levels deep: on
+samples/dgx1x64.hcl the last chunk arrives 12 chunk times after the root sent it (0.785 of
+the broadcast bound). This module keeps the lanes and the per-port shares and changes the
+host-level shape (algorithm ``treepack-wide``, compiler/registry.py).
+
+Terms
+- port, lane, gateway: as bcast_trees.py (a *port* is a host's switch with a link out of the
+  host; lane t is the t-th port of every host; its gateway the first rank behind it).
+- slot: a (host, port) pair of a non-root host: one child edge of one tree leaves the host
+  through that port. A tree carries 1/P of the buffer, so a port sends at most its cut share
+  (1/P) when every slot is used once, which :func:`lane_layout` guarantees.
+- lane tree t: enters every host through port t (so each port also receives 1/P); the root's
+  host feeds its top through the root's port t. Its hosts are ordered interiors first, and the
+  i-th host after the top hangs under the owner of the tree's (i-1)-th slot: a P-ary heap
+  whose child edges leave an interior through different ports, in parallel. The slots of
+  the H-1 non-root hosts are dealt to the P trees in runs of H-2 (each tree has H-2 edges
+  below its top), so the trees' interiors are disjoint but for the hosts at a run's
+  boundary, which split their ports between two trees.
+- depth: host levels below the root's host: the top is level 1, and level k holds up to
+  P^(k-1) hosts, so H hosts need ``1 + ceil(log_P((H-1)(P-1)/P + 1))`` levels at most
+  (64 hosts, P = 4: 4 levels, against 6 binary levels of two chunk times each).
+- relay route: a cross-host edge leaves from the rank where the tree's data enters the host
+  (its gateway), through one or two of the host's direct links (NVLink) to a rank behind the
+  edge's port, then that port's switch route: one message, cut-through, as NCCL's PXN sends
+  through the GPU next to the NIC; the cost model prices it like any route through ranks
+  (compiler/cost.py), each link at its share. Without it the chunk would first be stored at
+  the rank behind the port and sent again: a whole NVLink chunk time more per level.
+
+α-β arithmetic (64 DGX-1 hosts, 256 MiB, 1 us per message): every port carries S/4 = 64 MiB
+through PCIe (12 GB/s, 2 us) and EDR (12.5 GB/s, 5 us), whose per-message hold is
+c/12.5e9 + 6 us against c/12e9 + 3 us; the time is about the busiest port's hold over all its
+chunks plus one chunk time and the route's 19 us of latency per host level (the last port
+starts D levels after the root) plus the leaf's spread inside the host:
+at c = 1 MiB, 5.79 ms + 4 x 106 us + ~40 us = 6.25 ms (0.895 of the 5.59 ms bound); the
+binary pairs' 12 chunk times forced 512 KiB chunks and 7.1 ms. Chunk size:
+:func:`wide_chunk`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from ..ir.plan import DTYPE_SIZES, Plan
+from .bcast_trees import _host_order, _host_tree, _lanes, _ports, lower_dbt
+from .routes import Routes, routes
+from .trees import PackedTree
+
+__all__ = ["host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
+
+
+
+def lane_layout(hosts: int, ports: int) -> list[list[tuple[int, int]]]:
+    """Per lane tree, ``(parent host, port)`` of each host 1..hosts-1 in the tree's order
+    (module docstring), the top's parent ``(0, t)``: a list of ``(host, (parent, port))``
+    pairs, parents listed before their children.
+
+    >>> [[(h, p) for h, p in t] for t in lane_layout(4, 2)]
+    [[(1, (0, 0)), (2, (1, 0)), (3, (1, 1))], [(2, (0, 1)), (1, (2, 0)), (3, (2, 1))]]
+    """
+    m = hosts - 1
+    if m < 1 or ports < 1:
+        return [[] for _ in range(ports)]
+    slots = [(h, k) for h in range(1, hosts) for k in range(ports)]
+    per = m - 1
+    out = []
+    for t in range(ports):
+        run = slots[t * per:(t + 1) * per]
+        count: dict[int, int] = {}
+        for h, _ in run:
+            count[h] = count.get(h, 0) + 1
+        # the hosts with the most slots in this tree first: a boundary host with one slot
+        # left as the top would give the tree one level more
+        owners = sorted(count, key=lambda h: (-count[h], h))
+        listing = [(h, k) for h in owners for hh, k in run if hh == h]
+        order = owners + [h for h in range(1, hosts) if h not in count]
+        if not order:  # two hosts: the top alone
+            order = [1]
+        tree = [(order[0], (0, t))]
+        tree += [(order[i], listing[i - 1]) for i in range(1, len(order))]
+        out.append(tree)
+    return out
+
+
+def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float, load: dict,
+           inside: set) -> tuple[str, ...]:
+    """The relay route (module docstring) from rank ``src`` to rank ``dst`` leaving through
+    the port that ranks ``behind`` sit behind: up to two direct links inside the host
+    (``inside``) to one of them, then its shortest switch routes; the least loaded by its
+    busiest link with ``share`` added (then the next busiest, then fewer hops); ``load`` is
+    updated."""
+    r = net.ranks
+    heads: list[tuple[str, ...]] = []
+    for x in behind:
+        a, b = r[src], r[x]
+        if x == src:
+            heads.append((a,))
+        elif b in net.out[a]:
+            heads.append((a, b))
+        else:
+            heads += [(a, y, b) for y in net.out[a] if y in inside and y not in net.switches
+                      and b in net.out.get(y, ())]
+    cands = []
+    for head in heads:
+        x = net.ranks.index(head[-1]) if len(head) > 1 else src
+        for tail in net.shortest_routes(x, dst):
+            cands.append(head + tail[1:])
+    if not cands:
+        raise ValueError("no relay route")
+
+    def key(p):
+        arcs = list(zip(p, p[1:]))
+        hops = sorted(((load.get(a, 0.0) + share) / net.out[a[0]][a[1]] for a in arcs), reverse=True)
+        # then links no other route uses yet: two relays out of one rank over one link queue
+        # their first chunks one behind the other (the 64-DGX-1 root's third port started
+        # 94 us late behind two relays on one NVLink, with a free NVLink beside it)
+        return hops, sum(load.get(a, 0.0) / net.out[a[0]][a[1]] for a in arcs), len(p)
+
+    best = min(cands, key=key)
+    for arc in zip(best, best[1:]):
+        load[arc] = load.get(arc, 0.0) + share
+    return best
+
+
+def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> list[PackedTree] | None:
+    """The lane trees of ``treepack-wide`` (module docstring), each carrying 1/P of the data;
+    None where lanes do not apply (bcast_trees._lanes: one host, hosts of different port
+    counts, a port without a rank behind it), a host's ranks are not joined inside it, or a
+    port has no relay route. ``inward``: in-trees for reduce, each edge's path its data
+    route reversed."""
+    if len(ranks) < 3:
+        return None
+    net = routes(topo, ranks)
+    groups = _host_order(topo, ranks, root)
+    lanes = _lanes(net, topo, groups)
+    if lanes is None:
+        return None
+    r = net.ranks
+    host = dict(topo.hosts)
+    inside = [{v for v, h in topo.hosts if h == host[r[g[0]]]} for g in groups]
+    behind = [[b for _, b in _ports(net, topo, g)] for g in groups]
+    P = len(lanes[0])
+    share = 1.0 / P
+    load: dict = {}
+    layouts = lane_layout(len(groups), P)
+    gws = [[root] + [lanes[h][t] for h in range(1, len(groups))] for t in range(P)]
+    kids: list[dict[int, list[tuple[int, tuple[str, ...]]]]] = [{} for _ in range(P)]
+    # every tree's cross-host routes first: they carry the fill; the trees inside the hosts
+    # take what their links leave
+    for t, layout in enumerate(layouts):
+        gw = gws[t]
+        for h, (par, k) in layout:
+            # reduce runs the route backwards: the loads are the reversed arcs', which the
+            # full-duplex links of every sample carry alike; the choice is the same
+            try:
+                p = _relay(net, gw[par], behind[par][k], gw[h], share, load, inside[par])
+            except ValueError:
+                return None
+            kids[t].setdefault(gw[par], []).append((gw[h], p))
+    out = []
+    for t in range(P):
+        for h in range(len(groups)):
+            # the root's rank is every tree's gateway: one child each leaves its links to
+            # the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on each of
+            # its two 50 GB/s NVLinks, and the root's ports started 90-140 us late)
+            inner = _host_tree(net, inside[h], groups[h], gws[t][h], share, load,
+                               top_kids=1 if h == 0 else 0)
+            if inner is None:
+                return None
+            for u, v, p in inner:
+                kids[t].setdefault(u, []).append((v, p))
+        edges, queue = [], [root]
+        for x in queue:  # parents before children
+            for v, p in kids[t].get(x, ()):
+                edges.append((r[x], r[v], tuple(reversed(p)) if inward else p))
+                queue.append(v)
+        if len(edges) != len(ranks) - 1:
+            return None
+        out.append(PackedTree(r[root], tuple(edges), share))
+    return out
+
+
+def host_depth(topo, trees: Sequence[PackedTree]) -> int:
+    """The most cross-host edges on any root-to-rank path of ``trees`` (hosts from
+    ``topo.hosts``; a rank outside every host is its own host)."""
+    host = dict(topo.hosts)
+    best = 0
+    for t in trees:
+        parent = {c: p for p, c, _ in t.edges}
+        memo: dict[str, int] = {t.root: 0}
+
+        def d(v: str) -> int:
+            chain = []
+            while v not in memo:
+                chain.append(v)
+                v = parent[v]
+            for x in reversed(chain):
+                p = parent[x]
+                memo[x] = memo[p] + (host.get(x, x) != host.get(p, p))
+            return memo[chain[0]] if chain else memo[v]
+
+        best = max(best, max((d(c) for _, c, _ in t.edges), default=0))
+    return best
+
+
+def wide_chunk(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float) -> int:
+    """The α-β optimal chunk of the lane trees in bytes, a multiple of 64 KiB (at least
+    that, at most a tree's share): ``sqrt(S k c / D)`` for a port's ``S`` bytes (a tree's
+    share) through its cross-host route of bottleneck ``c`` and per-message hold ``k`` (its
+    widest hold: latency + per-message cost of its links), over ``D`` chunk times of fill,
+    one per host level (:func:`host_depth`) plus one for the spread inside the last host."""
+    caps: dict[tuple[str, str], float] = {}
+    lats: dict[tuple[str, str], float] = {}
+    for l in topo.links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
+    host = dict(topo.hosts)
+    S = max(t.rate for t in trees) / sum(t.rate for t in trees) * spec.size_bytes
+    k, cap = 0.0, float("inf")
+    for t in trees:
+        for p, c, path in t.edges:
+            if host.get(p, p) == host.get(c, c):
+                continue
+            arcs = list(zip(path, path[1:]))
+            cap = min(cap, min(caps.get(a, float("inf")) for a in arcs))
+            k = max(k, max(lats.get(a, 0.0) for a in arcs) + per_message_s)
+    D = host_depth(topo, trees) + 1
+    if not (cap < float("inf") and k > 0):
+        return spec.size_bytes
+    best = math.sqrt(S * k * cap / D)
+    c = max(1, int(best) >> 16) << 16
+    return int(min(c, max(S, DTYPE_SIZES[spec.dtype])))
+
+
+def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *, model=None) -> Plan:
+    """``treepack-wide``'s plan: the lane trees lowered as treepack-dbt's (receives windowed,
+    bcast_trees.lower_dbt) at ``chunk_bytes``, or at :func:`wide_chunk` where that is smaller
+    and the program does not set the chunk."""
+    from .cost import DEFAULT_MODEL
+
+    if not getattr(spec, "chunk_bytes", 0):
+        chunk_bytes = min(chunk_bytes, wide_chunk(spec, topo, trees, (model or DEFAULT_MODEL).per_message_s))
+    return lower_dbt(spec, topo, trees, chunk_bytes, algorithm="treepack-wide")
