@@ -33,6 +33,9 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-dbt     broadcast and reduce over topology-aware double binary trees
                      (bcast_trees.py): host-grouped, routes spread over the spines, one
                      pair of host-level trees per port where hosts have several
+    treepack-wide    broadcast and reduce over one tree per port of multi-port hosts, each
+                     host sending to up to one child per port (bcast_wide.py): shallower
+                     than treepack-dbt's binary pairs
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -52,9 +55,10 @@ from typing import Any, Callable
 from ..ir.plan import Plan
 from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
+from .bcast_wide import wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
-from .channels import rings_plan as channels_plan
+from .channels import rings_priced
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
@@ -154,6 +158,11 @@ def _pack_dbt(u):
 def _dbt_rate(u, trees) -> float:
     """The double binary trees' rate at their shares (bcast_trees.trees_rate)."""
     return trees_rate(u.topology, trees, inward=u.spec.kind == "reduce") if trees else 0.0
+
+
+def _pack_wide(u):
+    """The lane trees of bcast_wide.py (in-trees for reduce), None where lanes do not apply."""
+    return wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=u.spec.kind == "reduce")
 
 
 def _pack_rsag(u):
@@ -319,7 +328,8 @@ def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
 def _lower_channels(u, spec, channels) -> Builder | None:
     if channels is None or len(channels) < 2:
         return None  # one channel is the single ring, priced as ``ring`` already
-    return lambda c: channels_plan(spec, u.topology, channels, c)
+    # op columns, not op objects, for the largest ring allreduces (channels.rings_priced)
+    return lambda c: rings_priced(spec, u.topology, channels, c, u.model)
 
 
 def _compressed(spec: CollectiveSpec) -> bool:
@@ -347,6 +357,8 @@ REGISTRY: tuple[Algorithm, ...] = (
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
     Algorithm("treepack-dbt", frozenset({"broadcast", "reduce"}), _over(dbt_plan, model=True), role="dbt",
               pack=_pack_dbt, pack_rate=_dbt_rate, treepack=True, chunked=True),
+    Algorithm("treepack-wide", frozenset({"broadcast", "reduce"}), _over(wide_plan, model=True), role="wide",
+              pack=_pack_wide, pack_rate=_dbt_rate, treepack=True, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
               chunked=True),
