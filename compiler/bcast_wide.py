@@ -47,7 +47,7 @@ import math
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
-from .bcast_trees import _host_order, _host_tree, _lanes, _ports, lower_dbt
+from .bcast_trees import _host_order, _host_tree, _lanes, _ports, lower_dbt, trees_rate
 from .routes import Routes, routes
 from .trees import PackedTree
 
@@ -90,8 +90,9 @@ def lane_layout(hosts: int, ports: int) -> list[list[tuple[int, int]]]:
 def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float, load: dict,
            inside: set) -> tuple[str, ...]:
     """The relay route (module docstring) from rank ``src`` to rank ``dst`` leaving through
-    the port that ranks ``behind`` sit behind: up to two direct links inside the host
-    (``inside``) to one of them, then its shortest switch routes; the least loaded by its
+    the port that ranks ``behind`` sit behind: a direct link, a route through the host's
+    own switches, or two direct links through one rank, inside the host (``inside``), to one
+    of them, then its shortest switch routes; the least loaded by its
     busiest link with ``share`` added (then the next busiest, then fewer hops); ``load`` is
     updated."""
     r = net.ranks
@@ -100,9 +101,10 @@ def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float,
         a, b = r[src], r[x]
         if x == src:
             heads.append((a,))
-        elif b in net.out[a]:
-            heads.append((a, b))
-        else:
+            continue
+        # a direct link, or the host's own switches (an NVSwitch), else through one rank
+        heads += [p for p in net.shortest_routes(src, x) if all(v in inside for v in p)]
+        if b not in net.out[a]:
             heads += [(a, y, b) for y in net.out[a] if y in inside and y not in net.switches
                       and b in net.out.get(y, ())]
     cands = []
@@ -132,7 +134,13 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     None where lanes do not apply (bcast_trees._lanes: one host, hosts of different port
     counts, a port without a rank behind it), a host's ranks are not joined inside it, or a
     port has no relay route. ``inward``: in-trees for reduce, each edge's path its data
-    route reversed."""
+    route reversed.
+
+    The root's rank is every tree's gateway, and a relay out of it does not deliver to the
+    rank it passes through, which then needs a copy of its own: where that leaves the root's
+    links narrower than the ports (an NVSwitch host: 7 relays and 8 trees' copies over one
+    150 GB/s link, 80 of the 100 GB/s bound), the root's host sends each tree from the rank
+    behind its port instead, stored there first, whichever sustains the higher rate."""
     if len(ranks) < 3:
         return None
     net = routes(topo, ranks)
@@ -140,6 +148,39 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     lanes = _lanes(net, topo, groups)
     if lanes is None:
         return None
+    best = None
+    for relay_root in (True, False):
+        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root)
+        if trees is None:
+            continue
+        rate = trees_rate(topo, trees, inward)
+        if best is None or rate > best[0] * (1 + 1e-9):
+            best = (rate, trees)
+        if rate >= _ports_rate(topo, trees, inward) * (1 - 1e-9):
+            break  # the ports bound it already
+    return best[1] if best else None
+
+
+def _ports_rate(topo, trees: Sequence[PackedTree], inward: bool) -> float:
+    """:func:`bcast_trees.trees_rate` over the links between a host and the outside only."""
+    host = dict(topo.hosts)
+    caps: dict[tuple[str, str], float] = {}
+    for l in topo.links:
+        if host.get(l.src) != host.get(l.dst):
+            caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+    load: dict[tuple[str, str], float] = {}
+    for t in trees:
+        for _, _, path in t.edges:
+            data = path[::-1] if inward else path
+            for arc in zip(data, data[1:]):
+                if arc in caps:
+                    load[arc] = load.get(arc, 0.0) + t.rate
+    return min((caps[a] / x for a, x in load.items() if x > 0), default=0.0)
+
+
+def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes,
+                relay_root: bool) -> list[PackedTree] | None:
+    """:func:`wide_trees` with the root's host relaying (``relay_root``) or not."""
     r = net.ranks
     host = dict(topo.hosts)
     inside = [{v for v, h in topo.hosts if h == host[r[g[0]]]} for g in groups]
@@ -157,11 +198,12 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
         for h, (par, k) in layout:
             # reduce runs the route backwards: the loads are the reversed arcs', which the
             # full-duplex links of every sample carry alike; the choice is the same
+            src = gw[par] if relay_root or par else lanes[0][k]
             try:
-                p = _relay(net, gw[par], behind[par][k], gw[h], share, load, inside[par])
+                p = _relay(net, src, behind[par][k], gw[h], share, load, inside[par])
             except ValueError:
                 return None
-            kids[t].setdefault(gw[par], []).append((gw[h], p))
+            kids[t].setdefault(src, []).append((gw[h], p))
     out = []
     for t in range(P):
         for h in range(len(groups)):

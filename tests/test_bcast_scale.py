@@ -19,7 +19,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_trees, lower_dbt, trees_rate
+from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_plan, dbt_trees, lower_dbt, trees_rate
+from hcc.compiler.bcast_wide import host_depth, lane_layout, wide_chunk, wide_plan, wide_trees
 from hcc.compiler.cost import simulate
 from hcc.compiler.frontend import load_program
 from hcc.compiler.pipeline import resolve
@@ -213,3 +214,160 @@ def test_plan_runs_over_real_sockets(name):
     ranks = [spec.root] if spec.kind == "reduce" else range(plan.n)
     for r in ranks:
         np.testing.assert_array_equal(outs[r], want)
+
+
+# -- treepack-wide (compiler/bcast_wide.py) -------------------------------------------------------
+def wide_text(hosts: int) -> str:
+    """``hosts`` hosts of four GPUs, every pair joined by a 50 GB/s direct link, each GPU
+    behind its own PCIe switch and 100 Gbit/s NIC on one fabric switch (a small DGX-like
+    multi-NIC cluster)."""
+    return f"""
+topology wide {{
+    host h[0..{hosts - 1}] {{
+        node g[0..3]
+        switch p[0..3]
+        switch nic[0..3]
+        g0 <-> g[1..3] : 50 GB/s, 1 us    g1 <-> g[2..3] : 50 GB/s, 1 us    g2 <-> g3 : 50 GB/s, 1 us
+        g0 <-> p0 : 12 GB/s, 2 us    g1 <-> p1 : 12 GB/s, 2 us
+        g2 <-> p2 : 12 GB/s, 2 us    g3 <-> p3 : 12 GB/s, 2 us
+        p0 <-> nic0 : 12 GB/s, 2 us  p1 <-> nic1 : 12 GB/s, 2 us
+        p2 <-> nic2 : 12 GB/s, 2 us  p3 <-> nic3 : 12 GB/s, 2 us
+    }}
+    switch fabric
+    h[0..{hosts - 1}].nic[0..3] <-> fabric : 100 Gbit/s, 5 us
+}}
+collective b = broadcast on wide {{ root = h0.g1  size = 1 MiB }}
+collective r = reduce on wide {{ root = h{hosts - 1}.g2  size = 1 MiB }}
+"""
+
+
+WIDE8, WIDE4 = wide_text(8), wide_text(4)
+
+
+def _outward(topo) -> dict[str, list[tuple[str, str]]]:
+    """Per host, its port arcs (a switch of the host to a vertex outside it), from the topology."""
+    host = dict(topo.hosts)
+    out: dict[str, list[tuple[str, str]]] = {}
+    for l in topo.links:
+        if l.src in topo.switches and host.get(l.src) and host.get(l.dst) != host[l.src]:
+            out.setdefault(host[l.src], []).append((l.src, l.dst))
+    return out
+
+
+def _data_load(trees, kind) -> Counter:
+    load = Counter()
+    for t in trees:
+        for p, c, path in t.edges:
+            data = tuple(reversed(path)) if kind == "reduce" else path
+            for arc in zip(data, data[1:]):
+                load[arc] += t.rate
+    return load
+
+
+@pytest.mark.parametrize("hosts,ports", [(h, p) for p in (2, 3, 4, 5) for h in (2, 3, 5, 8, 17, 64, 65)])
+def test_lane_layout_uses_each_port_once_and_stays_shallow(hosts, ports):
+    layout = lane_layout(hosts, ports)
+    assert len(layout) == ports
+    used = Counter()
+    for t, tree in enumerate(layout):
+        placed = {0}
+        assert tree[0][1] == (0, t)  # the root's port t feeds tree t's top
+        for h, (par, k) in tree:
+            assert par in placed and h not in placed and 0 <= k < ports  # parents first
+            placed.add(h)
+            used[(par, k)] += 1
+        assert placed == set(range(hosts))
+        depth = {0: 0}
+        for h, (par, _) in tree:
+            depth[h] = depth[par] + 1
+        # levels of P^(k-1) hosts, one more where a boundary host splits its ports
+        need, total = 1, 1
+        while total < hosts - 1:
+            total += ports ** need
+            need += 1
+        assert max(depth.values()) <= need + 1
+        if (hosts, ports) == (64, 4):
+            assert max(depth.values()) == 4  # 64 DGX-1s: four host levels, not six binary ones
+    assert max(used.values()) == 1  # every (host, port) sends at most one share
+
+
+@pytest.mark.parametrize("text,name,kind", [(WIDE8, "b", None), (WIDE8, "r", None), (WIDE4, "b", None),
+                                            (WIDE4, "r", None), (MULTIPORT, "b", None), (MULTIPORT, "r", None),
+                                            (CLUSTER, "b", None), (CLUSTER, "b", "reduce")])
+def test_wide_plans_verify_compute_and_respect_the_bound(text, name, kind):
+    spec, topo = setup(text, name, kind=kind)
+    trees = wide_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
+    bound = broadcast_bound(spec, topo)
+    for chunk in (8 * 401, 8 * 3001):
+        plan = wide_plan(spec, topo, trees, chunk)
+        assert plan.algorithm == "treepack-wide"
+        plan.verify()
+        if len(spec.ranks) <= 16:
+            check_numeric(plan, seed=chunk)
+        assert simulate(plan).time >= bound * (1 - 1e-9)
+    assert 8 <= wide_chunk(spec, topo, trees, 1e-6) <= spec.size_bytes
+    assert trees_rate(topo, trees, spec.kind == "reduce") == pytest.approx(spec.size_bytes / bound, rel=1e-9)
+
+
+@pytest.mark.parametrize("text,name", [(WIDE8, "b"), (WIDE8, "r"), (MULTIPORT, "b"), (CLUSTER, "b")])
+def test_wide_ports_carry_their_share_and_hosts_are_few_levels_deep(text, name):
+    spec, topo = setup(text, name)
+    trees = wide_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
+    outward = _outward(topo)
+    P, H = len(next(iter(outward.values()))), len(outward)
+    assert len(trees) == P and all(t.rate == pytest.approx(1 / P) for t in trees)
+    load = _data_load(trees, spec.kind)
+    host = dict(topo.hosts)
+    for h, arcs in outward.items():
+        for a, b in arcs:  # each NIC carries at most its 1/P share out and in
+            assert load[(a, b)] <= 1 / P + 1e-12
+            assert load[(b, a)] <= 1 / P + 1e-12
+    # host levels: cross-host edges on the way from the root, counted from the endpoints
+    need, total = 1, 1
+    while total < H - 1:
+        total += P ** need
+        need += 1
+    for t in trees:
+        parent = {c: p for p, c, _ in t.edges}
+        for v in parent:
+            d, x = 0, v
+            while x in parent:
+                d += host[x] != host[parent[x]]
+                x = parent[x]
+            assert d <= need + 1
+        # one child per port: no rank's host sends two of this tree's cross-host edges out
+        # of one port
+        ports = Counter()
+        for p, c, path in t.edges:
+            data = tuple(reversed(path)) if spec.kind == "reduce" else path
+            if host[p] != host[c]:
+                ports[next(a for a in zip(data, data[1:]) if a in set(outward[host[data[0]]]))] += 1
+        assert max(ports.values()) == 1
+
+
+def test_wide_is_shallower_and_faster_than_the_binary_pairs():
+    """On 8 four-NIC hosts at 64 MiB the lane trees are predicted faster than treepack-dbt's
+    pairs (compiler/cost.py's simulation, not a clock)."""
+    spec, topo = setup(WIDE8, "b", elems=8 << 20)
+    wide = wide_trees(topo, spec.ranks, spec.root)
+    dbt = dbt_trees(topo, spec.ranks, spec.root)
+    assert host_depth(topo, wide) < host_depth(topo, dbt)
+    assert simulate(wide_plan(spec, topo, wide, 1 << 20)).time < simulate(dbt_plan(spec, topo, dbt, 1 << 20)).time
+
+
+def test_wide_declines_where_lanes_do_not_apply():
+    """One port per host (the fat tree's nodes), or hosts with different port counts."""
+    spec, topo = setup(FATTREE, "broadcast")
+    assert wide_trees(topo, spec.ranks, spec.root) is None
+    uneven = MULTIPORT.replace("host h[0..2] {", "host h[0..1] {", 1).replace(
+        "switch fabric", """host h2 {
+        node g[0..1]
+        switch nic0
+        g0 <-> g1 : 50 GB/s, 1 us
+        g[0..1] <-> nic0 : 12 GB/s, 2 us
+    }
+    switch fabric""").replace("h[0..2].nic[0..1] <-> fabric : 100 Gbit/s, 5 us",
+                              "h[0..1].nic[0..1] <-> fabric : 100 Gbit/s, 5 us\n    h2.nic0 <-> fabric : 100 Gbit/s, 5 us"
+                              ).replace("h2.g3", "h2.g1")
+    spec, topo = setup(uneven, "b")
+    assert wide_trees(topo, spec.ranks, spec.root) is None
