@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, Plan, Tree
 from ..ir.topology import Topology
@@ -35,9 +37,8 @@ from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_
 from .routes import shortest_preds
 from .trees import PackedTree
 
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "MAX_CHANNELS"]
-
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "rd_plan", "rd_steps", "MAX_CHANNELS"]
+__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_allreduce_columns", "columns_allowed",
+           "MAX_CHANNELS"]
 
 # NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
 # no bandwidth); the same cap here
@@ -505,10 +506,12 @@ def rings_plan(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk
     return lower(spec, topo, trees, chunk_bytes, algorithm="rings")
 
 
-def _rings_allreduce(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int) -> Plan:
+def _rings_allreduce(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int,
+                     ops: bool = True) -> Plan:
     """A ring allreduce per channel on its rate share; its messages carry the channel's
     routes: tree 2c is the chain order[0] -> ... -> order[n-1] of channel c, tree 2c + 1 its
-    closing hop order[n-1] -> order[0]."""
+    closing hop order[n-1] -> order[0]. ``ops=False``: the plan without its ops (empty
+    programs; :func:`rings_priced` prices their columns)."""
     from .baselines import ring_allreduce_ops
 
     n = len(spec.ranks)
@@ -530,7 +533,182 @@ def _rings_allreduce(spec: Any, topo: Topology, channels: Sequence[RingChannel],
         close_parent[order[0]] = order[-1]
         close_paths[order[0]] = ch.paths[n - 1]
         trees.append(Tree(2 * c + 1, order[-1], tuple(close_parent), ch.rate, (lo, lo), tuple(close_paths)))
-        if hi > lo:
+        if hi > lo and ops:
             ring_allreduce_ops(B, order, lo, hi, ce, avg,
                                 hop_tree=lambda i, c=c: 2 * c + (1 if i == n - 1 else 0))
     return assemble(spec, topo, B, tuple(trees), "rings", ce)
+
+
+# -- the ring allreduce as op columns ------------------------------------------------------------
+# a ring allreduce over the channels estimated above this many ops is priced from op columns
+# built here with numpy, its programs left empty (pipeline.Lower lowers it again as objects if
+# it is selected): the 512-rank DGX-1 cluster's four rings are 5.2 million ops, 16 CPU s as op
+# objects plus 4 s to read them back for the simulator. At least chunks.MAX_SEARCH_OPS, so the
+# chunk search, which never prices a second size past that many ops, takes the same sizes.
+COLUMN_OPS = 1_000_000
+
+
+def rings_priced(spec: Any, topo: Topology, channels: Sequence[RingChannel], chunk_bytes: int,
+                 model: Any = None):
+    """:func:`rings_plan`, or, for an allreduce of more than :data:`COLUMN_OPS` ops where the
+    native simulator runs, ``(plan, simulation)``: the plan with its trees and empty programs,
+    and the simulation of its ops built as columns (:func:`ring_allreduce_columns`; the same
+    columns ir/opscan.py reads from :func:`rings_plan`'s ops, so the same simulated time).
+    Only inside :func:`columns_allowed`; elsewhere always the plan of op objects."""
+    from . import compact
+    from .cost import DEFAULT_MODEL, simulate_columns
+
+    n = len(spec.ranks)
+    if (spec.kind != "allreduce" or not _COLUMNS[0] or not compact.available() or not channels
+            or n < 2 or _estimate_ops(spec, channels, chunk_bytes) <= COLUMN_OPS):
+        return rings_plan(spec, topo, channels, chunk_bytes)
+    got = ring_allreduce_columns(spec, channels, chunk_bytes)
+    if got is None:  # an empty piece: the object lowering's skips are not mirrored here
+        return rings_plan(spec, topo, channels, chunk_bytes)
+    plan = _rings_allreduce(spec, topo, channels, chunk_bytes, ops=False)
+    return plan, simulate_columns(plan, got, model=model or DEFAULT_MODEL)
+
+
+_COLUMNS = [False]
+
+
+class columns_allowed:
+    """``with columns_allowed():`` :func:`rings_priced` may price op columns (pipeline.Lower,
+    which lowers a selected plan again as op objects); outside it always lowers op objects."""
+
+    def __enter__(self):
+        self.prev = _COLUMNS[0]
+        _COLUMNS[0] = True
+
+    def __exit__(self, *exc):
+        _COLUMNS[0] = self.prev
+
+
+def _estimate_ops(spec: Any, channels: Sequence[RingChannel], chunk_bytes: int) -> int:
+    """Ops of the ring allreduce: per channel and piece n(n-1) copies, 4 n(n-1) message ops."""
+    n = len(spec.ranks)
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    ops = 0
+    for lo, hi in split_by_rate(0, E, [ch.rate for ch in channels]):
+        if hi > lo:
+            longest = -(-(hi - lo) // n)
+            ops += max(1, -(-longest // ce)) * 5 * n * (n - 1)
+    return ops
+
+
+def ring_allreduce_columns(spec: Any, channels: Sequence[RingChannel], chunk_bytes: int):
+    """The op columns (ir/opscan.OpTable) of :func:`rings_plan`'s allreduce, computed with
+    numpy in the order baselines.ring_allreduce_ops appends the ops, without op objects; None
+    when some piece of a segment is empty (the object lowering skips those ops)."""
+    from ..ir.opscan import OpTable
+    from ..ir.plan import block_range
+
+    n = len(spec.ranks)
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    ce = chunk_elems(chunk_bytes, spec.dtype)
+    avg = plan_op(spec.kind, spec.op) == "avg"
+    pos = np.arange(n, dtype=np.int64)
+    nxt = (pos + 1) % n
+    prv = (pos - 1) % n
+    # one (channel, piece) block's ops, relative ids in append order: copies (position i, every
+    # segment k != i), the reduce-scatter's n - 1 steps of n messages (send, then receive), the
+    # scales (avg), the allgather's steps; a message m of a step block is ops 2m and 2m + 1
+    nc = n * (n - 1)
+    c_i = np.repeat(pos, n - 1)
+    c_k = np.tile(np.arange(n - 1, dtype=np.int64), n)
+    c_k += c_k >= c_i  # k skips i
+
+    def copy_id(i, k):
+        return i * (n - 1) + np.where(k < i, k, k - 1)
+
+    s_ = np.repeat(np.arange(n - 1, dtype=np.int64), n)
+    i_ = np.tile(pos, n - 1)
+    rs0 = nc
+    nsc = n if avg else 0
+    sc0 = rs0 + 2 * nc
+    ag0 = sc0 + nsc
+    per_block = ag0 + 2 * nc
+    rs_k = (i_ - s_) % n
+    ag_k = (i_ + 1 - s_) % n
+    rs_recv = lambda s, i: rs0 + 2 * (s * n + i) + 1  # noqa: E731
+    final = sc0 + pos if avg else rs_recv(n - 2, prv)
+    # per op of a block: position (-> rank), code, peer position, segment, source buffer and
+    # destination buffer (-1 none), the op it depends on (-1 none), extra
+    pos_b = np.concatenate([c_i, np.stack([i_, nxt[i_]], 1).ravel(), pos[:nsc], np.stack([i_, nxt[i_]], 1).ravel()])
+    code_b = np.concatenate([np.full(nc, 3), np.tile([0, 2], nc), np.full(nsc, 5), np.tile([0, 1], nc)])
+    peer_b = np.concatenate([np.full(nc, -1), np.stack([nxt[i_], i_], 1).ravel(), np.full(nsc, -1),
+                             np.stack([nxt[i_], i_], 1).ravel()])
+    seg_b = np.concatenate([c_k, np.repeat(rs_k, 2), nxt[:nsc], np.repeat(ag_k, 2)])
+    sbuf_b = np.concatenate([np.zeros(nc), np.stack([np.where(s_ == 0, 0, 1), np.full(nc, -1)], 1).ravel(),
+                             np.full(nsc, -1), np.tile([1, -1], nc)])
+    dbuf_b = np.concatenate([np.ones(nc), np.tile([-1, 1], nc), np.ones(nsc), np.tile([-1, 1], nc)])
+    rs_send_dep = np.where(s_ == 0, -1, rs_recv(s_ - 1, prv[i_]))
+    rs_recv_dep = copy_id(nxt[i_], rs_k)
+    ag_send_dep = np.where(s_ == 0, final[i_], ag0 + 2 * ((s_ - 1) * n + prv[i_]) + 1)
+    ag_recv_dep = rs0 + 2 * (s_ * n + nxt[i_])  # position j sent segment k at step s
+    dep_b = np.concatenate([np.full(nc, -1), np.stack([rs_send_dep, rs_recv_dep], 1).ravel(),
+                            rs_recv(n - 2, prv)[:nsc], np.stack([ag_send_dep, ag_recv_dep], 1).ravel()])
+    extra_b = np.concatenate([np.zeros(nc), np.zeros(2 * nc), np.full(nsc, n), np.zeros(2 * nc)])
+    hop_b = np.concatenate([np.full(nc, -1), np.repeat(i_, 2), np.full(nsc, -1), np.repeat(i_, 2)])
+    msg = code_b <= 2
+    # the blocks, channel by channel, piece by piece
+    blocks = []  # (channel, order, segment starts, segment lengths)
+    for c, (ch, (lo, hi)) in enumerate(zip(channels, split_by_rate(0, E, [ch.rate for ch in channels]))):
+        if hi <= lo:
+            continue
+        segs = np.array([block_range(hi - lo, n, k) for k in range(n)], dtype=np.int64) + lo
+        sa, sb = segs[:, 0], segs[:, 1]
+        C = max(1, -(-int((sb - sa).max()) // ce))
+        for q in range(C):
+            a = sa + q * (sb - sa) // C
+            b = sa + (q + 1) * (sb - sa) // C
+            if (b <= a).any():
+                return None
+            blocks.append((c, np.asarray(ch.order, dtype=np.int64), a, b - a))
+    G = per_block * len(blocks)
+    rank = np.empty(G, dtype=np.int64)
+    peer = np.empty(G, dtype=np.int64)
+    off = np.empty(G, dtype=np.int64)
+    cnt = np.empty(G, dtype=np.int64)
+    dep = np.empty(G, dtype=np.int64)
+    tree = np.empty(G, dtype=np.int64)
+    for x, (c, order, a, ln) in enumerate(blocks):
+        sl = slice(x * per_block, (x + 1) * per_block)
+        rank[sl] = order[pos_b]
+        peer[sl] = np.where(peer_b >= 0, order[np.maximum(peer_b, 0)], -1)
+        off[sl] = a[seg_b]
+        cnt[sl] = ln[seg_b]
+        dep[sl] = np.where(dep_b >= 0, dep_b + x * per_block, -1)
+        tree[sl] = np.where(hop_b >= 0, 2 * c + (hop_b == n - 1), -1)
+    code = np.tile(code_b, len(blocks))
+    is_msg = np.tile(msg, len(blocks))
+    # tags: per ordered (sender, receiver) pair, the messages in append order from 0
+    sends = np.flatnonzero(code == 0)
+    pair = rank[sends] * n + peer[sends]
+    by = np.argsort(pair, kind="stable")
+    ps = pair[by]
+    first = np.flatnonzero(np.r_[True, ps[1:] != ps[:-1]])
+    run = np.repeat(first, np.diff(np.r_[first, ps.size]))
+    tag = np.full(G, -1, dtype=np.int64)
+    tag[sends[by]] = np.arange(ps.size) - run
+    tag[sends + 1] = tag[sends]
+    # rank-major order (ir/opscan.py's op ids) and each op's index in its rank's program
+    perm = np.argsort(rank, kind="stable")
+    counts = np.bincount(rank, minlength=n)
+    base = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=base[1:])
+    local = np.empty(G, dtype=np.int64)
+    local[perm] = np.arange(G) - base[rank[perm]]
+    has = dep[perm] >= 0
+    ndeps = has.astype(np.int64)
+    deps = local[dep[perm][has]]
+    owner = np.flatnonzero(has)
+    sbuf = np.tile(sbuf_b, len(blocks)).astype(np.int8)[perm]
+    dbuf = np.tile(dbuf_b, len(blocks)).astype(np.int8)[perm]
+    off, cnt = off[perm], cnt[perm]
+    return OpTable(base.tolist(), code[perm].astype(np.int8), rank[perm], ndeps, deps, owner,
+                   peer[perm], tag[perm], np.where(is_msg, tree, -1)[perm],
+                   sbuf, np.where(sbuf >= 0, off, 0), np.where(sbuf >= 0, cnt, 0),
+                   dbuf, np.where(dbuf >= 0, off, 0), np.where(dbuf >= 0, cnt, 0),
+                   np.tile(extra_b, len(blocks)).astype(np.int64)[perm])

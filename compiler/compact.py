@@ -45,23 +45,29 @@ class Unsupported(Exception):
     """The plan needs the reference simulator (an error to report, or an unusual field)."""
 
 
-def run(plan: Plan, net, model) -> tuple[np.ndarray, list[int], dict, int, int]:
+def run(plan: Plan, net, model, tab: opscan.OpTable | None = None) -> tuple[np.ndarray, list[int], dict, int, int]:
     """Simulate ``plan`` on the native loop: ``(done, base, links, messages, wire_bytes)``,
     ``done[g]`` the completion time of op ``g``, ``links`` the per-link arrays ``free``,
     ``busy``, ``bytes`` and ``first`` (the reference's ``link_*`` lists). Raises
-    :class:`Unsupported` where the reference must run instead (see the module docstring)."""
+    :class:`Unsupported` where the reference must run instead (see the module docstring).
+    ``tab``: the plan's op columns when the caller built them itself (compiler/channels.py's
+    ring allreduce, whose ``programs`` are then left empty); else read from the programs."""
     if _simcore is None:
         raise Unsupported("the native loop is not built")
     progs = plan.programs
     nr = len(progs)
-    lens = list(map(len, progs))
-    total = sum(lens)
-    base = [0] * (nr + 1)
-    for r, k in enumerate(lens):
-        base[r + 1] = base[r] + k
+    if tab is None:
+        lens = list(map(len, progs))
+        total = sum(lens)
+        base = [0] * (nr + 1)
+        for r, k in enumerate(lens):
+            base[r + 1] = base[r] + k
+    else:
+        base, total = list(tab.base), tab.total
     if nr >= 1 << 15:  # message keys below are ((a * nr + b) << 32) | tag in 63 bits
         raise Unsupported("too many ranks for 64-bit message keys")
-    tab = opscan.scan(progs)
+    if tab is None:
+        tab = opscan.scan(progs)
     if tab is None:
         raise Unsupported("an op the simulator does not know, or a field of an unexpected type")
     kind = tab.code  # 0 Send, 1 Recv, 2 RecvReduce, 3 Copy, 4 Reduce, 5 Scale

@@ -393,13 +393,26 @@ def simulate(plan: Plan, *, detail: bool = False, model: CostModel = DEFAULT_MOD
             gc.enable()
 
 
-def _simulate_native(plan: Plan, model: CostModel) -> Simulation:
+def simulate_columns(plan: Plan, tab, *, model: CostModel = DEFAULT_MODEL) -> Simulation:
+    """:func:`simulate` of ``plan`` whose ops are the op columns ``tab`` (ir/opscan.OpTable),
+    built by its lowering without op objects (``plan.programs`` may be empty), on the native
+    loop only: raises compact.Unsupported where that loop cannot run it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate_native(plan, model, tab)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simulate_native(plan: Plan, model: CostModel, tab=None) -> Simulation:
     """:func:`_simulate_py`'s loop run natively over the plan's arrays (compiler/compact.py):
     the same events in the same order, bit for bit the same figures, without the trace."""
     from . import compact
 
     net = _Network(plan)
-    done, base, lk, messages, wire = compact.run(plan, net, model)
+    done, base, lk, messages, wire = compact.run(plan, net, model, tab)
     done_l = done.tolist()
     rank_finish = tuple(max(done_l[base[r]:base[r + 1]], default=0.0) for r in range(len(base) - 1))
     time = max(rank_finish, default=0.0)

@@ -42,9 +42,10 @@ from typing import Callable
 
 from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.errors import HccError
-from ..ir.plan import DTYPE_SIZES, Figures, Plan
+from ..ir.plan import DTYPE_SIZES, Figures, Plan, Send
 from ..ir.topology import Topology
 from . import chunk_floor, progress, registry, tree_floor
+from .channels import columns_allowed
 from .chunks import ChunkChoice, choose_chunk, chunk_candidates
 from .cost import DEFAULT_MODEL, CostModel, least_latency
 from .program import CollectiveSpec, Program
@@ -195,7 +196,9 @@ class Lower:
         best = float("inf")
         kept = None  # the index in out of the candidate Select would take so far
         builders: dict[str, Callable[[int], Plan]] = {}
-        dropped: dict[str, int] = {}  # algorithm -> ops of the programs it no longer holds
+        # algorithm -> ops of the programs it no longer holds; minus its messages where it
+        # never held any (priced from op columns, channels.rings_priced)
+        dropped: dict[str, int] = {}
         skipped: list[str] = []  # candidates whose floor exceeds the best plan so far
         floor = chunk_floor.plan_floor(u) if spec.algorithm == "auto" else None
         for i, alg in enumerate(order):
@@ -222,10 +225,13 @@ class Lower:
             # only 1-3 chunks (DGX-1 allgather at 1 GB: 32 MiB 7.0 ms, 16 MiB 7.5, 8 MiB 6.8, 2 MiB
             # 6.2): they get a second chance past the first slower size
             patience = 2 if registry.algorithm(alg).treepack else 1
-            choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"),
-                                  patience=patience)
+            with columns_allowed():  # the largest ring allreduces priced from op columns
+                choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"),
+                                      patience=patience)
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
+            if _columns_only(choice):  # priced from op columns (channels.rings_priced): no ops held
+                dropped[alg] = -choice.simulation.messages
             kept = _keep_selected(out, eligible, kept, dropped)
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
@@ -233,13 +239,22 @@ class Lower:
             # the plan Select will take was too large to hold: lowered again, same chunk
             c = out[kept]
             progress.report("lower", f"{c.algorithm} again, the plan selected")
-            plan = builders[c.algorithm](c.choice.chunk_bytes)
+            plan = builders[c.algorithm](c.choice.chunk_bytes)  # op objects (no columns_allowed)
             if isinstance(plan, tuple):  # a builder that prices its own plan: (plan, simulation)
                 plan = plan[0]
-            if sum(len(p) for p in plan.programs) != dropped[c.algorithm]:
+            want = dropped[c.algorithm]
+            got = (sum(len(p) for p in plan.programs) if want >= 0 else
+                   -sum(type(op) is Send for p in plan.programs for op in p))
+            if got != want:
                 raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
             out[kept] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
         return replace(u, candidates=tuple(out), skipped=tuple(skipped))
+
+
+def _columns_only(choice: ChunkChoice) -> bool:
+    """Whether the chosen plan holds no ops though its simulation moved messages: a builder
+    that priced op columns (channels.rings_priced) and left the programs empty."""
+    return choice.simulation.messages > 0 and not any(choice.plan.programs)
 
 
 def skip_floor(floor: Callable[[int], float] | None, chunks: tuple[int, ...], incumbent: float) -> float | None:

@@ -230,3 +230,57 @@ def test_rd_reduce_scatter_with_avg_and_max():
     topo = complete(6)
     for op in ("max", "avg", "prod"):
         rd_plan(spec("reduce_scatter", topo, elems=6 * 17, op=op), topo, 20).verify()
+
+
+@pytest.mark.parametrize("sample", ["dgx1.hcl", "cluster.hcl"])
+def test_ring_allreduce_columns_are_the_ops_columns(sample):
+    """channels.ring_allreduce_columns builds, with numpy, the very op columns ir/opscan.py
+    reads from rings_plan's op objects (every column, sum and avg, one and several pieces
+    per segment), so the simulated plans are the same, figure for figure."""
+    import dataclasses
+    from pathlib import Path
+
+    import numpy as np
+
+    import hcc
+    from hcc.compiler import channels as CH
+    from hcc.compiler.cost import simulate, simulate_columns
+    from hcc.ir.opscan import scan
+
+    prog = hcc.load(Path(__file__).resolve().parent.parent / "samples" / sample)
+    base = next(c for c in prog.collectives if c.kind == "allreduce")
+    topo = prog.topology_of(base)
+    chans = ring_channels(topo, base.ranks)
+    assert len(chans) >= 2
+    for op, chunk in (("sum", 1 << 30), ("avg", 1 << 30), ("sum", 1 << 15), ("avg", 3 << 14)):
+        s = dataclasses.replace(base, op=op, size_bytes=(1 << 20) + 12)
+        plan = rings_plan(s, topo, chans, chunk)
+        want, got = scan(plan.programs), CH.ring_allreduce_columns(s, chans, chunk)
+        for f in dataclasses.fields(want):
+            assert np.array_equal(np.asarray(getattr(want, f.name)), np.asarray(getattr(got, f.name))), f.name
+        empty = CH._rings_allreduce(s, topo, chans, chunk, ops=False)
+        assert not any(empty.programs) and empty.trees == plan.trees
+        assert simulate_columns(empty, got) == simulate(plan)
+
+
+def test_columns_priced_rings_compile_to_the_same_plan(monkeypatch):
+    """With every ring allreduce priced from columns (COLUMN_OPS 0), DGX-1's allreduce, where
+    auto selects NCCL's rings, compiles to the plan of the op-object compile: the selected
+    rings are lowered again as op objects, with the same figures. (A plan without ops ends
+    the chunk search at its first size, as chunks.MAX_SEARCH_OPS ends it on every plan above
+    COLUMN_OPS; here the rings' first size is their best.)"""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import hcc
+    from hcc.compiler import channels as CH
+    from hcc.compiler.pipeline import compile_unit
+
+    program = hcc.load(Path(__file__).resolve().parent.parent / "samples" / "dgx1.hcl")
+    name = next(c.name for c in program.collectives if c.kind == "allreduce")
+    want = compile_unit(program, name)
+    assert want.plan.algorithm == "rings" and want.plan.chunk_bytes == want.candidate("rings").choice.tried[0][0]
+    monkeypatch.setattr(CH, "COLUMN_OPS", 0)
+    got = compile_unit(program, name)
+    assert got.plan.digest() == want.plan.digest()
+    assert replace(got.plan.figures, compile_s=0.0) == replace(want.plan.figures, compile_s=0.0)
