@@ -34,7 +34,7 @@ import numpy as np
 
 from .bounds import effective_capacity, merged_arcs
 
-__all__ = ["tree_floor", "packing_floor", "with_trees", "egress_floor", "candidate_floor"]
+__all__ = ["tree_floor", "rsag_floor", "packing_floor", "with_trees", "egress_floor", "candidate_floor"]
 
 # the kinds whose tree plans move each tree's share once over every tree edge
 _FORWARD = frozenset({"broadcast", "allgather"})
@@ -63,6 +63,17 @@ def tree_floor(trees, topo: Any, kind: str, ranks, size_bytes: int, itemsize: in
                     a = index.setdefault(hop, len(index))
                     use[(t, a)] = use.get((t, a), 0) + 1
     keys = list(index)
+    m = np.zeros((len(trees), len(keys)))
+    for (t, a), k in use.items():
+        m[t, a] = k
+    return _floor_of(m, keys, arcs, trees, kind, ranks, size_bytes, itemsize, per_message_s,
+                     solve_once=kind == "allreduce")
+
+
+def _floor_of(m: np.ndarray, keys, arcs, trees, kind: str, ranks, size_bytes: int, itemsize: int,
+              per_message_s: float, solve_once: bool = False, tight: bool = False) -> "_TreeFloor | None":
+    """The :class:`_TreeFloor` of hop counts ``m`` (tree x arc ``keys``): the groups, each
+    tree's packed share of its group, the group bytes and the largest message."""
     cap = np.array([arcs[k][0] for k in keys])
     cost = np.array([arcs[k][1] + per_message_s for k in keys])
     elems = size_bytes // itemsize
@@ -72,15 +83,13 @@ def tree_floor(trees, topo: Any, kind: str, ranks, size_bytes: int, itemsize: in
     if per_root:
         group_of = {r: g for g, r in enumerate(ranks)}
         block = (elems // len(ranks)) * itemsize  # the smallest block: the floor stays below
+        most = -(-elems // len(ranks)) * itemsize  # the largest: no message carries more
         groups = [group_of.get(t.root) for t in trees]
         if any(g is None for g in groups):
             return None
     else:
-        block = elems * itemsize
+        block = most = elems * itemsize
         groups = [0] * len(trees)
-    m = np.zeros((len(trees), len(keys)))
-    for (t, a), k in use.items():
-        m[t, a] = k
     members: dict[int, list[int]] = {}
     for t, g in enumerate(groups):
         members.setdefault(g, []).append(t)
@@ -89,7 +98,61 @@ def tree_floor(trees, topo: Any, kind: str, ranks, size_bytes: int, itemsize: in
     for ts in members.values():
         total = float(rate[ts].sum())
         share[ts] = rate[ts] / total if total > 0 else 1.0 / len(ts)
-    return _TreeFloor(m, cap, cost, block, members, share, solve_once=kind == "allreduce")
+    return _TreeFloor(m, cap, cost, block, members, share, solve_once=solve_once,
+                      most=most if tight else None, tight=tight)
+
+
+def rsag_floor(trees, topo: Any, ranks, size_bytes: int, itemsize: int,
+               per_message_s: float) -> "_TreeFloor | None":
+    """``T(s)`` of the reduce-scatter + allgather trees of an allreduce (``trees`` rooted at
+    every rank, each share up and down every edge), as :func:`tree_floor` gives it, with two
+    changes that keep it a lower bound and make it cheap where there are hundreds of trees:
+
+    - the link weights are not the LP's duals but even over the links busiest at the packed
+      shares (``_TreeFloor.tight``; weak duality holds for any weights), so no GLOP solve
+      (2.7 s on the 512-rank allreduce's 896 trees);
+    - no message carries more than one root's block (lower.py cuts each tree's span of its
+      root's block into chunks), so a chunk size above the largest block prices the links'
+      effective capacity at the block: on the 512-rank DGX-1 cluster (blocks of 512 KiB, a NIC's
+      5 + 1 us per message at 12.5 GB/s) that is 0.875 of its capacity, and the floor rises
+      above the two-level plan before any of these trees is lowered;
+    - the hop counts are summed per distinct path with numpy, not per hop in a dict.
+
+    None where the trees do not root at every rank or a path leaves the topology's links."""
+    if not trees or {t.root for t in trees} != set(ranks):
+        return None
+    arcs = merged_arcs(topo)
+    path_id: dict[tuple[str, ...], int] = {}
+    tree_col, path_col = [], []
+    for t, tree in enumerate(trees):
+        for parent, child, *rest in tree.edges:
+            path = tuple(rest[0]) if rest else (parent, child)
+            p = path_id.get(path)
+            if p is None:
+                p = path_id[path] = len(path_id)
+            tree_col.append(t)
+            path_col.append(p)
+    index: dict[tuple[str, str], int] = {}
+    hop_arc: list[int] = []
+    hops = np.zeros(len(path_id), dtype=np.int64)
+    for path, p in path_id.items():  # up (reduce) and down (broadcast) every edge
+        for hop in list(zip(path[1:], path)) + list(zip(path, path[1:])):
+            if hop not in arcs:
+                return None
+            hop_arc.append(index.setdefault(hop, len(index)))
+        hops[p] = 2 * (len(path) - 1)
+    T, P, A = len(trees), len(path_id), len(index)
+    pairs, count = np.unique(np.array(tree_col, dtype=np.int64) * P + np.array(path_col, dtype=np.int64),
+                             return_counts=True)
+    tree_of, path_of = pairs // P, pairs % P
+    start = np.concatenate([[0], np.cumsum(hops)[:-1]])
+    lens = hops[path_of]
+    pos = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(start[path_of], lens)
+    arc = np.array(hop_arc, dtype=np.int64)[pos]
+    m = np.bincount(np.repeat(tree_of, lens) * A + arc, weights=np.repeat(count, lens).astype(float),
+                    minlength=T * A).reshape(T, A)
+    return _floor_of(m, list(index), arcs, trees, "allreduce", ranks, size_bytes, itemsize, per_message_s,
+                     tight=True)
 
 
 class _TreeFloor:
@@ -97,17 +160,25 @@ class _TreeFloor:
     shares, an upper bound of the LP (so of ``T(s)``) without solving it."""
 
     def __init__(self, m: np.ndarray, cap: np.ndarray, cost: np.ndarray, block: float,
-                 members: dict[int, list[int]], share: np.ndarray, solve_once: bool = False):
+                 members: dict[int, list[int]], share: np.ndarray, solve_once: bool = False,
+                 most: float | None = None, tight: bool = False):
         self.m, self.cap, self.cost, self.block = m, cap, cost, block
         self.members, self.share = members, share
         # weak duality holds for any weights: ``solve_once`` keeps the first solve's and
         # evaluates every later size with them (the 512-rank allreduce's 896 trees, both ways:
         # 2.7 s per GLOP solve, at every size of the chunk search otherwise)
         self.solve_once = solve_once
+        # ``most``: no message carries more bytes (a group's bytes), so no chunk above it
+        # changes a link's effective capacity; ``tight``: the weights are not the LP's but
+        # spread evenly over the links busiest at the packed shares (its value is a lower
+        # bound all the same; no GLOP solve)
+        self.most, self.tight = most, tight
         self._y: np.ndarray | None = None
 
     def _busy(self, s: int) -> np.ndarray:
         """Seconds per unit share, per (tree, link), at chunks of ``s`` bytes."""
+        if self.most is not None:
+            s = min(s, self.most)
         inv = 1.0 / np.array([effective_capacity(c, k, s) for c, k in zip(self.cap, self.cost)])
         return self.m * (self.block * inv)
 
@@ -116,14 +187,24 @@ class _TreeFloor:
 
     def __call__(self, s: int) -> float:
         busy = self._busy(s)
-        y = self._y if self.solve_once and self._y is not None else _link_weights(busy, self.members)
-        if self.solve_once and self._y is None:
-            self._y = y
+        if self.tight:
+            load = self.share @ busy
+            y = (load >= load.max() * (1 - TIGHT)).astype(float)
+            y /= y.sum()
+        else:
+            y = self._y if self.solve_once and self._y is not None else _link_weights(busy, self.members)
+            if self.solve_once and self._y is None:
+                self._y = y
         if y is None:
             return 0.0
         per_tree = busy @ y
         # less a hair for the rounding of these sums (the bound itself is exact)
         return float(sum(per_tree[ts].min() for ts in self.members.values())) * (1 - 1e-9)
+
+
+# the links within this fraction of the busiest at the packed shares carry the weights of the
+# rsag trees' floor (:func:`rsag_floor`); on the 512-rank DGX-1 cluster they are the NICs'
+TIGHT = 1e-3
 
 
 def _link_weights(busy: np.ndarray, members: dict[int, list[int]]) -> np.ndarray | None:
@@ -161,21 +242,22 @@ def _link_weights(busy: np.ndarray, members: dict[int, list[int]]) -> np.ndarray
 
 
 def packing_floor(u: Any, algorithm: str) -> "_TreeFloor | None":
-    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: only ``treepack``
-    (its plans are lower.lower_priced over the packing's trees; an allreduce moves each
-    tree's share up and down every edge), uncompressed, of the four kinds above and
-    allreduce; None elsewhere. Not ``treepack-rsag``: :func:`tree_floor` holds for its
-    per-root trees too, but over the 512-rank allreduce's 896 trees both ways building and
-    solving the LP took 7 CPU s and pruned nothing (the cut's floor and :func:`egress_floor`
-    are what skip it on the fat tree)."""
+    """The tree floor of pipeline unit ``u``'s ``algorithm`` candidate: ``treepack`` (its
+    plans are lower.lower_priced over the packing's trees; an allreduce moves each tree's
+    share up and down every edge), uncompressed, of the four kinds above and allreduce, by
+    :func:`tree_floor`; ``treepack-rsag`` (the same lowering over per-root trees) by
+    :func:`rsag_floor`; None elsewhere."""
     from ..ir.plan import DTYPE_SIZES
 
     spec = u.spec
-    if algorithm != "treepack" or spec.compress != "none" or len(spec.ranks) < 2:
+    if algorithm not in ("treepack", "treepack-rsag") or spec.compress != "none" or len(spec.ranks) < 2:
         return None
-    packing = u.packing("trees")
+    packing = u.packing("trees" if algorithm == "treepack" else "rsag")
     if packing is None:
         return None
+    if algorithm == "treepack-rsag":
+        return rsag_floor(packing.trees, u.topology, spec.ranks, spec.size_bytes, DTYPE_SIZES[spec.dtype],
+                          u.model.per_message_s)
     return tree_floor(packing.trees, u.topology, spec.kind, spec.ranks, spec.size_bytes,
                       DTYPE_SIZES[spec.dtype], u.model.per_message_s)
 

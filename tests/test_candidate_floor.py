@@ -69,13 +69,18 @@ def test_egress_floor_bounds_every_tried_chunk(monkeypatch, source, name, alg):
     trees = tree_floor.tree_floor(packing.trees, full.topology, spec.kind, spec.ranks, spec.size_bytes, 4,
                                   full.model.per_message_s)
     assert trees is not None
+    # what auto uses: for treepack-rsag, rsag_floor (even weights on the busiest links, every
+    # size above the largest block priced at the block)
+    own = tree_floor.packing_floor(full, alg)
+    assert own is not None
     for chunk, t in cand.choice.tried:
         assert floor(chunk) <= t, (alg, chunk, floor(chunk), t)
         assert trees(chunk) <= t * (1 + 1e-12), (alg, chunk, trees(chunk), t)
+        assert own(chunk) <= t * (1 + 1e-12), (alg, chunk, own(chunk), t)
     assert floor(1 << 40) > 0
     # pipeline.skip_floor reads the floors at the largest size only: none grows with the size
     sizes = [1 << k for k in range(12, 29, 2)]
-    for f in (floor, trees, tree_floor.candidate_floor(chunk_floor.plan_floor(full), full, alg, 0.0)):
+    for f in (floor, trees, own, tree_floor.candidate_floor(chunk_floor.plan_floor(full), full, alg, 0.0)):
         values = [f(c) for c in sizes]
         assert all(a >= b * (1 - 1e-9) for a, b in zip(values, values[1:])), values
 
@@ -123,3 +128,25 @@ collective ag = allgather on t { size = 1 MiB }""")
         spec = resolve(program, name)
         u = Unit(program=program, spec=spec, topology=program.topology_of(spec))
         assert tree_floor.egress_floor(u, alg) is None, (name, alg)
+
+
+def test_rsag_floor_counts_the_hops_tree_floor_counts(monkeypatch):
+    """rsag_floor sums hops per distinct path with numpy: the same (tree, link) hop counts as
+    tree_floor's walk over every hop, and above the largest block every chunk size prices
+    like the block (no message is larger)."""
+    import numpy as np
+
+    program = _program(FATTREE8)
+    full = _unpruned(monkeypatch, program, "ar")
+    spec = full.spec
+    trees = full.packing("rsag").trees
+    old = tree_floor.tree_floor(trees, full.topology, spec.kind, spec.ranks, spec.size_bytes, 4,
+                                full.model.per_message_s)
+    new = tree_floor.rsag_floor(trees, full.topology, spec.ranks, spec.size_bytes, 4, full.model.per_message_s)
+    assert new.m.shape == old.m.shape and new.m.sum() == old.m.sum() > 0
+    # the same columns in another order: match them by their capacity and tree counts
+    key = lambda f: sorted(map(tuple, np.vstack([f.m, f.cap, f.cost]).T.tolist()))  # noqa: E731
+    assert key(new) == key(old)
+    block = spec.size_bytes // len(spec.ranks)
+    assert new(block) == new(1 << 30) == new(spec.size_bytes)
+    assert new(block // 2) >= new(block)
