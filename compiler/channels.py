@@ -37,7 +37,7 @@ from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_
 from .routes import shortest_preds
 from .trees import PackedTree
 
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_allreduce_columns", "columns_allowed",
+__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_allreduce_columns", "ring_columns", "columns_allowed", "columns_wanted",
            "MAX_CHANNELS"]
 
 # NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
@@ -555,12 +555,9 @@ def rings_priced(spec: Any, topo: Topology, channels: Sequence[RingChannel], chu
     and the simulation of its ops built as columns (:func:`ring_allreduce_columns`; the same
     columns ir/opscan.py reads from :func:`rings_plan`'s ops, so the same simulated time).
     Only inside :func:`columns_allowed`; elsewhere always the plan of op objects."""
-    from . import compact
     from .cost import DEFAULT_MODEL, simulate_columns
 
-    n = len(spec.ranks)
-    if (spec.kind != "allreduce" or not _COLUMNS[0] or not compact.available() or not channels
-            or n < 2 or _estimate_ops(spec, channels, chunk_bytes) <= COLUMN_OPS):
+    if not columns_wanted(spec, [ch.rate for ch in channels], chunk_bytes):
         return rings_plan(spec, topo, channels, chunk_bytes)
     got = ring_allreduce_columns(spec, channels, chunk_bytes)
     if got is None:  # an empty piece: the object lowering's skips are not mirrored here
@@ -570,6 +567,15 @@ def rings_priced(spec: Any, topo: Topology, channels: Sequence[RingChannel], chu
 
 
 _COLUMNS = [False]
+
+
+def columns_wanted(spec: Any, rates: Sequence[float], chunk_bytes: int) -> bool:
+    """Whether a ring allreduce over rings of ``rates`` is priced from op columns here (inside
+    :func:`columns_allowed`, above :data:`COLUMN_OPS` ops, the native simulator built)."""
+    from . import compact
+
+    return (spec.kind == "allreduce" and _COLUMNS[0] and compact.available() and len(spec.ranks) >= 2
+            and bool(rates) and _estimate_ops(spec, rates, chunk_bytes) > COLUMN_OPS)
 
 
 class columns_allowed:
@@ -584,13 +590,14 @@ class columns_allowed:
         _COLUMNS[0] = self.prev
 
 
-def _estimate_ops(spec: Any, channels: Sequence[RingChannel], chunk_bytes: int) -> int:
-    """Ops of the ring allreduce: per channel and piece n(n-1) copies, 4 n(n-1) message ops."""
+def _estimate_ops(spec: Any, rates: Sequence[float], chunk_bytes: int) -> int:
+    """Ops of the ring allreduce over rings of ``rates``: per ring and piece n(n-1) copies,
+    4 n(n-1) message ops."""
     n = len(spec.ranks)
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     ce = chunk_elems(chunk_bytes, spec.dtype)
     ops = 0
-    for lo, hi in split_by_rate(0, E, [ch.rate for ch in channels]):
+    for lo, hi in split_by_rate(0, E, rates):
         if hi > lo:
             longest = -(-(hi - lo) // n)
             ops += max(1, -(-longest // ce)) * 5 * n * (n - 1)
@@ -601,11 +608,25 @@ def ring_allreduce_columns(spec: Any, channels: Sequence[RingChannel], chunk_byt
     """The op columns (ir/opscan.OpTable) of :func:`rings_plan`'s allreduce, computed with
     numpy in the order baselines.ring_allreduce_ops appends the ops, without op objects; None
     when some piece of a segment is empty (the object lowering skips those ops)."""
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    spans = split_by_rate(0, E, [ch.rate for ch in channels])
+    return _columns(spec, [(ch.order, lo, hi, True) for ch, (lo, hi) in zip(channels, spans)], chunk_bytes)
+
+
+def ring_columns(spec: Any, order: Sequence[int], chunk_bytes: int):
+    """The same for baselines.ring_plan's single ring allreduce along ``order`` (its messages
+    on the cheapest routes, tree -1)."""
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    return _columns(spec, [(order, 0, E, False)], chunk_bytes)
+
+
+def _columns(spec: Any, rings, chunk_bytes: int):
+    """The op columns of a ring allreduce per ``(order, lo, hi, routed)`` of ``rings``, in
+    order (ring c's messages on trees 2c and 2c + 1 where ``routed``, else -1)."""
     from ..ir.opscan import OpTable
     from ..ir.plan import block_range
 
     n = len(spec.ranks)
-    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     ce = chunk_elems(chunk_bytes, spec.dtype)
     avg = plan_op(spec.kind, spec.op) == "avg"
     pos = np.arange(n, dtype=np.int64)
@@ -653,8 +674,8 @@ def ring_allreduce_columns(spec: Any, channels: Sequence[RingChannel], chunk_byt
     hop_b = np.concatenate([np.full(nc, -1), np.repeat(i_, 2), np.full(nsc, -1), np.repeat(i_, 2)])
     msg = code_b <= 2
     # the blocks, channel by channel, piece by piece
-    blocks = []  # (channel, order, segment starts, segment lengths)
-    for c, (ch, (lo, hi)) in enumerate(zip(channels, split_by_rate(0, E, [ch.rate for ch in channels]))):
+    blocks = []  # (tree of the ring's chain or -1, order, segment starts, segment lengths)
+    for c, (order, lo, hi, routed) in enumerate(rings):
         if hi <= lo:
             continue
         segs = np.array([block_range(hi - lo, n, k) for k in range(n)], dtype=np.int64) + lo
@@ -665,7 +686,7 @@ def ring_allreduce_columns(spec: Any, channels: Sequence[RingChannel], chunk_byt
             b = sa + (q + 1) * (sb - sa) // C
             if (b <= a).any():
                 return None
-            blocks.append((c, np.asarray(ch.order, dtype=np.int64), a, b - a))
+            blocks.append((2 * c if routed else -1, np.asarray(order, dtype=np.int64), a, b - a))
     G = per_block * len(blocks)
     rank = np.empty(G, dtype=np.int64)
     peer = np.empty(G, dtype=np.int64)
@@ -673,14 +694,14 @@ def ring_allreduce_columns(spec: Any, channels: Sequence[RingChannel], chunk_byt
     cnt = np.empty(G, dtype=np.int64)
     dep = np.empty(G, dtype=np.int64)
     tree = np.empty(G, dtype=np.int64)
-    for x, (c, order, a, ln) in enumerate(blocks):
+    for x, (t0, order, a, ln) in enumerate(blocks):
         sl = slice(x * per_block, (x + 1) * per_block)
         rank[sl] = order[pos_b]
         peer[sl] = np.where(peer_b >= 0, order[np.maximum(peer_b, 0)], -1)
         off[sl] = a[seg_b]
         cnt[sl] = ln[seg_b]
         dep[sl] = np.where(dep_b >= 0, dep_b + x * per_block, -1)
-        tree[sl] = np.where(hop_b >= 0, 2 * c + (hop_b == n - 1), -1)
+        tree[sl] = np.where(hop_b >= 0, t0 + (hop_b == n - 1), -1) if t0 >= 0 else -1
     code = np.tile(code_b, len(blocks))
     is_msg = np.tile(msg, len(blocks))
     # tags: per ordered (sender, receiver) pair, the messages in append order from 0

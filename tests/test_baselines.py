@@ -234,8 +234,8 @@ def test_rd_reduce_scatter_with_avg_and_max():
 
 @pytest.mark.parametrize("sample", ["dgx1.hcl", "cluster.hcl"])
 def test_ring_allreduce_columns_are_the_ops_columns(sample):
-    """channels.ring_allreduce_columns builds, with numpy, the very op columns ir/opscan.py
-    reads from rings_plan's op objects (every column, sum and avg, one and several pieces
+    """channels.ring_allreduce_columns and ring_columns build, with numpy, the very op
+    columns ir/opscan.py reads from rings_plan's and ring_plan's op objects (every column, sum and avg, one and several pieces
     per segment), so the simulated plans are the same, figure for figure."""
     import dataclasses
     from pathlib import Path
@@ -261,6 +261,15 @@ def test_ring_allreduce_columns_are_the_ops_columns(sample):
         empty = CH._rings_allreduce(s, topo, chans, chunk, ops=False)
         assert not any(empty.programs) and empty.trees == plan.trees
         assert simulate_columns(empty, got) == simulate(plan)
+        # the single ring (baselines.ring_plan), its messages on the cheapest routes
+        from hcc.compiler.baselines import ring_plan
+        from hcc.compiler.routes import ring_order
+
+        one = ring_plan(s, topo, chunk)
+        want, got = scan(one.programs), CH.ring_columns(s, ring_order(topo, s.ranks), chunk)
+        for f in dataclasses.fields(want):
+            assert np.array_equal(np.asarray(getattr(want, f.name)), np.asarray(getattr(got, f.name))), f.name
+        assert simulate_columns(dataclasses.replace(one, programs=tuple(() for _ in one.programs)), got) == simulate(one)
 
 
 def test_columns_priced_rings_compile_to_the_same_plan(monkeypatch):
