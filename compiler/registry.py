@@ -369,7 +369,9 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
               eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
               pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True),
-    Algorithm("ring", TREE_KINDS, _plain(baselines.ring_plan), baseline=True),
+    # the largest ring allreduces priced from op columns (baselines.ring_priced)
+    Algorithm("ring", TREE_KINDS, lambda u, spec, _: lambda c: baselines.ring_priced(spec, u.topology, c, u.model),
+              baseline=True),
     Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels),
               baseline=True),
     # the double binary tree where NCCL runs trees (baselines.dbtree_plan falls back to the
