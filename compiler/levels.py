@@ -80,9 +80,15 @@ AG_PACKED_WINDOW = 1
 # rank, peer and tree, 0.65 with 2; paced per rank pair instead, 0.19: a leaf then waited
 # for an interior rank's sends)
 RS_PACKED_WINDOW = 1
-# the packed form's in-group messages carry up to this many lane chunks; each is priced
-# (2 x MI250 allreduce 256 MB: 0.736 at 2 MiB x 1, 0.743 at 1 MiB x 2; allgather 0.827 / 0.800)
-PACKED_SCALES = (1, 2)
+# the packed form's in-group messages carry up to this many lane chunks; each is priced.
+# One: a second scale gained little for a second lowering at every chunk size (2 x MI250
+# allreduce 256 MB: 0.756 at 1 MiB x 2 against 0.743 at 2 MiB x 1; allgather 0.800 / 0.827)
+PACKED_SCALES = (1,)
+# the packed form is priced at chunk sizes down to size / this: below, its messages (a
+# group's 48 trees on an MI250 node, one message per tree edge per chunk) cost seconds per
+# size and it lost to larger chunks at every size tried (2 x MI250 256 MB: 0.76 at 1 MiB,
+# 0.83 at 2 MiB)
+PACKED_MAX_CHUNKS = 256
 # up to this many ranks the candidate lowers both lane forms (star and ring of groups) at each
 # chunk size and keeps the faster: neither wins everywhere (samples/cluster.hcl allgather
 # 256 MB: ring 0.911, star 0.859 of the bound; 64 DGX-1s: star 5.94 ms, ring 6.1), and past
@@ -468,13 +474,15 @@ def _bfs(tree: Tree) -> list[tuple[int, int]]:
     return out
 
 
-def _packed_transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[int, int, int, int, int]],
-                                                                   dict[int, list[int]], dict[int, list[int]]]:
+def _packed_transfers(L: Levels, E: int, n: int, ce: int, backward: bool = False
+                      ) -> tuple[list[tuple[int, int, int, int, int]], dict[int, list[int]], dict[int, list[int]]]:
     """The packed layout's allgather as transfers (see :func:`_transfers`): the lanes (every
     rank's block to the same member of every other group, chunks of ``ce``), then each
     group's bundles over its trees, each member's own block first, then the blocks its lane
     brings in arrival order, in messages of up to ``ce x inner_scale`` elements (a message
-    waits for every lane chunk it overlaps)."""
+    waits for every lane chunk it overlaps). ``backward``: every block's chunks last first,
+    the order whose reversal, as an allreduce's reduce-scatter, completes the first chunks
+    first, the ones its allgather sends first."""
     groups, G, m = L.groups, len(L.groups), len(L.ring)
     out: list[tuple[int, int, int, int, int]] = []
     sent: dict[int, list[int]] = {}
@@ -482,7 +490,7 @@ def _packed_transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[in
     blocks = [block_range(E, n, r) for r in range(n)]
     lane = [list(pieces(*blocks[r], ce)) for r in range(n)]
     most = max(len(c) for c in lane)
-    for q in range(most):
+    for q in (range(most - 1, -1, -1) if backward else range(most)):
         for s in range(1, G):
             for l, i in enumerate(L.lanes):
                 for h in range(G):
@@ -507,7 +515,7 @@ def _packed_transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[in
                 for t, (x, y) in zip(ts, split_by_rate(a, b, [L.trees[t].rate for t in ts])):
                     jobs.append([(x0, x1, t) for x0, x1 in pieces(x, y, ci)])
         most = max((len(j) for j in jobs), default=0)
-        for q in range(most):
+        for q in (range(most - 1, -1, -1) if backward else range(most)):
             for j in jobs:
                 if q < len(j):
                     x0, x1, t = j[q]
@@ -566,6 +574,12 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     ce = chunk_elems(chunk_bytes, spec.dtype)
     moves, sent, got = (_packed_transfers if layout.inner else _transfers)(layout, E, n, ce)
+    # the reduce-scatter's transfers: the allgather's reversed; for a packed allreduce the
+    # allgather's chunk order reversed first, so the chunks its allgather starts with are
+    # reduced first (2 x A100 allreduce 256 MB: the first chunk's allgather waited for the
+    # reduce-scatter's last chunk)
+    rs_moves = (_packed_transfers(layout, E, n, ce, backward=True)[0] if layout.inner and kind == "allreduce"
+                else moves)
     B = ProgramBuilder(n)
     own = [block_range(E, n, r) for r in range(n)]
     held = _Spans(n)  # allgather: the ops after which a rank holds a range of ``out``
@@ -587,17 +601,17 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
             lo, hi = own[r]
             if hi > lo:
                 init.add(r, lo, hi, B.add(r, Copy(ChunkRef("in", lo, hi - lo), acc(r, lo, hi))))
-        for src, dst, a, b, _ in moves:
+        for src, dst, a, b, _ in rs_moves:
             init.add(dst, a, b, B.add(dst, Copy(ChunkRef("in", a, b - a), acc(dst, a, b))))
-        sends = [0] * len(moves)
+        sends = [0] * len(rs_moves)
         # no lane gates in the reduce-scatter: its lane sends wait for their group's partial
         # sums already (the allgather's window reversed: 8.7 against 7.3 ms on DGX-1 x 64);
         # the group's own sends are paced instead (RS_SEND_WINDOW)
         mine: dict[Any, list[int]] = {}  # per rank (packed: per rank pair), its group-internal sends
         window = RS_PACKED_WINDOW if layout.inner else RS_SEND_WINDOW
         lane_trees = len(layout.lanes) * len(layout.groups)
-        for k in range(len(moves) - 1, -1, -1):
-            src, dst, a, b, tree = moves[k]
+        for k in range(len(rs_moves) - 1, -1, -1):
+            src, dst, a, b, tree = rs_moves[k]
             inside = tree < 0 or tree >= lane_trees
             own_sends = mine.setdefault((dst, src, tree) if layout.inner else dst, [])
             pace = (own_sends[-window],) if inside and len(own_sends) >= window else ()
@@ -618,7 +632,11 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
                 last = (B.add(r, Copy(acc(r, lo, hi), ChunkRef("out", 0, hi - lo), tuple(sorted(set(last))))),)
             for op in set(last):
                 held.add(r, lo, hi, op)
-        rs_send = sends
+        if rs_moves is moves:
+            rs_send = sends
+        else:  # the same transfers in another order
+            by_move = dict(zip(rs_moves, sends))
+            rs_send = [by_move[mv] for mv in moves]
     if kind in ("allgather", "allreduce"):
         if kind == "allgather":
             for r in range(n):
@@ -667,11 +685,14 @@ def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | N
 
 
 def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_bytes: int, *, model=None):
-    """``(plan, simulation)`` of the fastest of ``forms`` at ``chunk_bytes``."""
+    """``(plan, simulation)`` of the fastest of ``forms`` at ``chunk_bytes`` (the packed forms
+    only down to ``size / PACKED_MAX_CHUNKS``)."""
     from .cost import DEFAULT_MODEL, simulate
 
     best = None
     for lay in forms:
+        if lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and lay is not forms[0]:
+            continue
         plan = levels_plan(spec, topo, lay, chunk_bytes)
         sim = simulate(plan, model=model or DEFAULT_MODEL)
         if best is None or sim.time < best[1].time:
