@@ -212,13 +212,14 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
 
 
 def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: float,
-               load: dict, top_kids: int = 0) -> list[tuple[int, int, tuple[str, ...]]] | None:
+               load: dict, top_kids: int = 0, avoid=()) -> list[tuple[int, int, tuple[str, ...]]] | None:
     """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
     first (Prim over the busiest link's load / capacity with ``share`` added, then fewer
     hops). Its edges are direct rank-to-rank links where the host has any (NVLink: a route
     through a PCIe switch would load the links to the host's ports), else routes through
     the host's own switches (an NVSwitch; ``inside``: the host's vertices). None when they
-    do not connect the group. ``top_kids``: at most that many children of ``top`` (0: any).
+    do not connect the group. ``top_kids``: at most that many children of ``top`` (0: any);
+    ``avoid``: links taken only where no other will do (another route of the same data).
     Edges parents first, each with its path."""
     r = net.ranks
     inset = set(group)
@@ -241,7 +242,7 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
                     continue
                 for p in options(u, v):
                     worst = max((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:]))
-                    key = (worst, depth[u], u, v, p)
+                    key = (sum(1 for arc in zip(p, p[1:]) if arc in avoid), worst, depth[u], u, v, p)
                     if best is None or key < best:
                         best = key
         if best is None:
@@ -350,8 +351,31 @@ def _lanes(net: Routes, topo, groups: list[list[int]]) -> list[list[int]] | None
     return out
 
 
+def _heights(sh: TreeShape) -> list[int]:
+    """Per rank, the most tree edges from it down to a leaf."""
+    h = [0] * len(sh.parent)
+    for r in reversed(sh.order):
+        for c in sh.children[r]:
+            h[r] = max(h[r], h[c] + 1)
+    return h
+
+
+def _critical_first(sh: TreeShape, height: list[int]):
+    """(parent, child) edges of ``sh``, parents before children, otherwise the child with
+    the deepest subtree first."""
+    import heapq
+
+    heap = [(-height[c], c, sh.root) for c in sh.children[sh.root]]
+    heapq.heapify(heap)
+    while heap:
+        _, c, r = heapq.heappop(heap)
+        yield r, c
+        for g in sh.children[c]:
+            heapq.heappush(heap, (-height[g], g, c))
+
+
 def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
-              algorithm: str = "treepack-dbt") -> Plan:
+              algorithm: str = "treepack-dbt", critical_first: bool = False) -> Plan:
     """Broadcast or reduce of ``spec`` over ``trees`` (out-trees, or in-trees for reduce),
     chunks round-robin over the trees, each tree edge's receives posted :data:`WINDOW`
     chunks ahead (module docstring)."""
@@ -372,6 +396,7 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
     # child's edge (reduce), chunk by chunk: the window's gates
     got: list[dict] = [dict() for _ in shapes]
     pieces = [[(a + q * ce, min(b, a + (q + 1) * ce)) for q in range(-(-(b - a) // ce))] for a, b in spans]
+    heights = [_heights(sh) for sh in shapes] if critical_first else None
     for k in range(max((len(p) for p in pieces), default=0)):
         for t, sh in enumerate(shapes):
             if k >= len(pieces[t]):
@@ -383,14 +408,14 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
             if kind == "broadcast":
                 B.add(sh.root, Copy(inref, out))
                 have = {sh.root: ()}
-                for r in sh.order:
-                    for c in sh.children[r]:
-                        prev = hist.setdefault(c, [])
-                        gate = (prev[k - WINDOW],) if k >= WINDOW else ()
-                        _, rv = B.message(r, c, inref if r == sh.root else out, out, send_deps=have[r],
-                                          recv_deps=gate, tree=t, chunk=k)
-                        prev.append(rv)
-                        have[c] = (rv,)
+                for r, c in (_critical_first(sh, heights[t]) if heights else
+                             ((r, c) for r in sh.order for c in sh.children[r])):
+                    prev = hist.setdefault(c, [])
+                    gate = (prev[k - WINDOW],) if k >= WINDOW else ()
+                    _, rv = B.message(r, c, inref if r == sh.root else out, out, send_deps=have[r],
+                                      recv_deps=gate, tree=t, chunk=k)
+                    prev.append(rv)
+                    have[c] = (rv,)
                 continue
             ready: dict[int, tuple[ChunkRef, tuple[int, ...]]] = {}
             for r in reversed(sh.order):  # children before parents

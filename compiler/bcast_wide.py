@@ -88,13 +88,14 @@ def lane_layout(hosts: int, ports: int) -> list[list[tuple[int, int]]]:
 
 
 def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float, load: dict,
-           inside: set) -> tuple[str, ...]:
+           inside: set, mine: dict) -> tuple[str, ...]:
     """The relay route (module docstring) from rank ``src`` to rank ``dst`` leaving through
     the port that ranks ``behind`` sit behind: a direct link, a route through the host's
     own switches, or two direct links through one rank, inside the host (``inside``), to one
     of them, then its shortest switch routes; the least loaded by its
-    busiest link with ``share`` added (then the next busiest, then fewer hops); ``load`` is
-    updated."""
+    busiest link with ``share`` added (then the next busiest, then fewer hops), after the
+    fewest links inside the host that ``mine`` (arc -> count: this tree's routes out of
+    this host so far) holds; ``load`` and ``mine`` are updated."""
     r = net.ranks
     heads: list[tuple[str, ...]] = []
     for x in behind:
@@ -118,14 +119,18 @@ def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float,
     def key(p):
         arcs = list(zip(p, p[1:]))
         hops = sorted(((load.get(a, 0.0) + share) / net.out[a[0]][a[1]] for a in arcs), reverse=True)
-        # then links no other route uses yet: two relays out of one rank over one link queue
-        # their first chunks one behind the other (the 64-DGX-1 root's third port started
-        # 94 us late behind two relays on one NVLink, with a free NVLink beside it)
-        return hops, sum(load.get(a, 0.0) / net.out[a[0]][a[1]] for a in arcs), len(p)
+        # first, links inside the host that no other route of this tree out of it takes:
+        # those routes carry the same chunk at the same instant, so on a shared link one
+        # waits for the other's whole chunk, every level (64 DGX-1s: 117 us a level against
+        # 96 where two relays shared one 25 GB/s NVLink); then links no route uses yet
+        return (sum(mine.get(a, 0) for a in arcs), hops,
+                sum(load.get(a, 0.0) / net.out[a[0]][a[1]] for a in arcs), len(p))
 
     best = min(cands, key=key)
     for arc in zip(best, best[1:]):
         load[arc] = load.get(arc, 0.0) + share
+        if arc[0] in inside and arc[1] in inside:
+            mine[arc] = mine.get(arc, 0) + 1
     return best
 
 
@@ -191,6 +196,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
     layouts = lane_layout(len(groups), P)
     gws = [[root] + [lanes[h][t] for h in range(1, len(groups))] for t in range(P)]
     kids: list[dict[int, list[tuple[int, tuple[str, ...]]]]] = [{} for _ in range(P)]
+    mine: list[dict[int, dict]] = [{} for _ in range(P)]  # per tree, per host: its relays' links
     # every tree's cross-host routes first: they carry the fill; the trees inside the hosts
     # take what their links leave
     for t, layout in enumerate(layouts):
@@ -200,7 +206,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             # full-duplex links of every sample carry alike; the choice is the same
             src = gw[par] if relay_root or par else lanes[0][k]
             try:
-                p = _relay(net, src, behind[par][k], gw[h], share, load, inside[par])
+                p = _relay(net, src, behind[par][k], gw[h], share, load, inside[par], mine[t].setdefault(par, {}))
             except ValueError:
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
@@ -210,8 +216,12 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             # the root's rank is every tree's gateway: one child each leaves its links to
             # the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on each of
             # its two 50 GB/s NVLinks, and the root's ports started 90-140 us late)
+            # and away from the links its relays take: every tree's at the root, whose sends
+            # of one chunk are all ready at one instant (an in-host copy queued there first
+            # held the root's third port back 40 us), else this tree's
+            avoid = {a for m in mine for a in m.get(0, ())} if h == 0 else mine[t].get(h, {})
             inner = _host_tree(net, inside[h], groups[h], gws[t][h], share, load,
-                               top_kids=1 if h == 0 else 0)
+                               top_kids=1 if h == 0 else 0, avoid=avoid)
             if inner is None:
                 return None
             for u, v, p in inner:
