@@ -230,6 +230,15 @@ static inline int item_less(const Item *p, const Item *q) {
     return p->b < q->b;
 }
 
+/* an array of `size`-byte elements grown to twice its capacity (16 at first): the new array,
+   *cap updated, or NULL (the old one kept) */
+static void *grow(void *a, Py_ssize_t *cap, size_t size) {
+    Py_ssize_t nc = *cap ? *cap * 2 : 16;
+    void *na = realloc(a, (size_t)nc * size);
+    if (na) *cap = nc;
+    return na;
+}
+
 /* one generic binary min-heap: elements of `size` bytes, ordered by `lt` */
 typedef struct {
     char *a;
@@ -239,11 +248,9 @@ typedef struct {
 #define HEAP_FUNCS(NAME, T, LT)                                                                    \
     static int NAME##_push(Heap *h, T e) {                                                        \
         if (h->n == h->cap) {                                                                     \
-            Py_ssize_t nc = h->cap ? h->cap * 2 : 16;                                             \
-            char *na = realloc(h->a, (size_t)nc * sizeof(T));                                     \
+            char *na = grow(h->a, &h->cap, sizeof(T));                                            \
             if (!na) return -1;                                                                   \
             h->a = na;                                                                            \
-            h->cap = nc;                                                                          \
         }                                                                                         \
         T *a = (T *)h->a;                                                                         \
         Py_ssize_t i = h->n++;                                                                    \
@@ -491,11 +498,9 @@ static int comps_insert(Comps *c, double e, int64_t m) {
             c->head = 0;
         }
         if (c->n == c->cap) {
-            Py_ssize_t nc = c->cap ? c->cap * 2 : 16;
-            Done *na = realloc(c->a, (size_t)nc * sizeof(Done));
+            Done *na = grow(c->a, &c->cap, sizeof(Done));
             if (!na) return -1;
             c->a = na;
-            c->cap = nc;
         }
     }
     Py_ssize_t lo = c->head, hi = c->n;

@@ -179,3 +179,44 @@ def test_native_exact_schedule_is_the_reference_loop(monkeypatch, kind, op, net)
         _timed(kind, topo, (32 << 10) // 4, ranks=ranks, op=op)
     assert runs and all(r[-1] for r in runs), [r for r in runs if not r[-1]]
     assert {wd for _, _, wd, _, _ in runs} == {False, True}
+
+
+@pytest.mark.skipif(schedule._exact is None, reason="the native core is not built")
+@pytest.mark.parametrize("bad", [None, "link", "rank", "dependent", "port", "lengths"])
+def test_native_exact_schedule_checks_its_indices(bad):
+    # two messages r0 -> r1 (up, over link 0) then r1 -> r2 (down, over link 1); each case
+    # breaks one index or length the loop would read, and the call must refuse it
+    import numpy as np
+
+    def i64(*v):
+        return np.array(v, np.int64)
+
+    port, path_ptr, path_links = i64(0, 1), i64(0, 1, 2), i64(0, 1)
+    dep_ptr, dep_idx, remaining = i64(0, 1, 1), i64(1), i64(0, 1)
+    src, dst, rep, upz = i64(0, 1), i64(1, 2), i64(0, -1), i64(-1, -1)
+    prank, wsize = i64(0, 1), i64(4, 4)
+    if bad == "link":
+        path_links = i64(0, 5)
+    elif bad == "rank":
+        dst = i64(1, 3)
+    elif bad == "dependent":
+        dep_idx = i64(2)
+    elif bad == "port":
+        prank = i64(0, 2)
+    elif bad == "lengths":
+        path_ptr = i64(0, 1)
+    f = np.zeros(2, np.float64)
+    order, pred, pop, gate_z, first_in = (np.empty(2, np.int64) for _ in range(5))
+    start, end, gate_side = np.zeros(2), np.zeros(2), np.zeros(2, np.int8)
+
+    def run():
+        return schedule._exact(port, path_ptr, path_links, f + 8.0, f, np.array([0, 1], np.int8), dep_ptr, dep_idx,
+                               remaining, src, dst, rep, upz, np.zeros(2, np.int8), prank, wsize, f + 1e-6, f + 1e9,
+                               1e-6, 3, order, pred, start, end, pop, gate_z, gate_side, first_in)
+
+    if bad is None:
+        done, makespan, _ = run()
+        assert done == 2 and order.tolist() == [0, 1] and makespan == end[1] > end[0] > 0
+        return
+    with pytest.raises(ValueError, match="exact: "):
+        run()
