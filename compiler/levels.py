@@ -35,6 +35,16 @@ Terms
   transfers are a reduce-scatter (each element's tree walked leaves to root), and an
   allreduce is that reduce-scatter followed by the allgather (:func:`levels_plan`).
 
+- packed form (:func:`plan_packed`): where every member of a group has an exit of its own
+  (each A100 GPU's or MI250 GCD's NIC), the lanes carry each rank's own block straight to
+  the same member of every other group, and inside each group every member forwards its
+  *bundle* (its block and the ones its lane brought in) over the group's own allgather tree
+  packing, not the intra ring: on an MI250 node the ring used one ring's worth of the xGMI
+  mesh (2 x MI250 allgather 256 MB: 0.27 of the bound as a ring, 0.83 packed). Its
+  reduce-scatter is the same transfers reversed, paced per rank, peer and tree
+  (:data:`RS_PACKED_WINDOW`); its allreduce reduces chunks in the order its allgather sends
+  them. Priced beside the ring forms up to :data:`BOTH_FORMS_MAX_RANKS` ranks.
+
 Every message carries at most one chunk, so a plan has about ``n x (m + G x chunks per share)``
 messages: few large ones, where a flat ring or tree packing over ``n`` ranks sends one per rank
 block per chunk (BENCHMARKS.md, "What the schedules lose here").
@@ -70,6 +80,10 @@ RS_SEND_WINDOW = 4
 # the packed form's reduce-scatter paces each rank's sends to each group peer the same way:
 # the leaves of its trees hold every partial sum at once, and queued ahead on the links they
 # held back the sums interior ranks forward
+# the packed form's lane window past two groups (4 x A100 allgather 256 MB at 2 MiB: 0.817
+# with 1, 0.799 with 2, 0.751 with 3; allreduce 0.859 / 0.849); with two, LANE_WINDOW
+# (2 x MI250 allgather: 0.820 with 2, 0.800 with 1)
+PACKED_LANE_WINDOW = 1
 # the packed form's allgather: each in-group send waits for the one before it to the same
 # peer over the same tree from the same block (its own, or one a lane brought): the own
 # blocks, ready at once, queued ahead of the lanes' blocks on each rank's port and left the
@@ -523,14 +537,15 @@ def _packed_transfers(L: Levels, E: int, n: int, ce: int, backward: bool = False
     return out, sent, got
 
 
-def _gates(sent: dict[int, list[int]], got: dict[int, list[int]]) -> tuple[dict[int, int], set[int]]:
+def _gates(sent: dict[int, list[int]], got: dict[int, list[int]], window: int = LANE_WINDOW
+           ) -> tuple[dict[int, int], set[int]]:
     """``({k: j}, the gating transfers)``: lane transfer ``k``'s send waits for the receive of
-    lane transfer ``j`` at the same rank, :data:`LANE_WINDOW` of its lane messages earlier."""
+    lane transfer ``j`` at the same rank, ``window`` of its lane messages earlier."""
     gates: dict[int, int] = {}
     for r, ks in sent.items():
         rv = got.get(r, [])
-        for j in range(LANE_WINDOW, min(len(ks), len(rv) + LANE_WINDOW)):
-            k, g = ks[j], rv[j - LANE_WINDOW]
+        for j in range(window, min(len(ks), len(rv) + window)):
+            k, g = ks[j], rv[j - window]
             if g < k:  # emitted before the send it gates
                 gates[k] = g
     return gates, set(gates.values())
@@ -643,7 +658,8 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
                 lo, hi = own[r]
                 if hi > lo:
                     held.add(r, lo, hi, B.add(r, Copy(ChunkRef("in", 0, hi - lo), ChunkRef("out", lo, hi - lo))))
-        gates, gating = _gates(sent, got)
+        gates, gating = _gates(sent, got, PACKED_LANE_WINDOW if layout.inner and len(layout.groups) > 2
+                               else LANE_WINDOW)
         ag_recv: dict[int, int] = {}  # gating transfers: the receive, at their dst
         lane_trees = len(layout.lanes) * len(layout.groups)
         starts = [lo for lo, _ in own]
