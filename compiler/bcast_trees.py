@@ -502,18 +502,21 @@ def dbt_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *, 
     return lower_dbt(spec, topo, trees, chunk_bytes)
 
 
-def trees_rate(topo, trees: Sequence[PackedTree], inward: bool = False) -> float:
+def trees_rate(topo, trees: Sequence[PackedTree], inward: bool = False, only=None) -> float:
     """Bytes/s of buffer the trees sustain when every tree carries its share (``rate``, a
     fraction of the buffer): the least over the links they cross of capacity / the shares
-    crossing it (``inward``: data runs each path backwards). The packing's rate of
-    ``treepack-dbt``; the broadcast bound where no link carries more than its cut's share."""
+    crossing it (``inward``: data runs each path backwards; ``only``: over the links for
+    which ``only(link)`` holds). The packing's rate of ``treepack-dbt``; the broadcast bound
+    where no link carries more than its cut's share."""
     caps: dict[tuple[str, str], float] = {}
     for l in topo.links:
-        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+        if only is None or only(l):
+            caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
     load: dict[tuple[str, str], float] = {}
     for t in trees:
         for _, _, path in t.edges:
             data = path[::-1] if inward else path
             for arc in zip(data, data[1:]):
                 load[arc] = load.get(arc, 0.0) + t.rate
-    return min((caps.get(a, 0.0) / x for a, x in load.items() if x > 0), default=0.0)
+    return min((caps.get(a, 0.0) / x for a, x in load.items() if x > 0 and (only is None or a in caps)),
+               default=0.0)

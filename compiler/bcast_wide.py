@@ -174,18 +174,7 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
 def _ports_rate(topo, trees: Sequence[PackedTree], inward: bool) -> float:
     """:func:`bcast_trees.trees_rate` over the links between a host and the outside only."""
     host = dict(topo.hosts)
-    caps: dict[tuple[str, str], float] = {}
-    for l in topo.links:
-        if host.get(l.src) != host.get(l.dst):
-            caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
-    load: dict[tuple[str, str], float] = {}
-    for t in trees:
-        for _, _, path in t.edges:
-            data = path[::-1] if inward else path
-            for arc in zip(data, data[1:]):
-                if arc in caps:
-                    load[arc] = load.get(arc, 0.0) + t.rate
-    return min((caps[a] / x for a, x in load.items() if x > 0), default=0.0)
+    return trees_rate(topo, trees, inward, only=lambda l: host.get(l.src) != host.get(l.dst))
 
 
 def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes,
