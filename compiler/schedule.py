@@ -41,14 +41,14 @@ operations. The simulator then reserves every link, the switches' egress links i
 the schedule's order, and the plan's simulated time is the schedule's makespan
 (tests/test_schedule_ingress.py).
 
-Cost. The list schedules' event loops run natively (compiler/_simcore.c's ``wfq`` and,
-over switches, ``exact``; the Python loops kept as their references and fallbacks, each
-pair equal message for message: tests/test_schedule_native.py); each job's messages per
-chunk are one template repeated per chunk as arrays, and the templates of a set of trees are kept for its next lowering (the
-chunk search lowers the same trees at several sizes). A schedule that replays exactly (one
-hop per message over the sender's own link: :func:`_replays_exactly`) is compared with the
-rival plain order before it is written out, and dropped unwritten where it loses
-(:class:`Outrun`, lower.lower_priced).
+Cost. The list schedules' event loops run natively (compiler/_simcore.c's ``wfq`` and, over
+switches, ``exact``; the Python loops kept as their references and fallbacks, each pair
+equal message for message: tests/test_schedule_native.py); each job's messages per chunk are
+one template repeated per chunk as arrays, and the templates of a set of trees are kept for
+its next lowering (the chunk search lowers the same trees at several sizes). A schedule that
+replays exactly (one hop per message over the sender's own link: :func:`_replays_exactly`)
+is compared with the rival plain order before it is written out, and dropped unwritten where
+it loses (:class:`Outrun`, lower.lower_priced).
 
 Jobs. The scheduler moves *jobs*: a job reduces its chunks up one tree (its *up tree*) and
 broadcasts them down another (its *down tree*), both rooted at the same rank. A tree kind's
