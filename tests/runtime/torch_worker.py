@@ -5,7 +5,7 @@ Joins with ``init_process_group`` (env:// from RANK/WORLD_SIZE/MASTER_ADDR/MASTE
 JSON line ``RESULT {...}`` and exits 0, or prints the error and exits 1. Several modes in one
 job (one process start-up for several tests): ``RESULT {"mode": {...}, ...}``, a mode that
 raised as ``{"error": ..., "type": ...}``; modes that break a communicator on purpose
-(``order``, ``sendonly``, ``sizes``) run on a process group of their own.
+(``order``, ``sendonly``, ``sizes``, ``absent``) run on a process group of their own.
 
 Every expected value is computed here with numpy from the inputs of all ranks, which each rank
 can rebuild (they are functions of the rank): never read back from hcc.
@@ -171,13 +171,15 @@ def mode_ops(rank: int, n: int) -> dict:
     return {"checked": done, "not_cpu": mode_cuda(rank, n)["error"]}
 
 
-def mode_async(rank: int, n: int) -> dict:
-    """Two all_reduces in flight at once on one process group, then both checked; and a burst
-    of 16 async ops of mixed kinds and sizes waited for in reverse order."""
+def mode_async(rank: int, n: int, group=None) -> dict:
+    """Two all_reduces in flight at once on one process group (``group``, default the job's),
+    then both checked; and a burst of 16 async ops of mixed kinds and sizes waited for in
+    reverse order. What the group's plan cache compiled and read from disk."""
+    pg = group or dist.distributed_c10d._get_default_group()
     a = torch.full((1 << 20,), float(rank + 1))  # 4 MiB
     b = torch.arange(1009, dtype=torch.float64) * (rank + 1)
-    wa = dist.all_reduce(a, async_op=True)
-    wb = dist.all_reduce(b, op=dist.ReduceOp.MAX, async_op=True)
+    wa = dist.all_reduce(a, async_op=True, group=group)
+    wb = dist.all_reduce(b, op=dist.ReduceOp.MAX, async_op=True, group=group)
     wb.wait()
     wa.wait()
     check(a[:3], np.full(3, float(sum(range(1, n + 1)))), "async a")
@@ -186,17 +188,25 @@ def mode_async(rank: int, n: int) -> dict:
     ts, works = [], []
     for k in range(16):
         t = torch.full((1 + 97 * (k % 4),), float(rank * k))  # 4 sizes: 8 plans, not 16 compiles
-        works.append(dist.all_reduce(t, async_op=True) if k % 2 else dist.broadcast(t, src=k % n, async_op=True))
+        works.append(dist.all_reduce(t, async_op=True, group=group) if k % 2
+                     else dist.broadcast(t, src=k % n, async_op=True, group=group))
         ts.append(t)
     for w in reversed(works):
         w.wait()
     for k, t in enumerate(ts):
         want = sum(r * k for r in range(n)) if k % 2 else (k % n) * k
         check(t, np.full(t.numel(), float(want)), f"burst {k}")
-    fut = dist.all_reduce(torch.ones(5), async_op=True).get_future()
+    fut = dist.all_reduce(torch.ones(5), async_op=True, group=group).get_future()
     (res,) = fut.wait()
     check(res, np.full(5, float(n)), "future")
-    return {"ok": True}
+    return {"ok": True, "compiled": pg.comm.cache.compiled, "loaded": pg.comm.cache.loaded}
+
+
+def mode_async_cached(rank: int, n: int) -> dict:
+    """:func:`mode_async` again on a new group of the same ranks: a new communicator whose plan
+    cache starts empty in memory, so every plan it runs comes from the files the first run
+    left on disk (or is compiled again, which its counters show)."""
+    return mode_async(rank, n, group=dist.new_group(backend="hcc"))
 
 
 def mode_join(rank: int, n: int) -> dict:
@@ -291,13 +301,31 @@ def mode_sizes(rank: int, n: int) -> dict:
     return {"unexpected": "completed"}
 
 
+ABSENT_TIMEOUT_S = 6.0  # the absent mode's group deadline: what the others wait before they fail
+
+
 def mode_absent(rank: int, n: int) -> dict:
-    dist.all_reduce(torch.ones(10))
+    """On a group of its own with a 6 s deadline, every rank all-reduces once; then the last
+    rank never calls the second all_reduce the others call. It stays alive and connected (not
+    dead: the others must reach their deadline, or hear that another waiting rank did) until
+    every other rank has failed, which each says on the job's store; then it returns. The
+    error each other rank raised."""
+    group = _own_group(ABSENT_TIMEOUT_S)
+    store = dist.distributed_c10d._get_default_store()
+    dist.all_reduce(torch.ones(13), group=group)  # 13 floats: a plan the ops mode left on disk
     if rank == n - 1:
-        # never calls the second collective: outlives the others' deadline by 3 s
-        time.sleep(float(os.environ.get("HCC_TEST_TIMEOUT", "60")) + 3)
-        return {"absent": True}
-    dist.all_reduce(torch.ones(10))
+        # an event, not a sleep past the deadline: released as soon as the others have
+        # failed, bounded at 10 deadlines
+        end = time.monotonic() + 10 * ABSENT_TIMEOUT_S
+        while store.add("absent/failed", 0) < n - 1 and time.monotonic() < end:
+            time.sleep(0.05)
+        return {"absent": True, "others_failed": store.add("absent/failed", 0)}
+    try:
+        dist.all_reduce(torch.ones(13), group=group)
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        return {"error": str(e), "type": type(e).__name__}
+    finally:
+        store.add("absent/failed", 1)
     return {"unexpected": "completed"}
 
 
@@ -347,4 +375,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the result is out and the group destroyed: skip the interpreter's teardown, which with
+    # torch loaded takes 1.4-1.9 s of CPU per process (4 ranks on 2 cores: seconds per job)
+    os._exit(code)
