@@ -25,6 +25,11 @@ the packing's own trees, and tighter where the trees crowd fast links, whose eff
 capacity drops most at small chunks: on one MI250 node the allgather trees' floor at 1 MiB
 chunks is 1.18x the cut bound (the cut floor 1.125x), above the multi-channel rings' 1.148x,
 so that size, the costliest of the trees' chunk search, is not lowered.
+
+The reduce-scatter + allgather trees (``treepack-rsag``, :func:`rsag_floor`) take weights
+spread evenly over the links busiest at the packed shares instead of the LP's (no solve over
+hundreds of trees), and price every chunk above the largest block at the block, since no
+message of a per-root tree carries more than its root's block.
 """
 from __future__ import annotations
 
