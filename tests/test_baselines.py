@@ -273,8 +273,8 @@ def test_ring_allreduce_columns_are_the_ops_columns(sample):
 
 
 def test_columns_priced_rings_compile_to_the_same_plan(monkeypatch):
-    """With every ring allreduce priced from columns (COLUMN_OPS 0), DGX-1's allreduce, where
-    auto selects NCCL's rings, compiles to the plan of the op-object compile: the selected
+    """With every ring allreduce priced from columns (COLUMN_OPS 0), DGX-1's allreduce over
+    NCCL's rings (which auto selects there too) compiles to the plan of the op-object compile: the selected
     rings are lowered again as op objects, with the same figures. (A plan without ops ends
     the chunk search at its first size, as chunks.MAX_SEARCH_OPS ends it on every plan above
     COLUMN_OPS; here the rings' first size is their best.)"""
@@ -286,7 +286,10 @@ def test_columns_priced_rings_compile_to_the_same_plan(monkeypatch):
     from hcc.compiler.pipeline import compile_unit
 
     program = hcc.load(Path(__file__).resolve().parent.parent / "samples" / "dgx1.hcl")
-    name = next(c.name for c in program.collectives if c.kind == "allreduce")
+    spec = next(c for c in program.collectives if c.kind == "allreduce")
+    # forced (no tree packing to price); auto selects the same rings here
+    program = replace(program, collectives=(replace(spec, algorithm="rings"),))
+    name = spec.name
     want = compile_unit(program, name)
     assert want.plan.algorithm == "rings" and want.plan.chunk_bytes == want.candidate("rings").choice.tried[0][0]
     monkeypatch.setattr(CH, "COLUMN_OPS", 0)
