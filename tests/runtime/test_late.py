@@ -32,14 +32,59 @@ def plans():
     return {c.name: hcc.compile(prog, c.name) for c in prog.collectives}
 
 
-def test_staggered_arrivals_adaptive_and_static_are_exact_and_wait_only_for_the_last(plans):
+STAR = f"""topology star {{ node g[0..{N - 1}]  switch s
+  g[0..{N - 1}] <-> s : 1 MB/s }}
+collective ar = allreduce on star {{ size = 4 MB  on_failure = continue }}
+collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
+"""
+SLOW_G3 = f"""topology star {{ node g[0..{N - 1}]  switch s
+  g[0..2] <-> s : 1 MB/s
+  g3 <-> s : 0.25 MB/s
+  g4 <-> s : 1 MB/s }}
+collective ar = allreduce on star {{ size = 4 MB  on_failure = continue }}
+collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
+"""
+QUORUM_SETS = [((0, 2, 4), (1, 3)), ((1, 3, 4), (0, 2)), ((0, 1, 2), (3, 4))] * 2
+
+
+def _shared_cases(plans) -> dict[str, list[Case]]:
+    """The cases of the tests below that need a job of their own only for its start-up: each
+    test's cases, in order (the cases are independent runs; a case's timings count from its
+    own start barrier)."""
     rng = np.random.default_rng(7)
-    cases = []
+    staggered = []
     for name in ("broadcast", "allreduce", "reduce", "allgather"):
         for adaptive in (True, False):
             delays = tuple(float(d) for d in rng.uniform(0, 0.3, N))
-            cases.append(Case(plans[name], seed=int(rng.integers(1 << 16)), delays=delays, adaptive=adaptive))
-    for case, out in zip(cases, run_local(cases, timeout=10)):
+            staggered.append(Case(plans[name], seed=int(rng.integers(1 << 16)), delays=delays, adaptive=adaptive))
+    quorum = [Case(plans["allreduce"], seed=11 + i, delays=tuple(LATE_S if r in late else 0.0 for r in range(N)),
+                   quorum=3) for i, (early, late) in enumerate(QUORUM_SETS)]
+    quorum_reduce = [Case(plans["reduce"], seed=5, delays=tuple(0.0 if r in (0, 3) else LATE_S for r in range(N)),
+                          quorum=2)]
+    star = hcc.load(STAR)
+    relays = [Case(hcc.compile(star, name), seed=s, adaptive=True, chunk_bytes=256 << 10,
+                   delays=tuple(0.15 * r for r in range(N))) for name, s in (("ar", 3), ("ari", 4))]
+    slow = hcc.load(SLOW_G3)
+    drain = [Case(hcc.compile(slow, name), seed=s, adaptive=True, delays=(0.0, 0.0, 0.0, 0.5, 0.55))
+             for name, s in (("ar", 5), ("ari", 6))]
+    trace = [Case(plans["allreduce"], seed=8, adaptive=True, trace=True, delays=(0.0, 0.2, 0.05, 0.3, 0.1))]
+    return {"staggered": staggered, "quorum": quorum, "quorum_reduce": quorum_reduce, "relays": relays,
+            "drain": drain, "trace": trace}
+
+
+@pytest.fixture(scope="module")
+def shared(plans) -> dict[str, list[tuple[Case, object]]]:
+    """One 5-rank job runs the cases of six tests (each test used to start five processes of
+    its own for a few runs); per test, its (case, outcome) pairs."""
+    groups = _shared_cases(plans)
+    cases = [c for g in groups.values() for c in g]
+    outs = iter(run_local(cases, timeout=10))
+    return {name: [(c, next(outs)) for c in g] for name, g in groups.items()}
+
+
+def test_staggered_arrivals_adaptive_and_static_are_exact_and_wait_only_for_the_last(shared):
+    assert len(shared["staggered"]) == 8
+    for case, out in shared["staggered"]:
         assert not out.errors, out.errors
         plan = case.plan
         check(plan, out.outputs, expected(plan, make_inputs(plan, case.seed)))
@@ -90,15 +135,14 @@ def test_default_is_static_when_nobody_is_late_adaptive_when_someone_is_and_the_
     assert last - first == grown, (first, last, adaptive_runs)
 
 
-def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plans):
+def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plans, shared):
     # Several runs: a rank may fold the early arrivals after its first result chunk came in
     # (its contributor set still growing then); such a chunk must still count as final. One
     # run of this in about 15 hung before that was handled (Run.refresh_shapes).
     plan = plans["allreduce"]
-    sets = [((0, 2, 4), (1, 3)), ((1, 3, 4), (0, 2)), ((0, 1, 2), (3, 4))] * 2
-    cases = [Case(plan, seed=11 + i, delays=tuple(LATE_S if r in late else 0.0 for r in range(N)), quorum=3)
-             for i, (early, late) in enumerate(sets)]
-    for case, (early, late), out in zip(cases, sets, run_local(cases, timeout=10)):
+    assert len(shared["quorum"]) == len(QUORUM_SETS)
+    for (case, out), (early, late) in zip(shared["quorum"], QUORUM_SETS):
+        assert case.plan is plan and case.quorum == 3
         assert not out.errors, out.errors
         ins = make_inputs(plan, case.seed)
         want = _reduce(plan, [ins[r] for r in early])
@@ -111,12 +155,11 @@ def test_quorum_allreduce_reduces_the_first_k_arrivals_and_reports_the_late(plan
             assert out.info[r]["seconds"] < LATE_S + 2.0
 
 
-def test_quorum_reduce_keeps_the_root_and_the_first_arrivals(plans):
+def test_quorum_reduce_keeps_the_root_and_the_first_arrivals(plans, shared):
     plan = plans["reduce"]
     assert plan.root == 0
-    delays = tuple(0.0 if r in (0, 3) else LATE_S for r in range(N))
-    case = Case(plan, seed=5, delays=delays, quorum=2)
-    (out,) = run_local([case], timeout=10)
+    ((case, out),) = shared["quorum_reduce"]
+    assert case.plan is plan and case.quorum == 2 and case.delays == (0.0, LATE_S, LATE_S, 0.0, LATE_S)
     assert not out.errors, out.errors
     ins = make_inputs(plan, case.seed)
     got = out.outputs[plan.root]
@@ -260,28 +303,23 @@ def test_the_agreement_log_stays_bounded_over_50_adaptive_runs(plans):
     assert len(log_keys) <= cap + 3 * N + 5, (len(log_keys), sorted(log_keys)[:20])
 
 
-def test_no_rank_relays_while_it_still_has_pieces_to_push_and_the_result_stays_exact():
+def test_no_rank_relays_while_it_still_has_pieces_to_push_and_the_result_stays_exact(shared):
     # The plan is compiled for a star of 1 MB/s links (the links' figures are what the
     # relay trees weigh; the bytes here cross loopback). Ranks arrive 0.15 s apart, so every
     # rank still has seconds of pieces to push (3 blocks of 1 MB at 1 MB/s) when the last
     # arrives. Every owner's results wait for those pieces, so nobody relays a copy
     # (backends/repair.relay_parents): a relayed copy through a rank still pushing pieces
     # delayed the last rank's pieces by ~0.5 s in the emulated 8-rank star. Results are exact.
-    prog = hcc.load(f"""topology star {{ node g[0..{N - 1}]  switch s
-  g[0..{N - 1}] <-> s : 1 MB/s }}
-collective ar = allreduce on star {{ size = 4 MB  on_failure = continue }}
-collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
-""")
-    cases = [Case(hcc.compile(prog, name), seed=s, adaptive=True, chunk_bytes=256 << 10,
-                  delays=tuple(0.15 * r for r in range(N))) for name, s in (("ar", 3), ("ari", 4))]
-    for case, out in zip(cases, run_local(cases, timeout=10)):
+    # (the cases: STAR, in _shared_cases)
+    assert len(shared["relays"]) == 2
+    for case, out in shared["relays"]:
         assert not out.errors, out.errors
         check(case.plan, out.outputs, expected(case.plan, make_inputs(case.plan, case.seed)))
         relays = {r: out.info[r]["stats"]["relays"] for r in range(N)}
         assert sum(relays.values()) == 0, relays
 
 
-def test_the_second_to_last_arrival_owns_nothing_when_its_link_cannot_drain_in_time():
+def test_the_second_to_last_arrival_owns_nothing_when_its_link_cannot_drain_in_time(shared):
     # Who owns the star allreduce's sub-blocks (backends/adaptive/star.py maybe_claim / share_rest,
     # backends/repair.py claim_count / share_by_load): the plan says g3's link is 4x slower
     # (0.25 MB/s) than the others' (1 MB/s). Ranks 0-2 arrive at once and claim up to
@@ -290,17 +328,9 @@ def test_the_second_to_last_arrival_owns_nothing_when_its_link_cannot_drain_in_t
     # slow link (4 MB at most: 16 s by the model, against ~6 s for an early owner at the cap). So it claims
     # nothing, gets no sub-block at the share-out, and ends like the last rank: pieces up,
     # results down. The bytes cross loopback; the result is exact (float sum, int32 max).
-    prog = hcc.load(f"""topology star {{ node g[0..{N - 1}]  switch s
-  g[0..2] <-> s : 1 MB/s
-  g3 <-> s : 0.25 MB/s
-  g4 <-> s : 1 MB/s }}
-collective ar = allreduce on star {{ size = 4 MB  on_failure = continue }}
-collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
-""")
-    delays = (0.0, 0.0, 0.0, 0.5, 0.55)
-    cases = [Case(hcc.compile(prog, name), seed=s, adaptive=True, delays=delays)
-             for name, s in (("ar", 5), ("ari", 6))]
-    for case, out in zip(cases, run_local(cases, timeout=10)):
+    # (the cases: SLOW_G3 with delays (0, 0, 0, 0.5, 0.55), in _shared_cases)
+    assert len(shared["drain"]) == 2
+    for case, out in shared["drain"]:
         assert not out.errors, out.errors
         check(case.plan, out.outputs, expected(case.plan, make_inputs(case.plan, case.seed)))
         stats = {r: out.info[r]["stats"] for r in range(N)}
@@ -310,14 +340,14 @@ collective ari = allreduce on star {{ size = 4 MB  dtype = int32  op = max }}
         assert all(0 < stats[r]["owns"] for r in (0, 1, 2)), stats
 
 
-def test_the_star_trace_accounts_for_every_chunk_and_results_follow_their_last_piece(plans):
+def test_the_star_trace_accounts_for_every_chunk_and_results_follow_their_last_piece(plans, shared):
     # run(trace=True) (benchmarks/fault_bench.py --trace): every piece an owner received was
     # posted by its sender to that owner, every result a rank received was posted to it, and
     # an owner posts a result chunk only once the pieces of every other rank are in (one
     # CLOCK_MONOTONIC for all processes on Linux, so the ranks' times compare).
     plan = plans["allreduce"]
-    case = Case(plan, seed=8, adaptive=True, trace=True, delays=(0.0, 0.2, 0.05, 0.3, 0.1))
-    (out,) = run_local([case], timeout=10)
+    ((case, out),) = shared["trace"]
+    assert case.plan is plan and case.trace
     assert not out.errors, out.errors
     check(plan, out.outputs, expected(plan, make_inputs(plan, case.seed)))
     ev = {r: out.info[r]["stats"]["events"] for r in range(N)}
