@@ -1,30 +1,33 @@
 /* hcc.ir._verifycore — checks 4-7 of ir/verify.py (races, deadlock order, symbolic execution,
    final buffers) over a plan's op columns, for the plans that need nothing more general.
 
-   run(n, words, code, rank, dep_ptr, dep_idx, rslot, roff, wslot, woff, extra, partner,
+   run(n, words, code, rank, dep_ptr, dep_idx, rslot, rend, roff, wslot, wend, woff, extra, partner,
        succ_ptr, succ_idx, indeg, nslots, out_rng, slot_start, slot_end,
        req_ptr, req_lo, req_hi, req_shift, req_bit, req_div) -> (0, "") or (1, why)
 
    The caller (ir/verify_native.py) prepares every column and decides nothing here changes:
    0 means every check passed; 1 means a check failed *or* the plan needs what this core does
-   not represent (a value of two shifts); the caller then runs ir/verify.py's Python checks,
+   not represent (a value of two shifts, a slot of two values); the caller then runs ir/verify.py's Python checks,
    which accept or name the fault exactly. This core never accepts what they reject:
 
    - ops are global ids g (rank-major, as ir/opscan.py numbers them); code 0 Send, 1 Recv,
      2 RecvReduce, 3 Copy, 4 Reduce, 5 Scale. dep_ptr/dep_idx: g's deps as global ids, in
-     op order. rslot[g]: the slot g reads (-1 none, -2 the read-only ``in``), roff[g] its
-     offset; wslot[g]/woff[g]: the slot it writes; extra[g]: a Scale's divisor; partner[g]: a
-     Send's matching receive.
-   - slot: one (rank, buffer, range) of ``out``/``tmp``; every buffer is laminar (ranges equal
-     or disjoint, checked by the caller), so a slot is the unit of both the race state and
-     the value. out_rng[2r]..out_rng[2r+1]: rank r's ``out`` slots, by start.
+     op order. rslot[g]..rend[g]: the slots g reads (rslot -1 none, -2 the read-only ``in``),
+     roff[g] the first element it reads; wslot[g]..wend[g], woff[g]: the same for what it
+     writes; extra[g]: a Scale's divisor; partner[g]: a Send's matching receive.
+   - slot: one elementary (rank, buffer, range) of ``out``/``tmp`` (slot_start, slot_end):
+     the caller cuts each buffer at every end of a range its ops name, so an op's range is a
+     run of whole slots and a slot is the unit of both the race state and the value.
+     out_rng[2r]..out_rng[2r+1]: rank r's ``out`` slots, by start.
    - races (check 4): per slot the last plain writer, the reductions and the readers since,
-     each later access checked to be a descendant along deps (the same backward search as
-     verify._unordered, limited to ids >= the smallest target).
+     each later access checked, once for all its slots, to be a descendant along deps (the
+     same backward search as verify._unordered, limited to ids >= the smallest target).
    - order (check 5): Kahn's algorithm over the completes-before CSR succ_ptr/succ_idx with
      in-degrees indeg (consumed), ready ops taken last-in first-out as verify._order does.
-   - values (check 6): one term group per element, (shift, rank mask of ``words`` 64-bit
-     words, divisor), as ir/verify_values.py's value ((shift, mask),), divisor.
+   - values (check 6): one term group per slot, (shift, rank mask of ``words`` 64-bit
+     words, divisor), as ir/verify_values.py's value ((shift, mask),), divisor; a message
+     carries the run of its source slots' values (equal neighbours merged), and each slot it
+     lands on must lie inside one of them.
    - final (check 7): rank r's ``out`` runs req_ptr[r]..req_ptr[r+1] must be covered by
      written slots equal to (req_shift, bit req_bit or every rank when -1, req_div). */
 #define PY_SSIZE_T_CLEAN
