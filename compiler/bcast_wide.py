@@ -23,8 +23,9 @@ Terms
   below its top), so the trees' interiors are disjoint but for the hosts at a run's
   boundary, which split their ports between two trees.
 - depth: host levels below the root's host: the top is level 1, and level k holds up to
-  P^(k-1) hosts, so H hosts need ``1 + ceil(log_P((H-1)(P-1)/P + 1))`` levels at most
-  (64 hosts, P = 4: 4 levels, against 6 binary levels of two chunk times each).
+  P^(k-1) hosts, so H hosts need the least D with 1 + P + ... + P^(D-1) >= H - 1; the
+  layout takes that or one level more where a boundary host splits its ports (64 hosts,
+  P = 4: 4 levels, against 6 binary levels of two chunk times each).
 - relay route: a cross-host edge leaves from the rank where the tree's data enters the host
   (its gateway), through one or two of the host's direct links (NVLink) to a rank behind the
   edge's port, then that port's switch route: one message, cut-through, as NCCL's PXN sends
@@ -33,17 +34,24 @@ Terms
   the rank behind the port and sent again: a whole NVLink chunk time more per level.
 
 α-β arithmetic (64 DGX-1 hosts, 256 MiB, 1 us per message): every port carries S/4 = 64 MiB
-through PCIe (12 GB/s, 2 us) and EDR (12.5 GB/s, 5 us), whose per-message hold is
-c/12.5e9 + 6 us against c/12e9 + 3 us; the time is about the busiest port's hold over all its
-chunks plus one chunk time and the route's 19 us of latency per host level (the last port
-starts D levels after the root) plus the leaf's spread inside the host:
-at c = 1 MiB, 5.79 ms + 4 x 106 us + ~40 us = 6.25 ms (0.895 of the 5.59 ms bound); the
-binary pairs' 12 chunk times forced 512 KiB chunks and 7.1 ms. Chunk size:
-:func:`wide_chunk`.
+through PCIe (12 GB/s, 2 us) and EDR (12.5 GB/s, 5 us), whose per-message holds are
+c/12e9 + 3 us and c/12.5e9 + 6 us; the time is the busiest port link's hold over its N =
+S/4/c chunks plus, per host level, one chunk over the route and its 19 us of latency (the
+last port starts four levels after the root's): T(c) = max(S/4/12e9 + 3 us N, S/4/12.5e9 +
+6 us N) + 4 (c/12e9 + 19 us), least at c = 880 KiB, 6.19 ms: 0.903 of the 5.59 ms bound.
+The plan (896 KiB) simulates at 6.21 ms (0.900; reduce 6.27 ms, 0.892): the rest is the
+spread inside the last host. The binary pairs: 12 chunk times of fill, 0.83 at best, 0.785
+as built. With each quarter leaving the root's host once and every host sending at most one
+child edge per port, 63 hosts cannot be fewer than four levels deep (1 + 4 + 16 < 63), so
+0.903 bounds this shape at any one chunk size. Chunk size: :func:`wide_chunk`.
+
+Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
+root's host stores each tree's data at the rank behind its port first. The in-host trees
+(bcast_trees._host_tree, least-loaded first) keep off the links the relays take: a relay and
+a copy of the same chunk on one link queue one behind the other.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
@@ -56,7 +64,6 @@ from .trees import PackedTree
 CHUNK_STEP = 64 << 10
 
 __all__ = ["CHUNK_STEP", "host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
-
 
 
 def lane_layout(hosts: int, ports: int) -> list[list[tuple[int, int]]]:
