@@ -106,13 +106,23 @@ def expected(world: int) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def members(cluster):
+    """One set of member actors for both ways in: each joins, uses and destroys a group of its
+    own name, so the second way starts from actors whose group was torn down (an actor's
+    first start-up, torch import included, was most of each test's time)."""
+    actors = [Member.remote(r) for r in range(WORLD)]
+    yield actors
+    for a in actors:
+        ray.kill(a)
+
+
 @pytest.mark.parametrize("via_module", [False, True], ids=["ray.util.collective", "hcc.ray"])
-def test_collectives_in_user_actors(cluster, via_module):
+def test_collectives_in_user_actors(cluster, members, via_module):
     import hcc.ray as hray
 
     assert hray.register()  # the installed Ray has backend registration
     group = f"g{int(via_module)}"
-    members = [Member.remote(r) for r in range(WORLD)]
     kinds = ray.get([m.setup.remote(WORLD, group, via_module) for m in members], timeout=180)
     if not via_module:
         assert kinds == ["HccGroup True local=True model=True"] * WORLD
