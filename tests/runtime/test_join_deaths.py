@@ -183,15 +183,22 @@ def outcomes(tmp_path_factory):
     return _run_zygote(tmp_path_factory.mktemp("join") / "outcomes.json")
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-def test_continue_survives_a_death_at_every_moment(outcomes, moment):
-    import numpy as np
-
+@pytest.fixture(scope="module")
+def keep_plan():
+    """The "keep" plan as the zygote compiles it, compiled once for the three moments' tests."""
     from hcc import api
-    from hcc.backends.reference import _reduce, make_input
     from hcc.runner import compile_on
 
-    plan = compile_on(api.load(SOURCE), "keep")
+    return compile_on(api.load(SOURCE), "keep")
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_continue_survives_a_death_at_every_moment(outcomes, keep_plan, moment):
+    import numpy as np
+
+    from hcc.backends.reference import _reduce, make_input
+
+    plan = keep_plan
     cases = [o for o in outcomes if o["plan"] == "keep" and o["moment"] == moment]
     assert len(cases) == SEEDS
     for o in cases:
