@@ -4,6 +4,7 @@ the numpy result when the output overwrites the input, and the launcher's ``inpl
 option restores the input before every iteration (``"chained"``: only before the last)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -23,6 +24,7 @@ STAR = """topology loopback {
 """
 
 
+@functools.lru_cache(maxsize=1)
 def _plans() -> list:
     # sizes that do not divide by 4 ranks or by the chunks; the algorithms the bench uses
     cases = [("allreduce", "float32", "sum", 4100, ""), ("allreduce", "float32", "sum", 3 << 20, ""),
@@ -39,14 +41,36 @@ def _plans() -> list:
     return [hcc.compile(program, f"c{i}") for i in range(len(cases))]
 
 
-def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
-    plans = _plans()
+BCAST16 = STAR + """collective b = broadcast on loopback {
+    size = 16 MiB
+    dtype = float32
+    algorithm = direct
+    adaptive = off
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """One 4-rank job of three timed iterations after a warm-up for the three tests below (a
+    job each before): the six plans in place, two of them chained, and a 16 MiB broadcast in
+    place; per test, its (plan, result) pairs."""
+    every = _plans()
+    chained = [every[1], every[4]]  # allreduce of 3 MiB, broadcast of 1 MiB
+    bcast = hcc.compile(hcc.load(BCAST16), "b")
+    cases = ([(p, 7, {"inplace": True}) for p in every] + [(p, 7, {"inplace": "chained"}) for p in chained]
+             + [(bcast, 7, {"inplace": True})])
+    results = run_cases_local("sockets", cases, iters=3, warmup=1, timeout=30)
+    return {"inplace": list(zip(every, results[:6])), "chained": list(zip(chained, results[6:8])),
+            "bcast16": (bcast, results[8])}
+
+
+def test_in_place_runs_of_compiled_plans_are_exact_every_iteration(runs):
     # three timed iterations: without the restore, an allreduce's second iteration would
     # reduce the first one's result (4x the expected sum), and the check below would fail
-    results = run_cases_local("sockets", [(p, 7, {"inplace": True}) for p in plans], iters=3, warmup=1,
-                              timeout=30)
     ncpu = os.cpu_count() or 1
-    for p, res in zip(plans, results):
+    assert len(runs["inplace"]) == 6
+    for p, res in runs["inplace"]:
         assert len(res.times) == 3
         check(p, res.outputs, expected(p, make_inputs(p, 7)))
         # per rank and timed iteration: its CPU seconds and the host's idle core-seconds over
@@ -59,37 +83,27 @@ def test_in_place_runs_of_compiled_plans_are_exact_every_iteration():
                 assert all(-0.05 <= i <= ncpu * t + 0.05 for i, t in zip(idle, times)), (idle, times)
 
 
-def test_no_rank_restores_its_input_while_another_is_still_timing():
+def test_no_rank_restores_its_input_while_another_is_still_timing(runs):
     # a broadcast's receivers finish long before its root; copying their input back then
-    # took a core from the root's timed sends
-    src = STAR + """collective b = broadcast on loopback {
-    size = 16 MiB
-    dtype = float32
-    algorithm = direct
-    adaptive = off
-}
-"""
-    plan = hcc.compile(hcc.load(src), "b")
-    (res,) = run_cases_local("sockets", [(plan, 7, {"inplace": True})], iters=4, warmup=1, timeout=30)
+    # took a core from the root's timed sends. Every iteration after the first restores the
+    # same way: 3 of them are checked (the job's warm-up and 3 timed iterations; 4 before)
+    plan, res = runs["bcast16"]
     check(plan, res.outputs, expected(plan, make_inputs(plan, 7)))
     spans = res.detail["rank_spans"]
-    assert all(len(s) == 5 for s in spans)
-    for it in range(1, 5):
+    assert all(len(s) == 4 for s in spans)
+    for it in range(1, 4):
         last_end = max(s[it - 1][2] for s in spans)
         for r, s in enumerate(spans):
             restored, start, end = s[it]
             assert last_end <= restored <= start <= end, (r, it, s[it], last_end)
 
 
-def test_chained_iterations_restore_only_before_the_last_one():
+def test_chained_iterations_restore_only_before_the_last_one(runs):
     # the benchmark's default against gloo: each iteration reduces the last one's output, as a
     # loop of dist.all_reduce(x) does; the last starts from the original input again, so its
     # output is the reference (had it not been restored, this sum would be 4**3 times too big)
-    every = _plans()
-    plans = [every[1], every[4]]  # allreduce of 3 MiB, broadcast of 1 MiB
-    results = run_cases_local("sockets", [(p, 7, {"inplace": "chained"}) for p in plans], iters=3,
-                              warmup=1, timeout=30)
-    for p, res in zip(plans, results):
+    assert len(runs["chained"]) == 2
+    for p, res in runs["chained"]:
         check(p, res.outputs, expected(p, make_inputs(p, 7)))
         spans = res.detail["rank_spans"]
         assert all(len(s) == 4 for s in spans)
