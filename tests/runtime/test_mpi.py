@@ -220,16 +220,26 @@ def test_tag_above_tag_ub_is_a_plan_error(tmp_path):
     assert proc.stdout.count("is outside 0..MPI_TAG_UB") == 2
 
 
-def test_killed_rank_ends_the_job_with_a_clear_error():
-    """SIGKILL one rank at its first send: every rank is reported, the dead one as killed,
-    the others as stopped because MPICH cannot continue; well within the deadline."""
+@pytest.fixture(scope="module")
+def killed_job() -> dict:
+    """One 4-rank job of the grid's big allreduce whose rank 1 is SIGKILLed at its first send
+    (the two tests below checked one such job each): the ranks' errors, how long it took, and
+    the /dev/shm segments that appeared during it and nobody maps afterwards."""
     src, _ = grid_program(4)
     plan = hcc.compile(src, "big_allreduce")
+    before = mpi._shm_segments()
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as info:
         mpi.run_local(plan, make_inputs(plan, 0), timeout=30.0, kill=(1, 0))
     elapsed = time.monotonic() - t0
-    errs = info.value.errors
+    left = mpi._shm_segments() - before - mpi._mapped_segments()
+    return {"errors": info.value.errors, "elapsed": elapsed, "left": left}
+
+
+def test_killed_rank_ends_the_job_with_a_clear_error(killed_job):
+    """SIGKILL one rank at its first send: every rank is reported, the dead one as killed,
+    the others as stopped because MPICH cannot continue; well within the deadline."""
+    errs, elapsed = killed_job["errors"], killed_job["elapsed"]
     assert errs[1] == "killed (SIGKILL)"
     assert set(errs) == {0, 1, 2, 3}
     for r in (0, 2, 3):
@@ -237,16 +247,11 @@ def test_killed_rank_ends_the_job_with_a_clear_error():
     assert elapsed < 30.0, f"took {elapsed:.1f} s"
 
 
-def test_an_aborted_job_leaves_no_shared_memory_behind():
+def test_an_aborted_job_leaves_no_shared_memory_behind(killed_job):
     """A SIGKILLed rank never reaches MPI_Finalize, so MPICH's /dev/shm segments outlive the
     job; the launcher unlinks the ones that appeared during it and nobody maps any more (a
     later job whose segment name collides would fail in MPI_Init: "Out of memory")."""
-    src, _ = grid_program(4)
-    plan = hcc.compile(src, "big_allreduce")
-    before = mpi._shm_segments()
-    with pytest.raises(RunFailed):
-        mpi.run_local(plan, make_inputs(plan, 0), timeout=30.0, kill=(1, 0))
-    left = mpi._shm_segments() - before - mpi._mapped_segments()
+    left = killed_job["left"]
     assert not left, f"segments left by the aborted job: {sorted(left)}"
 
 
