@@ -21,7 +21,9 @@ Terms
   whose child edges leave an interior through different ports, in parallel. The slots of
   the H-1 non-root hosts are dealt to the P trees in runs of H-2 (each tree has H-2 edges
   below its top), so the trees' interiors are disjoint but for the hosts at a run's
-  boundary, which split their ports between two trees.
+  boundary, which split their ports between two trees. Where the fabric is several
+  switches (*rails*: an A100 server's NIC i on InfiniBand switch i % 2), a port reaches only
+  its rail's ports, and each tree takes its slots from the ports of its own rail.
 - depth: host levels below the root's host: the top is level 1, and level k holds up to
   P^(k-1) hosts, so H hosts need the least D with 1 + P + ... + P^(D-1) >= H - 1; the
   layout takes that or one level more where a boundary host splits its ports (64 hosts,
@@ -66,47 +68,64 @@ CHUNK_STEP = 64 << 10
 __all__ = ["CHUNK_STEP", "host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
 
 
-def lane_layout(hosts: int, ports: int) -> list[list[tuple[int, int]]]:
+def lane_layout(hosts: int, ports: int, rails: Sequence[Sequence[int]] | None = None
+                ) -> list[list[tuple[int, int]]]:
     """Per lane tree, ``(parent host, port)`` of each host 1..hosts-1 in the tree's order
     (module docstring), the top's parent ``(0, t)``: a list of ``(host, (parent, port))``
-    pairs, parents listed before their children.
+    pairs, parents listed before their children. ``rails``: the port indices that reach
+    each other (a fabric of several switches, as an A100 server's two InfiniBand rails):
+    tree t takes its slots from the ports of t's rail only (default: one rail of all).
 
     >>> [[(h, p) for h, p in t] for t in lane_layout(4, 2)]
     [[(1, (0, 0)), (2, (1, 0)), (3, (1, 1))], [(2, (0, 1)), (1, (2, 0)), (3, (2, 1))]]
+    >>> [[p for _, p in t] for t in lane_layout(3, 2, [[0], [1]])]
+    [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
     """
+    out: list[list[tuple[int, tuple[int, int]]]] = [[] for _ in range(ports)]
     m = hosts - 1
-    if m < 1 or ports < 1:
-        return [[] for _ in range(ports)]
-    slots = [(h, k) for h in range(1, hosts) for k in range(ports)]
+    if m < 1:
+        return out
     per = m - 1
-    out = []
-    for t in range(ports):
-        run = slots[t * per:(t + 1) * per]
-        count: dict[int, int] = {}
-        for h, _ in run:
-            count[h] = count.get(h, 0) + 1
-        # the hosts with the most slots in this tree first: a boundary host with one slot
-        # left as the top would give the tree one level more
-        owners = sorted(count, key=lambda h: (-count[h], h))
-        listing = [(h, k) for h in owners for hh, k in run if hh == h]
-        order = owners + [h for h in range(1, hosts) if h not in count]
-        if not order:  # two hosts: the top alone
-            order = [1]
-        tree = [(order[0], (0, t))]
-        tree += [(order[i], listing[i - 1]) for i in range(1, len(order))]
-        out.append(tree)
+    for rail in rails if rails is not None else [list(range(ports))]:
+        slots = [(h, k) for h in range(1, hosts) for k in rail]
+        for i, t in enumerate(rail):
+            run = slots[i * per:(i + 1) * per]
+            count: dict[int, int] = {}
+            for h, _ in run:
+                count[h] = count.get(h, 0) + 1
+            # the hosts with the most slots in this tree first: a boundary host with one
+            # slot left as the top would give the tree one level more
+            owners = sorted(count, key=lambda h: (-count[h], h))
+            listing = [(h, k) for h in owners for hh, k in run if hh == h]
+            order = owners + [h for h in range(1, hosts) if h not in count]
+            out[t] = [(order[0], (0, t))] + [(order[j], listing[j - 1]) for j in range(1, len(order))]
     return out
 
 
-def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float, load: dict,
+def _rails(net: Routes, behind: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
+    """The port indices grouped by which reach each other through switches alone, read off
+    two hosts (the last two: the root's may hold the root alone behind a port)."""
+    a, b = behind[-2], behind[-1]
+    rails: list[list[int]] = []
+    for k in range(len(a)):
+        for rail in rails:
+            if net.shortest_routes(a[k][0], b[rail[0]][0]):
+                rail.append(k)
+                break
+        else:
+            rails.append([k])
+    return rails
+
+
+def _relay(net: Routes, src: int, port: str, behind: Sequence[int], dst: int, share: float, load: dict,
            inside: set, mine: dict) -> tuple[str, ...]:
     """The relay route (module docstring) from rank ``src`` to rank ``dst`` leaving through
-    the port that ranks ``behind`` sit behind: a direct link, a route through the host's
-    own switches, or two direct links through one rank, inside the host (``inside``), to one
-    of them, then its shortest switch routes; the least loaded by its
-    busiest link with ``share`` added (then the next busiest, then fewer hops), after the
-    fewest links inside the host that ``mine`` (arc -> count: this tree's routes out of
-    this host so far) holds; ``load`` and ``mine`` are updated."""
+    ``port`` (a switch), which ranks ``behind`` sit behind: a direct link, a route through
+    the host's own switches, or two direct links through one rank, inside the host
+    (``inside``), to one of them, then its shortest switch routes through ``port``; the
+    least loaded by its busiest link with ``share`` added (then the next busiest, then fewer
+    hops), after the fewest links inside the host that ``mine`` (arc -> count: this tree's
+    routes out of this host so far) holds; ``load`` and ``mine`` are updated."""
     r = net.ranks
     heads: list[tuple[str, ...]] = []
     for x in behind:
@@ -122,8 +141,7 @@ def _relay(net: Routes, src: int, behind: Sequence[int], dst: int, share: float,
     cands = []
     for head in heads:
         x = net.ranks.index(head[-1]) if len(head) > 1 else src
-        for tail in net.shortest_routes(x, dst):
-            cands.append(head + tail[1:])
+        cands += [head + tail[1:] for tail in net.shortest_routes(x, dst) if port in tail]
     if not cands:
         raise ValueError("no relay route")
 
@@ -190,11 +208,13 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
     r = net.ranks
     host = dict(topo.hosts)
     inside = [{v for v, h in topo.hosts if h == host[r[g[0]]]} for g in groups]
-    behind = [[b for _, b in _ports(net, topo, g)] for g in groups]
+    ports = [_ports(net, topo, g) for g in groups]
+    names = [[name for name, _ in x] for x in ports]
+    behind = [[b for _, b in x] for x in ports]
     P = len(lanes[0])
     share = 1.0 / P
     load: dict = {}
-    layouts = lane_layout(len(groups), P)
+    layouts = lane_layout(len(groups), P, _rails(net, behind))
     gws = [[root] + [lanes[h][t] for h in range(1, len(groups))] for t in range(P)]
     kids: list[dict[int, list[tuple[int, tuple[str, ...]]]]] = [{} for _ in range(P)]
     mine: list[dict[int, dict]] = [{} for _ in range(P)]  # per tree, per host: its relays' links
@@ -207,7 +227,8 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             # full-duplex links of every sample carry alike; the choice is the same
             src = gw[par] if relay_root or par else lanes[0][k]
             try:
-                p = _relay(net, src, behind[par][k], gw[h], share, load, inside[par], mine[t].setdefault(par, {}))
+                p = _relay(net, src, names[par][k], behind[par][k], gw[h], share, load, inside[par],
+                           mine[t].setdefault(par, {}))
             except ValueError:
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))

@@ -243,6 +243,25 @@ collective r = reduce on wide {{ root = h{hosts - 1}.g2  size = 1 MiB }}
 
 WIDE8, WIDE4 = wide_text(8), wide_text(4)
 
+# three A100-like hosts: four GPUs on an NVSwitch, one NIC each, the NICs on two rails (two
+# fabric switches, NIC i on rail i % 2): a port reaches only the ports of its own rail
+RAILS = """
+topology rails {
+    host n[0..2] {
+        node g[0..3]
+        switch nvs, nic[0..3]
+        g[0..3] <-> nvs : 300 GB/s, 1 us
+        g0 <-> nic0 : 25 GB/s, 2 us    g1 <-> nic1 : 25 GB/s, 2 us
+        g2 <-> nic2 : 25 GB/s, 2 us    g3 <-> nic3 : 25 GB/s, 2 us
+    }
+    switch ib0, ib1
+    n[0..2].nic0 <-> ib0 : 25 GB/s, 2 us    n[0..2].nic2 <-> ib0 : 25 GB/s, 2 us
+    n[0..2].nic1 <-> ib1 : 25 GB/s, 2 us    n[0..2].nic3 <-> ib1 : 25 GB/s, 2 us
+}
+collective b = broadcast on rails { root = n1.g2  size = 1 MiB }
+collective r = reduce on rails { root = n0.g0  size = 1 MiB }
+"""
+
 
 def _outward(topo) -> dict[str, list[tuple[str, str]]]:
     """Per host, its port arcs (a switch of the host to a vertex outside it), from the topology."""
@@ -264,9 +283,11 @@ def _data_load(trees, kind) -> Counter:
     return load
 
 
-@pytest.mark.parametrize("hosts,ports", [(h, p) for p in (2, 3, 4, 5) for h in (2, 3, 5, 8, 17, 64, 65)])
-def test_lane_layout_uses_each_port_once_and_stays_shallow(hosts, ports):
-    layout = lane_layout(hosts, ports)
+@pytest.mark.parametrize("hosts,ports,rails", [(h, p, None) for p in (2, 3, 4, 5) for h in (2, 3, 5, 8, 17, 64, 65)]
+                         + [(h, 4, [[0, 2], [1, 3]]) for h in (2, 3, 9)] + [(6, 3, [[0], [1, 2]])])
+def test_lane_layout_uses_each_port_once_and_stays_shallow(hosts, ports, rails):
+    layout = lane_layout(hosts, ports, rails)
+    rail_of = {k: i for i, r in enumerate(rails or [range(ports)]) for k in r}
     assert len(layout) == ports
     used = Counter()
     for t, tree in enumerate(layout):
@@ -274,6 +295,7 @@ def test_lane_layout_uses_each_port_once_and_stays_shallow(hosts, ports):
         assert tree[0][1] == (0, t)  # the root's port t feeds tree t's top
         for h, (par, k) in tree:
             assert par in placed and h not in placed and 0 <= k < ports  # parents first
+            assert rail_of[k] == rail_of[t]  # a port feeds only ports of its own rail
             placed.add(h)
             used[(par, k)] += 1
         assert placed == set(range(hosts))
@@ -281,19 +303,21 @@ def test_lane_layout_uses_each_port_once_and_stays_shallow(hosts, ports):
         for h, (par, _) in tree:
             depth[h] = depth[par] + 1
         # levels of P^(k-1) hosts, one more where a boundary host splits its ports
+        fan = len((rails or [range(ports)])[rail_of[t]])  # a tree's ports per host
         need, total = 1, 1
         while total < hosts - 1:
-            total += ports ** need
+            total += fan ** need
             need += 1
         assert max(depth.values()) <= need + 1
-        if (hosts, ports) == (64, 4):
+        if (hosts, ports, rails) == (64, 4, None):
             assert max(depth.values()) == 4  # 64 DGX-1s: four host levels, not six binary ones
     assert max(used.values()) == 1  # every (host, port) sends at most one share
 
 
 @pytest.mark.parametrize("text,name,kind", [(WIDE8, "b", None), (WIDE8, "r", None), (WIDE4, "b", None),
                                             (WIDE4, "r", None), (MULTIPORT, "b", None), (MULTIPORT, "r", None),
-                                            (CLUSTER, "b", None), (CLUSTER, "b", "reduce")])
+                                            (CLUSTER, "b", None), (CLUSTER, "b", "reduce"), (RAILS, "b", None),
+                                            (RAILS, "r", None)])
 def test_wide_plans_verify_compute_and_respect_the_bound(text, name, kind):
     spec, topo = setup(text, name, kind=kind)
     trees = wide_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
@@ -309,7 +333,8 @@ def test_wide_plans_verify_compute_and_respect_the_bound(text, name, kind):
     assert trees_rate(topo, trees, spec.kind == "reduce") == pytest.approx(spec.size_bytes / bound, rel=1e-9)
 
 
-@pytest.mark.parametrize("text,name", [(WIDE8, "b"), (WIDE8, "r"), (MULTIPORT, "b"), (CLUSTER, "b")])
+@pytest.mark.parametrize("text,name", [(WIDE8, "b"), (WIDE8, "r"), (MULTIPORT, "b"), (CLUSTER, "b"), (RAILS, "b"),
+                                       (RAILS, "r")])
 def test_wide_ports_carry_their_share_and_hosts_are_few_levels_deep(text, name):
     spec, topo = setup(text, name)
     trees = wide_trees(topo, spec.ranks, spec.root, inward=spec.kind == "reduce")
