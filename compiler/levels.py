@@ -63,7 +63,7 @@ from .builder import split_by_rate
 from .lower import ProgramBuilder, assemble, chunk_elems, plan_op
 from .routes import pieces, ring_order
 
-__all__ = ["Levels", "levels_forms", "levels_plan", "levels_priced", "plan_levels", "rank_groups"]
+__all__ = ["Levels", "levels_forms", "levels_plan", "levels_priced", "plan_levels", "plan_packed", "rank_groups"]
 
 LEVEL_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
 # a lane rank's send waits for its receive this many lane messages earlier: every lane message
@@ -77,9 +77,6 @@ LANE_WINDOW = 2
 # on its links they held the partial sums the lanes wait for back (DGX-1 x 64 reduce-scatter
 # at 1 MiB: first lane message at 1.5 ms, 7.25 ms in all; 5.84 ms with 4, 8.8 with 2)
 RS_SEND_WINDOW = 4
-# the packed form's reduce-scatter paces each rank's sends to each group peer the same way:
-# the leaves of its trees hold every partial sum at once, and queued ahead on the links they
-# held back the sums interior ranks forward
 # the packed form's lane window past two groups (4 x A100 allgather 256 MB at 2 MiB: 0.817
 # with 1, 0.799 with 2, 0.751 with 3; allreduce 0.859 / 0.849); with two, LANE_WINDOW
 # (2 x MI250 allgather: 0.820 with 2, 0.800 with 1)
@@ -90,8 +87,10 @@ PACKED_LANE_WINDOW = 1
 # lanes' last blocks to cross the group after everything else (2 x A100 allgather 256 MB at
 # 4 MiB: 0.605 of the bound unpaced, 0.712 with 1 in flight, 0.682 with 2)
 AG_PACKED_WINDOW = 1
-# (2 x MI250 reduce-scatter 256 MB: 0.50 of the bound unpaced, 0.69 with 1 in flight per
-# rank, peer and tree, 0.65 with 2; paced per rank pair instead, 0.19: a leaf then waited
+# the packed form's reduce-scatter paces each rank's sends per peer and tree: the leaves of
+# its trees hold every partial sum at once, and queued ahead on the links they held back the
+# sums interior ranks forward (2 x MI250 reduce-scatter 256 MB: 0.50 of the bound unpaced,
+# 0.69 with 1 in flight, 0.65 with 2; paced per rank pair instead, 0.19: a leaf then waited
 # for an interior rank's sends)
 RS_PACKED_WINDOW = 1
 # the packed form's in-group messages carry up to this many lane chunks; each is priced.
@@ -622,7 +621,7 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         # no lane gates in the reduce-scatter: its lane sends wait for their group's partial
         # sums already (the allgather's window reversed: 8.7 against 7.3 ms on DGX-1 x 64);
         # the group's own sends are paced instead (RS_SEND_WINDOW)
-        mine: dict[Any, list[int]] = {}  # per rank (packed: per rank pair), its group-internal sends
+        mine: dict[Any, list[int]] = {}  # per rank (packed: per rank, peer, tree), its group-internal sends
         window = RS_PACKED_WINDOW if layout.inner else RS_SEND_WINDOW
         lane_trees = len(layout.lanes) * len(layout.groups)
         for k in range(len(rs_moves) - 1, -1, -1):
