@@ -437,8 +437,9 @@ def plan_packed(topo: Topology, ranks: Sequence[str]) -> Levels | None:
     group's vertices): the NVSwitch star on an A100 host, the xGMI mesh's 48 trees on an
     MI250 node, where the ring of :func:`plan_levels` used one ring's links of the mesh
     (2 x MI250 allgather 256 MB: 0.27 of the bound). None where the layout is not split
-    lanes on every member, or a group packs at rate 0."""
+    lanes on every member, or a group's own links do not connect its ranks both ways."""
     from .treepack import pack_allgather  # OR-Tools: loaded when a compile packs
+    from .treepack_master import PackError
 
     ranks = tuple(ranks)
     base = plan_levels(topo, ranks, star=True)
@@ -452,7 +453,10 @@ def plan_packed(topo: Topology, ranks: Sequence[str]) -> Levels | None:
         names = tuple(ranks[r] for r in grp)
         sub = Topology(f"{topo.name}.group{g}", names, tuple(v for v in topo.switches if v in comp),
                        tuple(l for l in topo.links if l.src in comp and l.dst in comp and l.src != l.dst))
-        pk = pack_allgather(sub, names)
+        try:
+            pk = pack_allgather(sub, names)
+        except PackError:  # a rank the group's own links do not reach: no in-group trees
+            return None
         if not pk.trees or pk.rate <= 0:
             return None
         pos = {ranks[r]: r for r in grp}

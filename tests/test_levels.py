@@ -230,3 +230,24 @@ def test_packed_form_over_each_groups_own_trees():
         floor = factor * spec.size_bytes * len(outside) / n / min_cut_into(topo, inside, outside)
         for k in (1, 2):
             assert simulate(levels_plan(spec, topo, replace(lay, inner_scale=k), 1 << 20)).time >= floor
+
+
+def test_packed_form_declines_where_a_group_cannot_pack():
+    """A host whose own links reach its ranks one way only has no in-group trees: no packed
+    form (the ring forms decide for themselves), and no error."""
+    from hcc.compiler.levels import levels_forms, plan_packed
+
+    oneway = """
+topology t {
+    host m[0..1] {
+        node d[0..2]
+        d0 -> d1 : 50 GB/s, 1 us
+        d1 -> d2 : 50 GB/s, 1 us
+    }
+    switch ib
+    m[0..1].d[0..2] <-> ib : 16 GB/s, 1 us
+}
+"""
+    spec, topo = load(oneway, "size = 1 MiB")
+    assert plan_packed(topo, spec.ranks) is None
+    assert all(not f.inner for f in levels_forms(topo, spec.ranks) or ())
