@@ -351,31 +351,8 @@ def _lanes(net: Routes, topo, groups: list[list[int]]) -> list[list[int]] | None
     return out
 
 
-def _heights(sh: TreeShape) -> list[int]:
-    """Per rank, the most tree edges from it down to a leaf."""
-    h = [0] * len(sh.parent)
-    for r in reversed(sh.order):
-        for c in sh.children[r]:
-            h[r] = max(h[r], h[c] + 1)
-    return h
-
-
-def _critical_first(sh: TreeShape, height: list[int]):
-    """(parent, child) edges of ``sh``, parents before children, otherwise the child with
-    the deepest subtree first."""
-    import heapq
-
-    heap = [(-height[c], c, sh.root) for c in sh.children[sh.root]]
-    heapq.heapify(heap)
-    while heap:
-        _, c, r = heapq.heappop(heap)
-        yield r, c
-        for g in sh.children[c]:
-            heapq.heappush(heap, (-height[g], g, c))
-
-
 def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
-              algorithm: str = "treepack-dbt", critical_first: bool = False) -> Plan:
+              algorithm: str = "treepack-dbt") -> Plan:
     """Broadcast or reduce of ``spec`` over ``trees`` (out-trees, or in-trees for reduce),
     chunks round-robin over the trees, each tree edge's receives posted :data:`WINDOW`
     chunks ahead (module docstring)."""
@@ -396,7 +373,6 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
     # child's edge (reduce), chunk by chunk: the window's gates
     got: list[dict] = [dict() for _ in shapes]
     pieces = [[(a + q * ce, min(b, a + (q + 1) * ce)) for q in range(-(-(b - a) // ce))] for a, b in spans]
-    heights = [_heights(sh) for sh in shapes] if critical_first else None
     for k in range(max((len(p) for p in pieces), default=0)):
         for t, sh in enumerate(shapes):
             if k >= len(pieces[t]):
@@ -408,14 +384,14 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
             if kind == "broadcast":
                 B.add(sh.root, Copy(inref, out))
                 have = {sh.root: ()}
-                for r, c in (_critical_first(sh, heights[t]) if heights else
-                             ((r, c) for r in sh.order for c in sh.children[r])):
-                    prev = hist.setdefault(c, [])
-                    gate = (prev[k - WINDOW],) if k >= WINDOW else ()
-                    _, rv = B.message(r, c, inref if r == sh.root else out, out, send_deps=have[r],
-                                      recv_deps=gate, tree=t, chunk=k)
-                    prev.append(rv)
-                    have[c] = (rv,)
+                for r in sh.order:
+                    for c in sh.children[r]:
+                        prev = hist.setdefault(c, [])
+                        gate = (prev[k - WINDOW],) if k >= WINDOW else ()
+                        _, rv = B.message(r, c, inref if r == sh.root else out, out, send_deps=have[r],
+                                          recv_deps=gate, tree=t, chunk=k)
+                        prev.append(rv)
+                        have[c] = (rv,)
                 continue
             ready: dict[int, tuple[ChunkRef, tuple[int, ...]]] = {}
             for r in reversed(sh.order):  # children before parents
