@@ -47,7 +47,7 @@ from .bcast_trees import lower_dbt, spread_trees
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op
 from .routes import btree_pair, chain_in, chain_out, pieces, ring_order, rotate, routes, star, tree_of
 
-__all__ = ["dbtree_plan", "direct_plan", "rd_plan", "rd_steps", "ring_allreduce_ops", "ring_plan", "ring_priced"]
+__all__ = ["dbtree_plan", "direct_plan", "rd_plan", "rd_steps", "ring_allreduce_ops", "ring_plan"]
 
 # -- the single ring and the double binary tree --------------------------------------------------
 def _ring_allreduce(spec: Any, topo: Topology, order: list[int], ce: int) -> Plan:
@@ -147,24 +147,6 @@ def ring_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:
     else:
         raise PlanError(f"no ring form for collective kind {kind!r}")
     return lower(spec, topo, trees, chunk_bytes, algorithm="ring")
-
-
-def ring_priced(spec: Any, topo: Topology, chunk_bytes: int, model: Any = None):
-    """:func:`ring_plan`, or, for an allreduce large enough (channels.columns_wanted: only
-    inside pipeline.Lower), ``(plan, simulation)``: the plan without its ops and the
-    simulation of its op columns (channels.ring_columns: the same columns as the op objects'),
-    on the cost model ``model``."""
-    from .channels import columns_wanted, ring_columns
-    from .cost import DEFAULT_MODEL, simulate_columns
-
-    if not columns_wanted(spec, [1.0], chunk_bytes):
-        return ring_plan(spec, topo, chunk_bytes)
-    order = ring_order(topo, spec.ranks)
-    tab = ring_columns(spec, order, chunk_bytes)
-    if tab is None:
-        return ring_plan(spec, topo, chunk_bytes)
-    plan = assemble(spec, topo, ProgramBuilder(len(spec.ranks)), (), "ring", chunk_elems(chunk_bytes, spec.dtype))
-    return plan, simulate_columns(plan, tab, model=model or DEFAULT_MODEL)
 
 
 def dbtree_plan(spec: Any, topo: Topology, chunk_bytes: int) -> Plan:

@@ -37,7 +37,7 @@ from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_
 from .routes import shortest_preds
 from .trees import PackedTree
 
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_allreduce_columns", "ring_columns", "columns_allowed", "columns_wanted",
+__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_priced", "ring_allreduce_columns", "ring_columns", "columns_allowed", "columns_wanted",
            "MAX_CHANNELS"]
 
 # NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
@@ -733,3 +733,22 @@ def _columns(spec: Any, rings, chunk_bytes: int):
                    sbuf, np.where(sbuf >= 0, off, 0), np.where(sbuf >= 0, cnt, 0),
                    dbuf, np.where(dbuf >= 0, off, 0), np.where(dbuf >= 0, cnt, 0),
                    np.tile(extra_b, len(blocks)).astype(np.int64)[perm])
+
+
+def ring_priced(spec: Any, topo: Topology, chunk_bytes: int, model: Any = None):
+    """baselines.ring_plan, or, for an allreduce large enough (:func:`columns_wanted`: only
+    inside pipeline.Lower), ``(plan, simulation)``: the plan without its ops and the
+    simulation of its op columns (:func:`ring_columns`: the same columns as the op objects'),
+    on the cost model ``model``."""
+    from .baselines import ring_plan
+    from .cost import DEFAULT_MODEL, simulate_columns
+    from .routes import ring_order
+
+    if not columns_wanted(spec, [1.0], chunk_bytes):
+        return ring_plan(spec, topo, chunk_bytes)
+    order = ring_order(topo, spec.ranks)
+    tab = ring_columns(spec, order, chunk_bytes)
+    if tab is None:
+        return ring_plan(spec, topo, chunk_bytes)
+    plan = assemble(spec, topo, ProgramBuilder(len(spec.ranks)), (), "ring", chunk_elems(chunk_bytes, spec.dtype))
+    return plan, simulate_columns(plan, tab, model=model or DEFAULT_MODEL)

@@ -58,7 +58,7 @@ from .bcast_trees import dbt_plan, dbt_trees, trees_rate
 from .bcast_wide import wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
-from .channels import rings_priced
+from .channels import ring_priced, rings_priced
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
@@ -369,8 +369,8 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
               eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
               pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True),
-    # the largest ring allreduces priced from op columns (baselines.ring_priced)
-    Algorithm("ring", TREE_KINDS, lambda u, spec, _: lambda c: baselines.ring_priced(spec, u.topology, c, u.model),
+    # the largest ring allreduces priced from op columns (channels.ring_priced)
+    Algorithm("ring", TREE_KINDS, lambda u, spec, _: lambda c: ring_priced(spec, u.topology, c, u.model),
               baseline=True),
     Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels),
               baseline=True),
