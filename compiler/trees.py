@@ -3,8 +3,8 @@
 Terms
 - tree (:class:`PackedTree`): a spanning tree over a collective's ranks as every stage before
   lowering hands it on: ``root``, ``edges`` = ``(parent, child, path)`` triples listed parents
-  first, ``path`` the topology vertices from parent to child (through switches; for an
-  in-tree, whose data flows child -> parent, the data's route reversed), and ``rate``, the
+  first, ``path`` the topology vertices from parent to child (through switches, or through a
+  relaying rank's vertex as treepack-wide's cut-through edges do; for an in-tree, whose data flows child -> parent, the data's route reversed), and ``rate``, the
   bytes/s the tree carries. Endpoints are rank names, or rank positions where a schedule is
   built over positions (the ring channels); lowering accepts both.
 - Every producer builds this value: the packings (treepack.py, bidir.py), the NCCL-like
@@ -29,7 +29,7 @@ __all__ = ["PackedTree", "TreeShape"]
 @dataclass(frozen=True)
 class PackedTree:
     root: str
-    # (parent_rank, child_rank, vertex path parent..child through switches only), parents first
+    # (parent_rank, child_rank, vertex path parent..child through switches or relaying ranks), parents first
     edges: tuple[tuple[str, str, tuple[str, ...]], ...]
     rate: float = 1.0  # bytes/s this tree carries
 

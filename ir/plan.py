@@ -251,7 +251,7 @@ class Tree:
     ``parent[r]`` is the parent rank of rank ``r`` (``-1`` for the root and for ranks the tree
     does not span). Data flows root→leaves for broadcast-like phases and leaves→root for
     reduce-like phases. ``paths[r]`` is the topology vertex path from ``parent[r]`` to ``r``
-    (through switches; empty for the root). ``rate`` is the bytes/s the packing gives the tree
+    (through switches or a relaying rank's vertex; empty for the root). ``rate`` is the bytes/s the packing gives the tree
     and ``span = (lo, hi)`` the element range of the root's data it carries.
     """
 
