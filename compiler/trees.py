@@ -4,8 +4,9 @@ Terms
 - tree (:class:`PackedTree`): a spanning tree over a collective's ranks as every stage before
   lowering hands it on: ``root``, ``edges`` = ``(parent, child, path)`` triples listed parents
   first, ``path`` the topology vertices from parent to child (through switches, or through a
-  relaying rank's vertex as treepack-wide's cut-through edges do; for an in-tree, whose data flows child -> parent, the data's route reversed), and ``rate``, the
-  bytes/s the tree carries. Endpoints are rank names, or rank positions where a schedule is
+  relaying rank's vertex as treepack-wide's cut-through edges do; for an in-tree, whose data
+  flows child -> parent, the data's route reversed), and ``rate``, the bytes/s the tree
+  carries. Endpoints are rank names, or rank positions where a schedule is
   built over positions (the ring channels); lowering accepts both.
 - Every producer builds this value: the packings (treepack.py, bidir.py), the NCCL-like
   schedules (baselines.py, channels.py) and the simple trees of routes.py.
