@@ -137,7 +137,7 @@ def test_async_in_flight_three_ranks_tcp_init_and_disk_cache(tmp_path):
 
 
 def test_ddp_hcc_matches_gloo(job4):
-    """The same model, seed and batches trained 20 steps with DDP over "hcc" and over "gloo"
+    """The same model, seed and batches trained 10 steps with DDP over "hcc" and over "gloo"
     in one job of 4 processes: every rank's parameters agree across ranks and backends."""
     import numpy as np
 
