@@ -34,6 +34,13 @@ neighbor_average are always "direct" (lower.py) and the relaxation (lower_relax.
 
 The best NCCL-like baseline of a plan is the fastest predicted of ring, rings, tree and rd
 (pipeline.py).
+
+*Fixed loads*: each of these schedules (:data:`FIXED_LOADS`) puts the same bytes on every
+link at every chunk size (its orders, routes and the split of the buffer among its trees or
+channels do not depend on the chunk; only the cutting into messages of at most a chunk
+does), so one lowering's simulated link bytes give a lower bound at every other chunk size
+(:func:`load_floor`); pipeline.Lower stops a chunk search where it shows that no smaller
+chunk can be faster.
 """
 from __future__ import annotations
 
@@ -47,7 +54,53 @@ from .bcast_trees import lower_dbt, spread_trees
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op
 from .routes import btree_pair, chain_in, chain_out, pieces, ring_order, rotate, routes, star, tree_of
 
-__all__ = ["dbtree_plan", "direct_plan", "rd_plan", "rd_steps", "ring_allreduce_ops", "ring_plan"]
+__all__ = ["FIXED_LOADS", "dbtree_plan", "direct_plan", "load_floor", "rd_plan", "rd_steps",
+           "ring_allreduce_ops", "ring_plan"]
+
+# the candidates whose link bytes do not depend on the chunk size (module docstring): the
+# single ring and the ring channels (fixed orders; each root's block or each segment split
+# among the channels by rate), the double binary tree (spread_trees' routes, half the data
+# each), recursive doubling / Bruck (fixed steps), direct (stars); every message of each
+# carries at most one chunk
+FIXED_LOADS = frozenset({"ring", "rings", "tree", "rd", "direct"})
+
+
+def load_floor(sim: Any, topo: Topology, per_message_s: float, itemsize: int):
+    """``T(s)``: a lower bound on the simulated time of a :data:`FIXED_LOADS` plan at chunk
+    size ``s``, from ``sim``, the simulation of the same schedule at any chunk size (its link
+    bytes ``B(e)`` are the same at every size). compiler/cost.py holds link ``e`` for
+    ``k(e) + b / c(e)`` per message of ``b`` bytes (``k(e)`` its latency plus the per-message
+    cost) and never for two messages at once, within the plan's time; a message carries at
+    most ``m = s`` rounded down to whole elements, so ``e`` holds at least ``ceil(B(e) / m)``
+    messages: ``T(s) >= max_e B(e) / c(e) + ceil(B(e) / m) k(e)``. It never falls as ``s``
+    shrinks.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from hcc.ir.topology import Link
+    >>> t = Topology("pair", ("a", "b"), links=(Link("a", "b", 1e9, 1e-6),))
+    >>> sim = NS(links=(NS(src="a", dst="b", bytes=4000, capacity=1e9),))
+    >>> floor = load_floor(sim, t, 1e-6, 4)
+    >>> [round(floor(s) * 1e6, 3) for s in (4000, 1000, 999)]   # 4 us of bytes, 1, 4 or 5 messages
+    [6.0, 12.0, 14.0]
+    """
+    import numpy as np
+
+    from .bounds import merged_arcs
+
+    arcs = merged_arcs(topo)
+    load = np.array([l.bytes for l in sim.links], dtype=float)
+    cap = np.array([l.capacity for l in sim.links], dtype=float)
+    k = np.array([arcs[(l.src, l.dst)][1] + per_message_s for l in sim.links], dtype=float)
+    busy = load / cap if len(load) else load
+
+    def floor(s: int) -> float:
+        if not len(load):
+            return 0.0
+        m = max(1, int(s) // itemsize) * itemsize
+        # less a hair for the rounding of the simulator's sums (the bound itself is exact)
+        return float((busy + np.ceil(load / m) * k).max()) * (1 - 1e-9)
+
+    return floor
 
 # -- the single ring and the double binary tree --------------------------------------------------
 def _ring_allreduce(spec: Any, topo: Topology, order: list[int], ce: int) -> Plan:

@@ -44,10 +44,10 @@ from ..grammar.diagnostics import Source, SourceError, Span
 from ..grammar.errors import HccError
 from ..ir.plan import DTYPE_SIZES, Figures, Plan, Send
 from ..ir.topology import Topology
-from . import chunk_floor, progress, registry, tree_floor
+from . import baselines, chunk_floor, progress, registry, tree_floor
 from .channels import columns_allowed
 from .chunks import ChunkChoice, choose_chunk, chunk_candidates
-from .cost import DEFAULT_MODEL, CostModel, least_latency
+from .cost import DEFAULT_MODEL, CostModel, least_latency, simulate
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
 
@@ -221,6 +221,8 @@ class Lower:
                     skipped.append(alg)
                     continue
                 mine = chunk_floor.worth_lowering(bound, mine, best)
+            if alg in baselines.FIXED_LOADS and len(mine) > 1 and spec.compress == "none":
+                build, mine = _fixed_loads(build, mine, u, best if prune else float("inf"))
             # the timed tree plans are not unimodal in the chunk size while a tree share holds
             # only 1-3 chunks (DGX-1 allgather at 1 GB: 32 MiB 7.0 ms, 16 MiB 7.5, 8 MiB 6.8, 2 MiB
             # 6.2): they get a second chance past the first slower size
@@ -249,6 +251,39 @@ class Lower:
                 raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
             out[kept] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
         return replace(u, candidates=tuple(out), skipped=tuple(skipped))
+
+
+def _fixed_loads(build: Callable[[int], Plan], chunks: tuple[int, ...], u: Unit,
+                 incumbent: float) -> tuple[Callable[[int], Plan], tuple[int, ...]]:
+    """For a candidate whose link bytes do not depend on the chunk size
+    (baselines.FIXED_LOADS): lowers and prices it at the first (largest) of ``chunks`` and
+    returns a builder that hands that back to the chunk search, and ``chunks`` up to the first
+    size whose load floor (baselines.load_floor) is above that time, or above ``incumbent``
+    (for a candidate ``select`` need not report: auto's own, not a baseline). The floor never
+    falls as the chunk shrinks, so every size dropped is slower than the first, whatever the
+    search would have done there: the search picks the same chunk, plan and time (only its
+    ``tried`` is shorter). On one MI250 node this spares three of the multi-channel rings'
+    four allgather lowerings, whose floors at 2 MiB and below are above their time at one
+    message per block."""
+    first = chunks[0]
+    got = build(first)
+    plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
+    floor = baselines.load_floor(sim, u.topology, u.model.per_message_s, DTYPE_SIZES[u.spec.dtype])
+    bar = min(sim.time, incumbent)
+    keep = 1
+    while keep < len(chunks) and floor(chunks[keep]) <= bar:
+        keep += 1
+    if keep < len(chunks):
+        progress.report("lower", f"chunks from {chunks[keep]} B skipped: their floor "
+                                 f"{floor(chunks[keep]):.6g} s is above {bar:.6g} s")
+    held = [(plan, sim)]
+
+    def again(c: int):
+        if c == first and held:
+            return held.pop()  # the chunk search prices the first size first, once
+        return build(c)
+
+    return again, chunks[:keep]
 
 
 def _columns_only(choice: ChunkChoice) -> bool:
