@@ -2,7 +2,9 @@
 trees (tree_floor.packing_floor) and the candidates auto skips by them (pipeline.skip_floor):
 lower bounds on the simulated time of the treepack and treepack-rsag candidates at every
 chunk size tried, the egress floor exact on one link, and skipping a candidate changes no
-compiled plan."""
+compiled plan. The load floor of the baselines (baselines.load_floor): their link bytes are
+the same at every chunk size, the floor bounds every size's simulated time, and the chunk
+sizes pipeline.Lower skips by it change no figure, plan or baseline."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import hcc
-from hcc.compiler import chunk_floor, pipeline, tree_floor
+from hcc.compiler import baselines, chunk_floor, pipeline, registry, tree_floor
+from hcc.compiler.cost import simulate
 from hcc.compiler.pipeline import compile_unit
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -44,7 +47,16 @@ def _unpruned(monkeypatch, program, name):
 
 
 def _program(source: str):
-    """A sample by file name, or a program's text."""
+    """A sample by file name, compile_bench's one MI250 node (``mi250x1``), or a program's text."""
+    if source == "mi250x1":
+        import sys
+
+        bench = SAMPLES.parent / "benchmarks"
+        if str(bench) not in sys.path:
+            sys.path.insert(0, str(bench))
+        import compile_bench
+
+        return hcc.load(compile_bench.with_collectives(compile_bench.mi250_source(1), "mi250x1", ("allgather",)))
     return hcc.load(SAMPLES / source) if source.endswith(".hcl") else hcc.load(source)
 
 
@@ -150,3 +162,64 @@ def test_rsag_floor_counts_the_hops_tree_floor_counts(monkeypatch):
     block = spec.size_bytes // len(spec.ranks)
     assert new(block) == new(1 << 30) == new(spec.size_bytes)
     assert new(block // 2) >= new(block)
+
+
+def _every_size(monkeypatch, program, name):
+    """The compile whose fixed-load candidates search every chunk size (no load floor)."""
+    with monkeypatch.context() as m:
+        m.setattr(baselines, "FIXED_LOADS", frozenset())
+        return compile_unit(program, name)
+
+
+@pytest.mark.parametrize("source,name", [("demo.hcl", "allgather"), ("hetero.hcl", "mesh_allreduce"),
+                                         ("hetero.hcl", "mesh_broadcast"), (FATTREE8, "ar")],
+                         ids=["demo-ag", "hetero-ar", "hetero-bcast", "ft8-ar"])
+def test_load_floor_bounds_every_chunk_of_the_fixed_load_candidates(monkeypatch, source, name):
+    """Each fixed-load candidate lowered again at every size its full search tried: the same
+    bytes on every link, and the floor from its first size at or below each size's time."""
+    full = _every_size(monkeypatch, _program(source), name)
+    seen = set()
+    for alg in baselines.FIXED_LOADS:
+        cand = full.candidate(alg)
+        if cand is None:
+            continue
+        build = registry.builder(alg, full)
+        loads, floor = None, None
+        for chunk, t in cand.choice.tried:
+            got = build(chunk)
+            sim = got[1] if isinstance(got, tuple) else simulate(got, model=full.model)
+            assert sim.time == t
+            mine = {(l.src, l.dst): l.bytes for l in sim.links}
+            if loads is None:
+                loads = mine
+                floor = baselines.load_floor(sim, full.topology, full.model.per_message_s, 4)
+            assert mine == loads, (alg, chunk)
+            assert floor(chunk) <= t, (alg, chunk, floor(chunk), t)
+        seen.add(alg)
+        sizes = [1 << k for k in range(12, 29)]
+        values = [floor(c) for c in sizes]
+        assert all(a >= b for a, b in zip(values, values[1:])), alg  # never falls as the chunk shrinks
+    assert {"ring", "direct"} <= seen and seen & {"rings", "tree", "rd"}, seen
+
+
+@pytest.mark.parametrize("source,name", [("mi250x1", "allgather"), ("nvswitch.hcl", "reduce_scatter"),
+                                         ("demo.hcl", "allreduce"), ("hetero.hcl", "mesh_allreduce")],
+                         ids=["mi250x1-ag", "nvswitch-rs", "demo-ar", "hetero-ar"])
+def test_fixed_load_skips_change_no_figure(monkeypatch, source, name):
+    """The chunk sizes the load floor skips change neither the plan, its figures (the best
+    NCCL-like baseline among them), nor any baseline's chunk and time; and some are skipped."""
+    program = _program(source)
+    full = _every_size(monkeypatch, program, name)
+    cut = compile_unit(program, name)
+    assert cut.plan.digest() == full.plan.digest()
+    assert replace(cut.plan.figures, compile_s=0.0) == replace(full.plan.figures, compile_s=0.0)
+    fewer = 0
+    for alg in registry.BASELINES:
+        a, b = full.candidate(alg), cut.candidate(alg)
+        assert (a is None) == (b is None), alg
+        if a is None:
+            continue
+        assert (b.choice.chunk_bytes, b.predicted_s) == (a.choice.chunk_bytes, a.predicted_s), alg
+        assert b.choice.plan.digest() == a.choice.plan.digest(), alg
+        fewer += len(a.choice.tried) - len(b.choice.tried)
+    assert fewer > 0
