@@ -232,9 +232,15 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             except ValueError:
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
+    if inward:
+        rest = _reduce_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids)
+        if rest is None:
+            return None
     out = []
     for t in range(P):
         for h in range(len(groups)):
+            if inward and h:
+                continue  # _reduce_inner built these
             # the root's rank is every tree's gateway: one child each leaves its links to
             # the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on each of
             # its two 50 GB/s NVLinks, and the root's ports started 90-140 us late)
@@ -258,6 +264,131 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
         if len(edges) != len(ranks) - 1:
             return None
         out.append(PackedTree(r[root], tuple(edges), share))
+    return out
+
+
+def _levels(layout, hosts: int) -> list[int]:
+    """Host level of every host in one lane tree (``lane_layout``'s form), the root's 0."""
+    lv = [0] * hosts
+    for h, (par, _) in layout:
+        lv[h] = lv[par] + 1
+    return lv
+
+
+def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
+                  kids) -> bool | None:
+    """The in-host reduce trees of every non-root host (module docstring, "reduce"): per
+    host, :func:`_in_trees` over its direct links, the trees' slack from the lane layout,
+    the relays' links (``mine``, broadcast direction) reversed; hosts without direct links
+    (an NVSwitch) take bcast_trees._host_tree's trees. Edges go to ``kids`` and ``load``."""
+    r = net.ranks
+    lat: dict = {}
+    for l in topo.links:
+        lat[(l.src, l.dst)] = max(lat.get((l.src, l.dst), 0.0), l.latency)
+    H, P = len(groups), len(layouts)
+    lv = [_levels(layouts[t], H) for t in range(P)]
+    deep = [max(x) for x in lv]
+    # one host level: a cross-host route's time for REF_CHUNK (its narrowest link and latencies)
+    level = max((REF_CHUNK / min(net.out[a][b] for a, b in zip(p, p[1:]))
+                 + sum(lat.get(arc, 0.0) for arc in zip(p, p[1:])) + 1e-6
+                 for k in kids for es in k.values() for _, p in es), default=0.0)
+    cache: dict = {}
+    for h in range(1, H):
+        g = groups[h]
+        relays: dict = {}
+        for t in range(P):  # relays into this host carry data child -> parent: arcs reversed
+            for (a, b), n in mine[t].get(h, {}).items():
+                relays[(b, a)] = relays.get((b, a), 0) + n
+        # hosts alike in their links, gateways, slack and relays share one solve: the key
+        # names ranks by their position in the host
+        pos = {r[v]: i for i, v in enumerate(g)}
+        links = tuple(sorted((pos[a], pos[b], net.out[a][b], lat.get((a, b), 0.0))
+                             for a in pos for b in net.out[a] if b in pos))
+        key = (links, tuple(g.index(gws[t][h]) for t in range(P)), tuple(deep[t] - lv[t][h] for t in range(P)),
+               tuple(sorted((pos[a], pos[b], n) for (a, b), n in relays.items() if a in pos and b in pos)))
+        if key not in cache:
+            cache[key] = _in_trees(links, key[1], key[2], {(a, b): n for a, b, n in key[3]}, level)
+        trees = cache[key]
+        for t in range(P):
+            if trees is None:  # no direct links: the least-loaded trees, off this tree's relays
+                inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}))
+                if inner is None:
+                    return None
+                for u, v, p in inner:
+                    kids[t].setdefault(u, []).append((v, p))
+                continue
+            for c, p in ((g[c], g[p]) for c, p in trees[t]):  # the edge parent -> child, as recorded
+                load[(r[p], r[c])] = load.get((r[p], r[c]), 0.0) + share
+                kids[t].setdefault(p, []).append((c, (r[p], r[c])))
+    return True
+
+
+# reference chunk for an arc's time in _in_trees (the chunks treepack-wide picks: 0.5-1 MiB)
+REF_CHUNK = 1 << 20
+
+
+def _in_trees(links, tops, slack, relays: dict, level: float) -> list[list[tuple[int, int]]] | None:
+    """Per tree, (child, parent) arcs of an in-tree over a host's ranks ``0..n-1`` into
+    ``tops[t]`` along its direct ``links`` ((src, dst, capacity, latency)), parents before
+    children; None where the host has none. CP-SAT chooses them: a rank's partial sum is
+    complete one arc time (REF_CHUNK / capacity + latency + 1 us) after its children's,
+    twice that on an arc two trees share; the trees with the least slack (``slack[t]``: host
+    levels above their deepest) finish as early as possible, the others after them; no tree
+    takes a relay's link (``relays``: arc -> count) while any other will do, nor an arc two
+    others take."""
+    from ortools.sat.python import cp_model
+
+    if not links:
+        return None
+    group = sorted({a for a, *_ in links} | {b for _, b, *_ in links})
+    arcs = [(a, b) for a, b, _, _ in links]
+    q = 1e-7  # time unit: 0.1 us
+    w = {(a, b): max(1, round((REF_CHUNK / c + l + 1e-6) / q)) for a, b, c, l in links}
+    ub = 2 * sum(w.values())
+    P = len(tops)
+    m = cp_model.CpModel()
+    x = {(t, a): m.NewBoolVar("") for t in range(P) for a in arcs if a[0] != tops[t]}
+    C = {(t, v): m.NewIntVar(0, ub, "") for t in range(P) for v in group}
+    shared = {a: m.NewBoolVar("") for a in arcs}
+    over, on_relay = [], []
+    for a in arcs:
+        uses = [x[t, a] for t in range(P) if (t, a) in x]
+        busy = relays.get(a, 0) > 0
+        m.Add(sum(uses) <= 2 - busy)
+        m.Add(sum(uses) + busy <= 1 + shared[a])  # shared: two of them on it
+        (on_relay if busy else over).append(shared[a])
+        for t in range(P):
+            if (t, a) in x:
+                m.Add(C[t, a[1]] >= C[t, a[0]] + w[a] + w[a] * shared[a]).OnlyEnforceIf(x[t, a])
+    for t in range(P):
+        for v in group:
+            if v != tops[t]:
+                m.AddExactlyOne(x[t, a] for a in arcs if a[0] == v)
+    M = m.NewIntVar(-ub * max(slack), ub, "")
+    lv = round(level / q)
+    for t in range(P):  # a tree with k levels of slack may finish k levels later
+        m.Add(M >= C[t, tops[t]] - slack[t] * lv)
+    # 1 unit of the critical trees' finish outweighs everything after it; a shared arc is
+    # worth 2 of the others' finishes
+    rest = sum(C[t, tops[t]] for t in range(P))
+    m.Minimize(sum(on_relay) * (4 * P * ub * ub) + M * (4 * P * ub) + rest + 2 * ub * sum(over))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 1
+    solver.parameters.max_deterministic_time = 2.0
+    st = solver.Solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    out = []
+    for t in range(P):
+        par = {a[0]: a[1] for a in arcs if (t, a) in x and solver.Value(x[t, a])}
+        order, seen = [], {tops[t]}
+        while len(seen) < len(group):  # parents before children
+            for c, p in par.items():
+                if p in seen and c not in seen:
+                    seen.add(c)
+                    order.append((c, p))
+        out.append(order)
     return out
 
 
