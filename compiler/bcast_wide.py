@@ -184,8 +184,9 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     if lanes is None:
         return None
     best = None
+    solved: dict = {}  # _reduce_inner's solves, shared by both ways of the root's host
     for relay_root in (True, False):
-        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root)
+        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved)
         if trees is None:
             continue
         rate = trees_rate(topo, trees, inward)
@@ -203,7 +204,7 @@ def _ports_rate(topo, trees: Sequence[PackedTree], inward: bool) -> float:
 
 
 def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes,
-                relay_root: bool) -> list[PackedTree] | None:
+                relay_root: bool, solved: dict) -> list[PackedTree] | None:
     """:func:`wide_trees` with the root's host relaying (``relay_root``) or not."""
     r = net.ranks
     host = dict(topo.hosts)
@@ -233,7 +234,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
     if inward:
-        rest = _reduce_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids)
+        rest = _reduce_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved)
         if rest is None:
             return None
     out = []
@@ -276,7 +277,7 @@ def _levels(layout, hosts: int) -> list[int]:
 
 
 def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
-                  kids) -> bool | None:
+                  kids, cache: dict) -> bool | None:
     """The in-host reduce trees of every non-root host (module docstring, "reduce"): per
     host, :func:`_in_trees` over its direct links, the trees' slack from the lane layout,
     the relays' links (``mine``, broadcast direction) reversed; hosts without direct links
@@ -292,42 +293,77 @@ def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: 
     level = max((REF_CHUNK / min(net.out[a][b] for a, b in zip(p, p[1:]))
                  + sum(lat.get(arc, 0.0) for arc in zip(p, p[1:])) + 1e-6
                  for k in kids for es in k.values() for _, p in es), default=0.0)
-    cache: dict = {}
     for h in range(1, H):
         g = groups[h]
-        relays: dict = {}
-        for t in range(P):  # relays into this host carry data child -> parent: arcs reversed
-            for (a, b), n in mine[t].get(h, {}).items():
-                relays[(b, a)] = relays.get((b, a), 0) + n
-        # hosts alike in their links, gateways, slack and relays share one solve: the key
-        # names ranks by their position in the host
         pos = {r[v]: i for i, v in enumerate(g)}
+        # the relays whose in-host part is this host's: (tree, index in kids), the head's
+        # ranks (gateway first) and, per candidate head, its ranks by position: the same
+        # gateway to any rank of the host stepping onto the same first switch, in at most
+        # two direct links (the heads _relay picks among)
+        rel, cands = [], []
+        for t in range(P):
+            for i, (_, p) in enumerate(kids[t].get(gws[t][h], ())):
+                j = 0
+                while j + 1 < len(p) and p[j + 1] in pos:
+                    j += 1
+                heads = _heads(net, pos, p[0], p[j + 1])
+                if tuple(p[:j + 1]) not in heads:
+                    heads.append(tuple(p[:j + 1]))
+                rel.append((t, i, j))
+                cands.append(tuple(tuple(pos[v] for v in hd) for hd in heads))
         links = tuple(sorted((pos[a], pos[b], net.out[a][b], lat.get((a, b), 0.0))
                              for a in pos for b in net.out[a] if b in pos))
+        # hosts alike in their links, gateways, slack and relays share one solve: the key
+        # names ranks by their position in the host
         key = (links, tuple(g.index(gws[t][h]) for t in range(P)), tuple(deep[t] - lv[t][h] for t in range(P)),
-               tuple(sorted((pos[a], pos[b], n) for (a, b), n in relays.items() if a in pos and b in pos)))
+               tuple(cands))
         if key not in cache:
-            cache[key] = _in_trees(links, key[1], key[2], {(a, b): n for a, b, n in key[3]}, level)
-        trees = cache[key]
-        for t in range(P):
-            if trees is None:  # no direct links: the least-loaded trees, off this tree's relays
+            cache[key] = _in_trees(*key, level)
+        sol = cache[key]
+        if sol is None:  # no direct links: the least-loaded trees, off this tree's relays
+            for t in range(P):
                 inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}))
                 if inner is None:
                     return None
                 for u, v, p in inner:
                     kids[t].setdefault(u, []).append((v, p))
-                continue
+            continue
+        trees, picks = sol
+        for (t, i, j), cs, c in zip(rel, cands, picks):
+            child, p = kids[t][gws[t][h]][i]
+            head = tuple(r[g[x]] for x in cs[c])
+            for arc in zip(p[:j + 1], p[1:j + 1]):
+                load[arc] -= share
+            for arc in zip(head, head[1:]):
+                load[arc] = load.get(arc, 0.0) + share
+            kids[t][gws[t][h]][i] = (child, head + p[j + 1:])
+        for t in range(P):
             for c, p in ((g[c], g[p]) for c, p in trees[t]):  # the edge parent -> child, as recorded
                 load[(r[p], r[c])] = load.get((r[p], r[c]), 0.0) + share
                 kids[t].setdefault(p, []).append((c, (r[p], r[c])))
     return True
 
 
+def _heads(net: Routes, pos: dict, gw: str, switch: str) -> list[tuple[str, ...]]:
+    """In-host heads of a relay from ``gw`` onto ``switch``: ranks of the host (``pos``)
+    joined by direct links, at most two, ending at a rank with a link to ``switch``."""
+    out = []
+    for y in pos:
+        if switch not in net.out[y]:
+            continue
+        if y == gw:
+            out.append((gw,))
+        elif y in net.out[gw]:
+            out.append((gw, y))
+        out += [(gw, z, y) for z in net.out[gw] if z in pos and z != y and y in net.out[z]]
+    return sorted(out, key=lambda hd: (len(hd), hd))
+
+
 # reference chunk for an arc's time in _in_trees (the chunks treepack-wide picks: 0.5-1 MiB)
 REF_CHUNK = 1 << 20
 
 
-def _in_trees(links, tops, slack, relays: dict, level: float) -> list[list[tuple[int, int]]] | None:
+def _in_trees(links, tops, slack, cands, level: float):
     """Per tree, (child, parent) arcs of an in-tree over a host's ranks ``0..n-1`` into
     ``tops[t]`` along its direct ``links`` ((src, dst, capacity, latency)), parents before
     children; None where the host has none. CP-SAT chooses them: a rank's partial sum is
@@ -349,17 +385,30 @@ def _in_trees(links, tops, slack, relays: dict, level: float) -> list[list[tuple
     m = cp_model.CpModel()
     x = {(t, a): m.NewBoolVar("") for t in range(P) for a in arcs if a[0] != tops[t]}
     C = {(t, v): m.NewIntVar(0, ub, "") for t in range(P) for v in group}
-    shared = {a: m.NewBoolVar("") for a in arcs}
-    over, on_relay = [], []
+    # each relay's head: one candidate; its links in the data's direction (reversed)
+    z = [[m.NewBoolVar("") for _ in cs] for cs in cands]
+    for zs in z:
+        m.AddExactlyOne(zs)
+    on: dict = {a: [] for a in arcs}
+    for cs, zs in zip(cands, z):
+        for hd, zz in zip(cs, zs):
+            for b, a in zip(hd, hd[1:]):
+                on[(a, b)].append(zz)
+    shared, with_relay, relays2 = [], [], []
     for a in arcs:
         uses = [x[t, a] for t in range(P) if (t, a) in x]
-        busy = relays.get(a, 0) > 0
-        m.Add(sum(uses) <= 2 - busy)
-        m.Add(sum(uses) + busy <= 1 + shared[a])  # shared: two of them on it
-        (on_relay if busy else over).append(shared[a])
+        sh, wr, rr = m.NewBoolVar(""), m.NewBoolVar(""), m.NewBoolVar("")
+        m.Add(sum(uses) <= 1 + sh)  # two trees on it: each waits for the other's chunk
+        m.Add(sum(on[a]) <= 1 + rr)  # two relays of one chunk, one behind the other
+        for u in uses:  # a tree and a relay: the relay waits every chunk
+            for zz in on[a]:
+                m.AddBoolOr([u.Not(), zz.Not(), wr])
+        shared.append(sh)
+        with_relay.append(wr)
+        relays2.append(rr)
         for t in range(P):
             if (t, a) in x:
-                m.Add(C[t, a[1]] >= C[t, a[0]] + w[a] + w[a] * shared[a]).OnlyEnforceIf(x[t, a])
+                m.Add(C[t, a[1]] >= C[t, a[0]] + w[a] + w[a] * sh).OnlyEnforceIf(x[t, a])
     for t in range(P):
         for v in group:
             if v != tops[t]:
@@ -371,11 +420,13 @@ def _in_trees(links, tops, slack, relays: dict, level: float) -> list[list[tuple
     # 1 unit of the critical trees' finish outweighs everything after it; a shared arc is
     # worth 2 of the others' finishes
     rest = sum(C[t, tops[t]] for t in range(P))
-    m.Minimize(sum(on_relay) * (4 * P * ub * ub) + M * (4 * P * ub) + rest + 2 * ub * sum(over))
+    big = 4 * P * ub
+    m.Minimize((sum(with_relay) + sum(relays2)) * big * 2 * ub + M * big + rest + 2 * ub * sum(shared))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 1
     solver.parameters.max_deterministic_time = 2.0
+    solver.parameters.cp_model_presolve = False
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -389,7 +440,7 @@ def _in_trees(links, tops, slack, relays: dict, level: float) -> list[list[tuple
                     seen.add(c)
                     order.append((c, p))
         out.append(order)
-    return out
+    return out, [next(c for c, zz in enumerate(zs) if solver.Value(zz)) for zs in z]
 
 
 def host_depth(topo, trees: Sequence[PackedTree]) -> int:
