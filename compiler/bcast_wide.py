@@ -41,11 +41,25 @@ c/12e9 + 3 us and c/12.5e9 + 6 us; the time is the busiest port link's hold over
 S/4/c chunks plus, per host level, one chunk over the route and its 19 us of latency (the
 last port starts four levels after the root's): T(c) = max(S/4/12e9 + 3 us N, S/4/12.5e9 +
 6 us N) + 4 (c/12e9 + 19 us), least at c = 880 KiB, 6.19 ms: 0.903 of the 5.59 ms bound.
-The plan (896 KiB) simulates at 6.21 ms (0.900; reduce 6.27 ms, 0.892): the rest is the
-spread inside the last host. The binary pairs: 12 chunk times of fill, 0.83 at best, 0.785
+The plan (896 KiB) simulates at 6.21 ms (0.900; reduce 6.21 ms, 0.901): the rest is the
+spread inside the last host (reduce: the reduction inside the first, below). The binary pairs: 12 chunk times of fill, 0.83 at best, 0.785
 as built. With each quarter leaving the root's host once and every host sending at most one
 child edge per port, 63 hosts cannot be fewer than four levels deep (1 + 4 + 16 < 63), so
 0.903 bounds this shape at any one chunk size. Chunk size: :func:`wide_chunk`.
+
+Reduce (the same trees, data child to parent): every host's in-host trees start at once at
+time 0, and the root hears a tree's first chunk when its deepest hosts have reduced theirs
+and it has climbed four levels, so the in-host reduction at the leaves is fill, not
+steady state. :func:`_in_trees` chooses a host's four in-host trees and the NVLink hops of
+the relays into it together (CP-SAT, one solve per kind of host: its links, gateways,
+slack and relay ports): a rank's partial sum is ready one arc time after its children's
+(two on an arc two trees share: FIFO, each waits for the other's chunk); the trees with
+the least slack (*slack*: host levels between the host and the tree's deepest) finish
+first; no in-host tree takes a relay's NVLink (the in-host streams run ahead of the relays,
+which then wait one in-host chunk on that link at every level: 64 DGX-1s, 7.15 ms) nor do
+two relays share one. 64 DGX-1s: the least-loaded trees (bcast_trees._host_tree) left
+4-7-hop chains whose links two trees shared, leaves sending their first chunk after 122-142
+us (6.27 ms); these send it after 80 us (6.21 ms).
 
 Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
 root's host stores each tree's data at the rank behind its port first. The in-host trees

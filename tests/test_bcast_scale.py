@@ -396,3 +396,57 @@ def test_wide_declines_where_lanes_do_not_apply():
                               ).replace("h2.g3", "h2.g1")
     spec, topo = setup(uneven, "b")
     assert wide_trees(topo, spec.ranks, spec.root) is None
+
+
+def dgx_text(hosts: int) -> str:
+    """samples/dgx1x64.hcl cut to ``hosts`` DGX-1s, with one reduce into dgx1.gpu3."""
+    text = (ROOT / "samples" / "dgx1x64.hcl").read_text().replace("[0..63]", f"[0..{hosts - 1}]")
+    return text[:text.index("\ncollective ") + 1] + "collective r = reduce on dgx1x64 { root = dgx1.gpu3  size = 1 MiB }\n"
+
+
+@pytest.mark.parametrize("hosts", [3, 9])
+def test_wide_reduce_keeps_in_host_trees_off_the_relays(hosts):
+    """Reduce on DGX-1 hosts (NVLink cube-mesh, 4 NICs): at every host but the root's, no
+    NVLink carries both an in-host tree edge and a relay (a cross-host edge's hop to the GPU
+    behind its NIC), no two relays share one, no NVLink carries more than two in-host
+    trees, and the trees whose host is deepest in them are pairwise NVLink-disjoint (all
+    read off the trees' paths); the plan verifies, and on 3 hosts computes the sum."""
+    spec, topo = setup(dgx_text(hosts), "r", elems=3001)
+    trees = wide_trees(topo, spec.ranks, spec.root, inward=True)
+    host = dict(topo.hosts)
+    root_host = host[spec.ranks[spec.root]]
+    ranks = set(spec.ranks)
+    relay, inner = Counter(), Counter()
+    per_tree: list[Counter] = []
+    for t in trees:
+        mine = Counter()
+        for p, c, path in t.edges:
+            data = tuple(reversed(path))
+            arcs = [(a, b) for a, b in zip(data, data[1:]) if a in ranks and b in ranks and host[a] != root_host]
+            (inner if host[p] == host[c] else relay).update(arcs)
+            if host[p] == host[c]:
+                mine.update(arcs)
+        per_tree.append(mine)
+    assert inner and not set(relay) & set(inner)
+    assert max(relay.values(), default=1) == 1 and max(inner.values()) <= 2
+    # a host's depth in each tree, counted from the cross-host edges
+    depth = []
+    for t in trees:
+        par = {host[c]: host[p] for p, c, _ in t.edges if host[p] != host[c]}
+        d = {}
+        for h in par:
+            k, x = 0, h
+            while x in par:
+                x, k = par[x], k + 1
+            d[h] = k
+        depth.append(d)
+    for h in set(host.values()) - {root_host}:
+        deepest = [i for i in range(len(trees)) if depth[i][h] == max(depth[i].values())]
+        arcs = [{a for a in per_tree[i] if host[a[0]] == h} for i in deepest]
+        for i in range(len(arcs)):
+            for j in range(i):
+                assert not arcs[i] & arcs[j], (h, deepest[i], deepest[j])
+    plan = wide_plan(spec, topo, trees, 8 * 401)
+    plan.verify()
+    if hosts == 3:
+        check_numeric(plan, seed=3)
