@@ -292,10 +292,12 @@ def _levels(layout, hosts: int) -> list[int]:
 
 def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
                   kids, cache: dict) -> bool | None:
-    """The in-host reduce trees of every non-root host (module docstring, "reduce"): per
-    host, :func:`_in_trees` over its direct links, the trees' slack from the lane layout,
-    the relays' links (``mine``, broadcast direction) reversed; hosts without direct links
-    (an NVSwitch) take bcast_trees._host_tree's trees. Edges go to ``kids`` and ``load``."""
+    """The in-host reduce trees of every non-root host and the NVLink heads of the relays
+    into it (module docstring, "Reduce"): per host, :func:`_in_trees` over its direct links,
+    the trees' slack from the lane ``layouts``, each relay's candidate heads from
+    :func:`_heads`; solves shared by hosts alike (``cache``); hosts without direct links (an
+    NVSwitch) take bcast_trees._host_tree's trees off their tree's relays (``mine``). Edges
+    go to ``kids``, relays' new heads replace theirs there, and ``load`` follows."""
     r = net.ranks
     lat: dict = {}
     for l in topo.links:
@@ -378,14 +380,16 @@ REF_CHUNK = 1 << 20
 
 
 def _in_trees(links, tops, slack, cands, level: float):
-    """Per tree, (child, parent) arcs of an in-tree over a host's ranks ``0..n-1`` into
-    ``tops[t]`` along its direct ``links`` ((src, dst, capacity, latency)), parents before
-    children; None where the host has none. CP-SAT chooses them: a rank's partial sum is
-    complete one arc time (REF_CHUNK / capacity + latency + 1 us) after its children's,
-    twice that on an arc two trees share; the trees with the least slack (``slack[t]``: host
-    levels above their deepest) finish as early as possible, the others after them; no tree
-    takes a relay's link (``relays``: arc -> count) while any other will do, nor an arc two
-    others take."""
+    """One host's in-host reduce trees and relay heads (module docstring, "Reduce"), its
+    ranks named ``0..n-1``: per tree, the (child, parent) arcs of an in-tree into
+    ``tops[t]`` along the direct ``links`` ((src, dst, capacity, latency)), parents before
+    children; per relay, the index of its head among its candidates (``cands``: rank
+    sequences, the broadcast's direction). None where the host has no direct links. A
+    rank's partial sum is complete one arc time (REF_CHUNK / capacity + latency + 1 us)
+    after its children's, twice that on an arc two trees share; the objective, in order: no
+    arc with a tree and a relay or two relays; the latest finish, a tree with ``slack[t]``
+    host levels of slack counted ``level`` seconds each earlier; then every tree's finish
+    and the arcs two trees share."""
     from ortools.sat.python import cp_model
 
     if not links:
