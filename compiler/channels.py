@@ -13,7 +13,8 @@ Terms
   routes to ranks nearby in rank order, as NCCL orders GPUs; on hosts of equal size a ring
   visits all of a host's ranks before it leaves, crossing each server once as NCCL's rings
   do), subtracting each ring's rate from the links it uses; the best total wins (fewer
-  channels on a tie). The search stops early once the total reaches ``min(least capacity into
+  channels on a tie). A rate at which the links that can carry it do not connect the ranks
+  is not searched (no ring could use it). The search stops early once the total reaches ``min(least capacity into
   or out of a rank, narrowest cut between ranks)``, which no set of rings can exceed (every
   ring leaves every rank and crosses every cut). On DGX-1's NVLinks it finds NCCL's six rings
   of 25 GB/s; on two 8-GPU NVSwitch servers with 8 x 25 GB/s NICs, eight rings of 25 GB/s
@@ -137,6 +138,30 @@ class _Search:
         only, once per source (the 512-rank DGX-1 cluster's fabric is 1 500 vertices; a search
         per rank pair took 38 s per ring)."""
         return shortest_preds(self.out, self.switches, a)
+
+    def connected_at(self, rate: float) -> bool:
+        """Whether every rank reaches every other over links of at least ``rate`` (through
+        any vertices): a ring at ``rate`` crosses only such links and passes every rank, so
+        none exists otherwise. On two A100 servers every rate above a NIC's 25 GB/s fails
+        this, and the ring searches at those rates (0.4 s, each spending its whole budget
+        before giving up) are not run."""
+        fwd: dict[str, list[str]] = {}
+        back: dict[str, list[str]] = {}
+        for (u, v), c in self.cap.items():
+            if c >= rate * (1 - 1e-9):
+                fwd.setdefault(u, []).append(v)
+                back.setdefault(v, []).append(u)
+        for adj in (fwd, back):
+            seen = {self.ranks[0]}
+            todo = [self.ranks[0]]
+            while todo:
+                for y in adj.get(todo.pop(), ()):
+                    if y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+            if not all(r in seen for r in self.ranks):
+                return False
+        return True
 
     def set_hosts(self, topo: Topology) -> bool:
         """Keep each ring inside a host until it has visited all of the host's ranks, as
@@ -434,6 +459,8 @@ def _channels(s: _Search, n: int, upper: float, max_channels: int) -> tuple[Ring
         most = min(max_channels, int(upper / b * (1 + 1e-9)))
         if most * b <= best[0] * _IMPROVE:
             continue
+        if not s.connected_at(b):
+            continue  # no ring at this rate: its search could only fail (after its budget)
         if s.spent >= _TOTAL_BUDGET:
             break
         rings: list[tuple[int, list]] = []  # (start, hops)

@@ -178,6 +178,30 @@ def test_a100_servers_run_one_ring_per_nic_pair(nodes):
     assert sum(ch.rate for ch in chans) == pytest.approx(200 * GB)
 
 
+def test_rates_no_ring_can_use_are_not_searched(monkeypatch):
+    """channels._Search.connected_at: on two A100 servers no ring runs above a NIC's 25 GB/s
+    (the servers connect only through NICs), so those rates are not searched; the channels
+    are those of the search that tries every rate."""
+    from hcc.compiler import channels as CH
+
+    topo = a100(2)
+    s = CH._Search(topo, topo.nodes)
+    assert s.connected_at(25 * GB) and not s.connected_at(25.5 * GB)
+    searched: list[float] = []
+    pack = CH._Search.pack
+    monkeypatch.setattr(CH._Search, "pack", lambda self, rate, *a: searched.append(rate) or pack(self, rate, *a))
+    for t in (topo, dgx1_nvlink(), complete(5)):
+        searched.clear()
+        got = ring_channels(t, t.nodes)
+        pruned = list(searched)
+        with monkeypatch.context() as m:
+            m.setattr(CH._Search, "connected_at", lambda self, rate: True)
+            searched.clear()
+            assert ring_channels(t, t.nodes) == got
+        if t is topo:
+            assert pruned == [25 * GB] and len(searched) > 1 and max(searched) > 25 * GB
+
+
 def test_rings_plans_verify_for_every_kind():
     topo = dgx1_nvlink()
     chans = ring_channels(topo, topo.nodes)
