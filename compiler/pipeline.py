@@ -221,13 +221,13 @@ class Lower:
                     skipped.append(alg)
                     continue
                 mine = chunk_floor.worth_lowering(bound, mine, best)
-            if alg in baselines.FIXED_LOADS and len(mine) > 1 and spec.compress == "none":
-                build, mine = _fixed_loads(build, mine, u, best if prune else float("inf"))
             # the timed tree plans are not unimodal in the chunk size while a tree share holds
             # only 1-3 chunks (DGX-1 allgather at 1 GB: 32 MiB 7.0 ms, 16 MiB 7.5, 8 MiB 6.8, 2 MiB
             # 6.2): they get a second chance past the first slower size
             patience = 2 if registry.algorithm(alg).treepack else 1
             with columns_allowed():  # the largest ring allreduces priced from op columns
+                if alg in baselines.FIXED_LOADS and len(mine) > 1 and spec.compress == "none":
+                    build, mine = _fixed_loads(build, mine, u, best if prune else float("inf"))
                 choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"),
                                       patience=patience)
             out.append(Candidate(alg, choice))
