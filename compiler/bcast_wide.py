@@ -41,25 +41,28 @@ c/12e9 + 3 us and c/12.5e9 + 6 us; the time is the busiest port link's hold over
 S/4/c chunks plus, per host level, one chunk over the route and its 19 us of latency (the
 last port starts four levels after the root's): T(c) = max(S/4/12e9 + 3 us N, S/4/12.5e9 +
 6 us N) + 4 (c/12e9 + 19 us), least at c = 880 KiB, 6.19 ms: 0.903 of the 5.59 ms bound.
-The plan (896 KiB) simulates at 6.21 ms (0.900; reduce 6.21 ms, 0.901): the rest is the
-spread inside the last host (reduce: the reduction inside the first, below). The binary pairs: 12 chunk times of fill, 0.83 at best, 0.785
+The plan (896 KiB) simulates at 6.195 ms (0.903; reduce 6.205 ms, 0.901): the rest is the
+spread inside the last host (reduce: the reduction inside the first; "In-host trees"). The binary pairs: 12 chunk times of fill, 0.83 at best, 0.785
 as built. With each quarter leaving the root's host once and every host sending at most one
 child edge per port, 63 hosts cannot be fewer than four levels deep (1 + 4 + 16 < 63), so
 0.903 bounds this shape at any one chunk size. Chunk size: :func:`wide_chunk`.
 
-Reduce (the same trees, data child to parent): every host's in-host trees start at once at
-time 0, and the root hears a tree's first chunk when its deepest hosts have reduced theirs
-and it has climbed four levels, so the in-host reduction at the leaves is fill, not
-steady state. :func:`_in_trees` chooses a host's four in-host trees and the NVLink hops of
-the relays into it together (CP-SAT, one solve per kind of host: its links, gateways,
-slack and relay ports): a rank's partial sum is ready one arc time after its children's
-(two on an arc two trees share: FIFO, each waits for the other's chunk); the trees with
-the least slack (*slack*: host levels between the host and the tree's deepest) finish
-first; no in-host tree takes a relay's NVLink (the in-host streams run ahead of the relays,
-which then wait one in-host chunk on that link at every level: 64 DGX-1s, 7.15 ms) nor do
-two relays share one. 64 DGX-1s: the least-loaded trees (bcast_trees._host_tree) left
-4-7-hop chains whose links two trees shared, leaves sending their first chunk after 122-142
-us (6.27 ms); these send it after 80 us (6.21 ms).
+In-host trees: every non-root host spreads (broadcast) or reduces (reduce: the same trees,
+data child to parent) each tree's share over its own links, and the time that takes at
+the hosts deepest in a tree is fill: a broadcast's last chunk spreads there after its four
+levels, a reduce's first chunk, which every host starts at time 0, climbs four levels only
+once they have reduced it. :func:`_in_trees` chooses a host's four in-host trees and the
+NVLink hops of the relays out of it (into it, for reduce) together (CP-SAT, one solve per
+kind of host: its links, gateways, slack and relay ports): a rank's data is ready one arc
+time after its parent's (reduce: its children's), two on an arc two trees share (FIFO: one
+waits for the other's chunk); the trees with the least slack (*slack*: host levels between
+the host and the tree's deepest) finish first; no in-host tree takes a relay's NVLink (a
+reduce's in-host streams run ahead of the relays, which then wait one in-host chunk on
+that link at every level: 64 DGX-1s, 7.15 ms) nor do two relays share one. 64 DGX-1s: the
+least-loaded trees (bcast_trees._host_tree) left 4-7-hop chains whose links two trees
+shared, a reduce's leaves sending their first chunk after 122-142 us (6.27 ms); these send
+it after 80 us (6.21 ms), and the broadcast's last host spreads its last chunk sooner
+(6.214 -> 6.195 ms).
 
 Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
 root's host stores each tree's data at the rank behind its port first. The in-host trees
@@ -198,7 +201,7 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     if lanes is None:
         return None
     best = None
-    solved: dict = {}  # _reduce_inner's solves, shared by both ways of the root's host
+    solved: dict = {}  # _joint_inner's solves, shared by both ways of the root's host
     for relay_root in (True, False):
         trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved)
         if trees is None:
@@ -247,15 +250,14 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             except ValueError:
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
-    if inward:
-        rest = _reduce_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved)
-        if rest is None:
-            return None
+    rest = _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward)
+    if rest is None:
+        return None
     out = []
     for t in range(P):
         for h in range(len(groups)):
-            if inward and h:
-                continue  # _reduce_inner built these
+            if h:
+                continue  # _joint_inner built these
             # the root's rank is every tree's gateway: one child each leaves its links to
             # the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on each of
             # its two 50 GB/s NVLinks, and the root's ports started 90-140 us late)
@@ -290,10 +292,10 @@ def _levels(layout, hosts: int) -> list[int]:
     return lv
 
 
-def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
-                  kids, cache: dict) -> bool | None:
-    """The in-host reduce trees of every non-root host and the NVLink heads of the relays
-    into it (module docstring, "Reduce"): per host, :func:`_in_trees` over its direct links,
+def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
+                 kids, cache: dict, inward: bool) -> bool | None:
+    """The in-host trees of every non-root host and the NVLink heads of the relays out of
+    it (into it, for reduce: ``inward``) (module docstring, "In-host trees"): per host, :func:`_in_trees` over its direct links,
     the trees' slack from the lane ``layouts``, each relay's candidate heads from
     :func:`_heads`; solves shared by hosts alike (``cache``); hosts without direct links (an
     NVSwitch) take bcast_trees._host_tree's trees off their tree's relays (``mine``). Edges
@@ -327,7 +329,9 @@ def _reduce_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: 
                     heads.append(tuple(p[:j + 1]))
                 rel.append((t, i, j))
                 cands.append(tuple(tuple(pos[v] for v in hd) for hd in heads))
-        links = tuple(sorted((pos[a], pos[b], net.out[a][b], lat.get((a, b), 0.0))
+        # _in_trees builds in-trees: a broadcast's out-tree is one over the links reversed
+        links = tuple(sorted((pos[a], pos[b], net.out[a][b], lat.get((a, b), 0.0)) if inward else
+                             (pos[b], pos[a], net.out[a][b], lat.get((a, b), 0.0))
                              for a in pos for b in net.out[a] if b in pos))
         # hosts alike in their links, gateways, slack and relays share one solve: the key
         # names ranks by their position in the host
@@ -380,8 +384,8 @@ REF_CHUNK = 1 << 20
 
 
 def _in_trees(links, tops, slack, cands, level: float):
-    """One host's in-host reduce trees and relay heads (module docstring, "Reduce"), its
-    ranks named ``0..n-1``: per tree, the (child, parent) arcs of an in-tree into
+    """One host's in-host trees and relay heads (module docstring, "In-host trees"), its
+    ranks named ``0..n-1`` (a broadcast's out-trees: in-trees over its links reversed): per tree, the (child, parent) arcs of an in-tree into
     ``tops[t]`` along the direct ``links`` ((src, dst, capacity, latency)), parents before
     children; per relay, the index of its head among its candidates (``cands``: rank
     sequences, the broadcast's direction). None where the host has no direct links. A
