@@ -399,20 +399,23 @@ def test_wide_declines_where_lanes_do_not_apply():
 
 
 def dgx_text(hosts: int) -> str:
-    """samples/dgx1x64.hcl cut to ``hosts`` DGX-1s, with one reduce into dgx1.gpu3."""
+    """samples/dgx1x64.hcl cut to ``hosts`` DGX-1s, with a broadcast and a reduce at dgx1.gpu3."""
     text = (ROOT / "samples" / "dgx1x64.hcl").read_text().replace("[0..63]", f"[0..{hosts - 1}]")
-    return text[:text.index("\ncollective ") + 1] + "collective r = reduce on dgx1x64 { root = dgx1.gpu3  size = 1 MiB }\n"
+    return (text[:text.index("\ncollective ") + 1] + "collective b = broadcast on dgx1x64 { root = dgx1.gpu3  size = 1 MiB }\n"
+            "collective r = reduce on dgx1x64 { root = dgx1.gpu3  size = 1 MiB }\n")
 
 
-@pytest.mark.parametrize("hosts", [3, 9])
-def test_wide_reduce_keeps_in_host_trees_off_the_relays(hosts):
-    """Reduce on DGX-1 hosts (NVLink cube-mesh, 4 NICs): at every host but the root's, no
-    NVLink carries both an in-host tree edge and a relay (a cross-host edge's hop to the GPU
-    behind its NIC), no two relays share one, no NVLink carries more than two in-host
-    trees, and the trees whose host is deepest in them are pairwise NVLink-disjoint (all
-    read off the trees' paths); the plan verifies, and on 3 hosts computes the sum."""
-    spec, topo = setup(dgx_text(hosts), "r", elems=3001)
-    trees = wide_trees(topo, spec.ranks, spec.root, inward=True)
+@pytest.mark.parametrize("hosts,name", [(3, "b"), (3, "r"), (9, "r")])
+def test_wide_in_host_trees_keep_off_the_relays(hosts, name):
+    """Broadcast and reduce on DGX-1 hosts (NVLink cube-mesh, 4 NICs): at every host but the
+    root's, no NVLink carries both an in-host tree edge and a relay (a cross-host edge's hop
+    between its host's gateway and the GPU behind its NIC), no two relays share one, no
+    NVLink carries more than two in-host trees, and the trees whose host is deepest in them
+    are pairwise NVLink-disjoint (all read off the trees' paths, in the data's direction);
+    the plan verifies, and on 3 hosts computes the right values."""
+    spec, topo = setup(dgx_text(hosts), name, elems=3001)
+    inward = spec.kind == "reduce"
+    trees = wide_trees(topo, spec.ranks, spec.root, inward=inward)
     host = dict(topo.hosts)
     root_host = host[spec.ranks[spec.root]]
     ranks = set(spec.ranks)
@@ -421,7 +424,7 @@ def test_wide_reduce_keeps_in_host_trees_off_the_relays(hosts):
     for t in trees:
         mine = Counter()
         for p, c, path in t.edges:
-            data = tuple(reversed(path))
+            data = tuple(reversed(path)) if inward else path
             arcs = [(a, b) for a, b in zip(data, data[1:]) if a in ranks and b in ranks and host[a] != root_host]
             (inner if host[p] == host[c] else relay).update(arcs)
             if host[p] == host[c]:
