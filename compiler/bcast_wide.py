@@ -250,27 +250,23 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             except ValueError:
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
-    rest = _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward)
-    if rest is None:
+    # every other host's trees: _joint_inner
+    if _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward) is None:
         return None
     out = []
     for t in range(P):
-        for h in range(len(groups)):
-            if h:
-                continue  # _joint_inner built these
-            # the root's rank is every tree's gateway: one child each leaves its links to
-            # the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on each of
-            # its two 50 GB/s NVLinks, and the root's ports started 90-140 us late)
-            # and away from the links its relays take: every tree's at the root, whose sends
-            # of one chunk are all ready at one instant (an in-host copy queued there first
-            # held the root's third port back 40 us), else this tree's
-            avoid = {a for m in mine for a in m.get(0, ())} if h == 0 else mine[t].get(h, {})
-            inner = _host_tree(net, inside[h], groups[h], gws[t][h], share, load,
-                               top_kids=1 if h == 0 else 0, avoid=avoid)
-            if inner is None:
-                return None
-            for u, v, p in inner:
-                kids[t].setdefault(u, []).append((v, p))
+        # the root's host: the root's rank is every tree's gateway: one child each leaves
+        # its links to the routes out (64 DGX-1s: two children per tree put 4 x 12 GB/s on
+        # each of its two 50 GB/s NVLinks, and the root's ports started 90-140 us late) and
+        # away from the links every tree's relays take there, whose sends of one chunk are
+        # all ready at one instant (an in-host copy queued there first held the root's
+        # third port back 40 us)
+        inner = _host_tree(net, inside[0], groups[0], gws[t][0], share, load, top_kids=1,
+                           avoid={a for m in mine for a in m.get(0, ())})
+        if inner is None:
+            return None
+        for u, v, p in inner:
+            kids[t].setdefault(u, []).append((v, p))
         edges, queue = [], [root]
         for x in queue:  # parents before children
             for v, p in kids[t].get(x, ()):
