@@ -21,7 +21,9 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
              are always priced too, for the figures. ``algorithm = auto`` skips a candidate
              whose lower bound at every chunk size (tree_floor.candidate_floor: the cut's
              chunk floor, its trees' floor, what its ranks must send) is above a plan
-             already priced, and the chunk sizes whose bound is above it
+             already priced, and the chunk sizes whose bound is above it; the baselines'
+             searches stop where their load floor (baselines.load_floor) shows that no
+             smaller chunk beats their first, so they report the same times
     select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
     figures  predicted time, bound, efficiency = bound_s / predicted_s, the best NCCL-like
              baseline, algbw, busbw (nccl-tests factors), wire bytes, and the explanation:
@@ -260,9 +262,10 @@ def _fixed_loads(build: Callable[[int], Plan], chunks: tuple[int, ...], u: Unit,
     returns a builder that hands that back to the chunk search, and ``chunks`` up to the first
     size whose load floor (baselines.load_floor) is above that time, or above ``incumbent``
     (for a candidate ``select`` need not report: auto's own, not a baseline). The floor never
-    falls as the chunk shrinks, so every size dropped is slower than the first, whatever the
-    search would have done there: the search picks the same chunk, plan and time (only its
-    ``tried`` is shorter). On one MI250 node this spares three of the multi-channel rings'
+    falls as the chunk shrinks, so every size dropped is slower than the first (or than the
+    best plan so far), whatever the search would have done there: the search picks the same
+    chunk, plan and time (only its ``tried`` is shorter; or, against ``incumbent``, a plan
+    that could not be selected either way). On one MI250 node this spares three of the multi-channel rings'
     four allgather lowerings, whose floors at 2 MiB and below are above their time at one
     message per block."""
     first = chunks[0]
