@@ -90,7 +90,8 @@ def load_floor(sim: Any, topo: Topology, per_message_s: float, itemsize: int):
     arcs = merged_arcs(topo)
     load = np.array([l.bytes for l in sim.links], dtype=float)
     cap = np.array([l.capacity for l in sim.links], dtype=float)
-    k = np.array([arcs[(l.src, l.dst)][1] + per_message_s for l in sim.links], dtype=float)
+    # a link the topology does not declare (none should be) is charged no latency: still a floor
+    k = np.array([arcs.get((l.src, l.dst), (0.0, 0.0))[1] + per_message_s for l in sim.links], dtype=float)
     busy = load / cap if len(load) else load
 
     def floor(s: int) -> float:
