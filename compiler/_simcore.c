@@ -206,7 +206,7 @@ out:
 
    Runs exactly the loop of schedule._Timed._schedule_py (the reference, kept in Python):
    the same event heap on (time, phase, sequence number), the same per-port queues on (key,
-   up before down, later message first), the same port windows, completion gates and per-hop
+   down before up, later message first), the same port windows, completion gates and per-hop
    reservations in the same floating-point operations, so both give the same order, the same
    window predecessors and bit-identical times. Per message m: port[m] its first link, its
    links path_links[path_ptr[m]:path_ptr[m+1]], nbytes[m] its bytes (double, exact), key[m],
@@ -436,7 +436,7 @@ out:
 
    Runs exactly the loop of schedule._Timed._schedule_exact_py (the reference, kept in
    Python): the same event heap on (time, phase, sequence number), the same per-port queues
-   on (key, up before down, later message first), the same windows, the same choice of the
+   on (key, down before up, later message first), the same windows, the same choice of the
    completion that gates a start (or the time to wait for), the same order among the starts
    of one instant (the simulator's pop order, _sim_key), and the per-hop reservations in the
    simulator's floating-point operations in the same order, so both give the same order,
@@ -452,7 +452,8 @@ out:
    message), pred (-1 or the message wsize starts earlier on its port), start, end, pop (its
    start position), gate_z/gate_side (the message whose completion gated its start and the
    side, 0 sender, 1 receiver; gate_z -1: none), first_in[rep] (the first up message started
-   into that rank and chunk, -1 if none; preset by the caller). */
+   into that rank and chunk, -1 if none). Every output is set here: the caller may pass
+   uninitialised arrays. */
 
 /* a completion at a rank: (end, message), kept sorted per rank */
 typedef struct {
@@ -700,8 +701,9 @@ static int exact_run(Exact *S, int64_t *ports, int64_t *mark, Go *go) {
     for (Py_ssize_t m = 0; m < S->nm; m++)
         if (S->remaining[m] == 0 && exact_ready(S, m, 0.0)) return -1;
     /* a bound far above any run: each message is made ready, starts and completes once, and a
-       port waits only for a later completion of its rank or its message's receiver */
-    int64_t budget = (int64_t)64 * (S->nm + S->nl + 1) * (S->nranks + 16), pops = 0;
+       port waits only for a later completion of its rank or its message's receiver, so its
+       tries grow with the messages times the ports (a rank may own many), not the ranks alone */
+    int64_t budget = (int64_t)64 * (S->nm + S->nl + 1) * (S->nranks + S->nl + 16), pops = 0;
     while (S->ev.n > 0) {
         if (++pops > budget) return -2;
         Item top = ih_pop(&S->ev);
@@ -834,10 +836,13 @@ static PyObject *exact(PyObject *self, PyObject *args) {
         int64_t x = S.port[m];
         ok = S.path_ptr[m] < S.path_ptr[m + 1] && S.path_ptr[m + 1] <= npl && S.dep_ptr[m] <= S.dep_ptr[m + 1] &&
              S.dep_ptr[m + 1] <= ndi && S.path_links[S.path_ptr[m]] == x && S.port_rank[x] == S.src[m] &&
-             S.wsize[x] >= 1 && S.wsize[x] <= (int64_t)1 << 20 && S.src[m] != S.dst[m] &&
+             S.src[m] != S.dst[m] &&
              (S.down[m] ? S.rep[m] == -1 : S.rep[m] >= 0 && S.rep[m] < nm);
         for (int64_t k = S.path_ptr[m]; ok && k < S.path_ptr[m + 1]; k++) ok = S.cap[S.path_links[k]] > 0.0;
     }
+    /* every sending link's window, whether or not a message starts on it: all are allocated */
+    for (Py_ssize_t x = 0; ok && x < nl; x++)
+        ok = S.port_rank[x] < 0 || (S.wsize[x] >= 1 && S.wsize[x] <= (int64_t)1 << 20);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "exact: an index or a size out of range");
         goto out;

@@ -156,6 +156,7 @@ def test_two_level_plans_pass_natively(kind, src, monkeypatch):
 def test_injected_faults_in_overlapping_ranges_never_pass_natively_alone(kind, monkeypatch):
     rng = random.Random("levels" + kind)
     plan = _levels(kind, chunk=4000)
+    assert native(plan)  # the unmutated plan passes natively: a pass that refused everything fails here
     rejected = 0
     for bad in _mutants(plan, rng, 60):
         try:
