@@ -34,6 +34,7 @@ import numpy as np
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, Plan, Tree
 from ..ir.topology import Topology
+from . import compact
 from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_by_rate
 from .routes import shortest_preds
 from .trees import PackedTree
@@ -118,8 +119,9 @@ class _Search:
 
     def _switch_routes(self, a: str, b: str) -> tuple[tuple[str, ...], ...]:
         preds = self._bfs.get(a)
-        if preds is None:
-            preds = self._bfs[a] = self._switch_bfs(a)
+        if preds is None:  # once per source: the 512-rank DGX-1 cluster's fabric is 1 500
+            # vertices, and a search per rank pair took 38 s per ring
+            preds = self._bfs[a] = shortest_preds(self.out, self.switches, a)
         if b not in preds:
             return ()
         out: list[tuple[str, ...]] = []
@@ -132,12 +134,6 @@ class _Search:
             for p in reversed(preds[x]):
                 stack.append((p, (p,) + tail))
         return tuple(out)
-
-    def _switch_bfs(self, a: str) -> dict[str, list[str]]:
-        """Every vertex's predecessors on its shortest routes from rank ``a`` through switches
-        only, once per source (the 512-rank DGX-1 cluster's fabric is 1 500 vertices; a search
-        per rank pair took 38 s per ring)."""
-        return shortest_preds(self.out, self.switches, a)
 
     def connected_at(self, rate: float) -> bool:
         """Whether every rank reaches every other over links of at least ``rate`` (through
@@ -590,7 +586,10 @@ def rings_priced(spec: Any, topo: Topology, channels: Sequence[RingChannel], chu
     if got is None:  # an empty piece: the object lowering's skips are not mirrored here
         return rings_plan(spec, topo, channels, chunk_bytes)
     plan = _rings_allreduce(spec, topo, channels, chunk_bytes, ops=False)
-    return plan, simulate_columns(plan, got, model=model or DEFAULT_MODEL)
+    try:
+        return plan, simulate_columns(plan, got, model=model or DEFAULT_MODEL)
+    except compact.Unsupported:  # a plan the native loop cannot run (32 768 ranks and more)
+        return rings_plan(spec, topo, channels, chunk_bytes)
 
 
 _COLUMNS = [False]
@@ -599,8 +598,6 @@ _COLUMNS = [False]
 def columns_wanted(spec: Any, rates: Sequence[float], chunk_bytes: int) -> bool:
     """Whether a ring allreduce over rings of ``rates`` is priced from op columns here (inside
     :func:`columns_allowed`, above :data:`COLUMN_OPS` ops, the native simulator built)."""
-    from . import compact
-
     return (spec.kind == "allreduce" and _COLUMNS[0] and compact.available() and len(spec.ranks) >= 2
             and bool(rates) and _estimate_ops(spec, rates, chunk_bytes) > COLUMN_OPS)
 
@@ -778,4 +775,7 @@ def ring_priced(spec: Any, topo: Topology, chunk_bytes: int, model: Any = None):
     if tab is None:
         return ring_plan(spec, topo, chunk_bytes)
     plan = assemble(spec, topo, ProgramBuilder(len(spec.ranks)), (), "ring", chunk_elems(chunk_bytes, spec.dtype))
-    return plan, simulate_columns(plan, tab, model=model or DEFAULT_MODEL)
+    try:
+        return plan, simulate_columns(plan, tab, model=model or DEFAULT_MODEL)
+    except compact.Unsupported:  # as in rings_priced
+        return ring_plan(spec, topo, chunk_bytes)

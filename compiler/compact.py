@@ -56,20 +56,13 @@ def run(plan: Plan, net, model, tab: opscan.OpTable | None = None) -> tuple[np.n
         raise Unsupported("the native loop is not built")
     progs = plan.programs
     nr = len(progs)
-    if tab is None:
-        lens = list(map(len, progs))
-        total = sum(lens)
-        base = [0] * (nr + 1)
-        for r, k in enumerate(lens):
-            base[r + 1] = base[r] + k
-    else:
-        base, total = list(tab.base), tab.total
     if nr >= 1 << 15:  # message keys below are ((a * nr + b) << 32) | tag in 63 bits
         raise Unsupported("too many ranks for 64-bit message keys")
     if tab is None:
         tab = opscan.scan(progs)
     if tab is None:
         raise Unsupported("an op the simulator does not know, or a field of an unexpected type")
+    base, total = list(tab.base), tab.total
     kind = tab.code  # 0 Send, 1 Recv, 2 RecvReduce, 3 Copy, 4 Reduce, 5 Scale
     flat, ndeps, peer, tag, tree = tab.deps, tab.ndeps, tab.peer, tab.tag, tab.tree
     count = np.where(kind == 0, tab.scnt, tab.dcnt)

@@ -273,9 +273,8 @@ def _fixed_loads(build: Callable[[int], Plan], chunks: tuple[int, ...], u: Unit,
     plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
     floor = baselines.load_floor(sim, u.topology, u.model.per_message_s, DTYPE_SIZES[u.spec.dtype])
     bar = min(sim.time, incumbent)
-    keep = 1
-    while keep < len(chunks) and floor(chunks[keep]) <= bar:
-        keep += 1
+    kept = chunk_floor.worth_lowering(floor, chunks, bar)  # a prefix: the floor never falls
+    keep = len(kept)
     if keep < len(chunks):
         progress.report("lower", f"chunks from {chunks[keep]} B skipped: their floor "
                                  f"{floor(chunks[keep]):.6g} s is above {bar:.6g} s")
@@ -286,7 +285,7 @@ def _fixed_loads(build: Callable[[int], Plan], chunks: tuple[int, ...], u: Unit,
             return held.pop()  # the chunk search prices the first size first, once
         return build(c)
 
-    return again, chunks[:keep]
+    return again, kept
 
 
 def _columns_only(choice: ChunkChoice) -> bool:

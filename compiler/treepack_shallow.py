@@ -94,16 +94,16 @@ def _candidates(w: np.ndarray, root: int, depth: int) -> list[list[int]]:
     rows = w.tolist()
     cols = w.T.tolist()
     out = []
-    for cand in (_repair(w, par, root, depth, cols) if par is not None else None, _greedy(w, root, depth, rows)):
+    for cand in (_repair(w, par, root, depth, cols) if par is not None else None, _greedy(rows, root, depth)):
         if cand is None:
             continue
-        _improve(w, cand, root, depth, cols)
+        _improve(cols, cand, root, depth)
         out.append((float(sum(rows[p][v] for v, p in enumerate(cand) if p >= 0)), len(out), cand))
     if not out:  # the greedy can fail near the eccentricity; a breadth-first tree cannot
         ecc = eccentricity(w, root)
         if ecc is not None and ecc <= depth:
             cand = _bfs_parents(w, root)
-            _improve(w, cand, root, depth, cols)
+            _improve(cols, cand, root, depth)
             out.append((0.0, 0, cand))
     return [c for _, _, c in sorted(out)]
 
@@ -168,12 +168,10 @@ def _level_list(par: list[int], root: int) -> list[int]:
     return lvl
 
 
-def _greedy(w: np.ndarray, root: int, depth: int, rows: list[list[float]] | None = None) -> list[int] | None:
-    """Prim with a level cap: attach the cheapest outside vertex (the first of them) to an
-    inside parent whose level is below ``depth`` (ties keep the parent found first, i.e. the
-    shallower). ``rows``: ``w``'s rows as lists, when the caller has them."""
-    if rows is None:
-        rows = w.tolist()
+def _greedy(rows: list[list[float]], root: int, depth: int) -> list[int] | None:
+    """Prim with a level cap over the arc weights ``rows`` (the weight matrix's rows as
+    lists): attach the cheapest outside vertex (the first of them) to an inside parent whose
+    level is below ``depth`` (ties keep the parent found first, i.e. the shallower)."""
     n = len(rows)
     inf = _INF
     par = [-1] * n
@@ -203,12 +201,10 @@ def _greedy(w: np.ndarray, root: int, depth: int, rows: list[list[float]] | None
     return par
 
 
-def _improve(w: np.ndarray, par: list[int], root: int, depth: int, cols: list[list[float]] | None = None) -> None:
+def _improve(cols: list[list[float]], par: list[int], root: int, depth: int) -> None:
     """Re-parent single vertices (with their subtrees), in vertex order, each to its cheapest
     parent (the first of them) that is cheaper than its own and keeps every level <=
-    ``depth``; in place. ``cols``: ``w``'s columns as lists, when the caller has them."""
-    if cols is None:
-        cols = w.T.tolist()
+    ``depth``; in place. ``cols``: the weight matrix's columns as lists."""
     n = len(par)
     for _ in range(_IMPROVE_PASSES):
         moved = False
