@@ -56,7 +56,8 @@ from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
 
-__all__ = ["WINDOW", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "lower_dbt", "spread", "spread_trees"]
+__all__ = ["WINDOW", "arc_tables", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "host_vertices", "lower_dbt", "spread",
+           "spread_trees"]
 
 # receives of one tree edge posted ahead of the data (module docstring): 2 keeps a sender of
 # two children alternating between them without a gap; 1 left a gap of a message's latency
@@ -226,6 +227,7 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
     direct = any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
     depth = {top: 0}
     edges = []
+    top_n = 0  # children of top so far
 
     def options(u: int, v: int):
         if direct:
@@ -235,7 +237,7 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
     while len(depth) < len(inset):
         best = None
         for u in depth:
-            if top_kids and u == top and sum(1 for e in edges if e[0] == top) >= top_kids:
+            if top_kids and u == top and top_n >= top_kids:
                 continue
             for v in group:
                 if v in depth:
@@ -249,6 +251,7 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
             return None
         u, v, p = best[-3:]
         depth[v] = depth[u] + 1
+        top_n += u == top
         for arc in zip(p, p[1:]):
             load[arc] = load.get(arc, 0.0) + share
         edges.append((u, v, p))
@@ -267,12 +270,7 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
     net = routes(topo, ranks)
     groups = _host_order(topo, ranks, root)
     load: dict = {}
-
-    def path(p: int, c: int, share: float) -> tuple[str, ...]:
-        if inward:
-            return tuple(reversed(spread(net, c, p, share, load)))
-        return spread(net, p, c, share, load)
-
+    path = _spreader(net, load, inward)
     lanes = _lanes(net, topo, groups)
     if lanes is not None:
         trees = _lane_trees(net, topo, groups, lanes, root, path, load)
@@ -286,16 +284,38 @@ def dbt_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> li
 def spread_trees(topo, ranks: Sequence[str], root: int, edge_lists, inward: bool = False) -> list[PackedTree]:
     """One tree per list of (parent, child) rank-index edges, each carrying an equal share,
     every edge on a spread route (:func:`spread`; ``inward``: in-trees, as dbt_trees)."""
-    net = routes(topo, ranks)
-    load: dict = {}
-    share = 1.0 / max(1, len(edge_lists))
+    return _spread_trees(ranks, root, edge_lists, _spreader(routes(topo, ranks), {}, inward))
 
-    def path(p: int, c: int, _share: float) -> tuple[str, ...]:
+
+def _spreader(net: Routes, load: dict, inward: bool):
+    """``path(p, c, share)``: the route of the edge parent ``p`` -> child ``c`` carrying
+    ``share``, spread over ``load`` (:func:`spread`; ``inward``: the route from ``c`` to
+    ``p``, reversed, so every path runs parent to child)."""
+
+    def path(p: int, c: int, share: float) -> tuple[str, ...]:
         if inward:
             return tuple(reversed(spread(net, c, p, share, load)))
         return spread(net, p, c, share, load)
 
-    return _spread_trees(ranks, root, edge_lists, path)
+    return path
+
+
+def host_vertices(topo, ranks: Sequence[str], groups: Sequence[Sequence[int]]) -> list[set[str]]:
+    """Per group of rank indices (one host's), the vertices of its host in ``topo.hosts``
+    (its ranks and switches)."""
+    host = dict(topo.hosts)
+    return [{v for v, h in topo.hosts if h == host[ranks[g[0]]]} for g in groups]
+
+
+def arc_tables(topo) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Per (src, dst) arc of ``topo.links``: the summed capacity of its links and their
+    largest latency."""
+    caps: dict[tuple[str, str], float] = {}
+    lats: dict[tuple[str, str], float] = {}
+    for l in topo.links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
+    return caps, lats
 
 
 def _spread_trees(ranks, root: int, edge_lists, path) -> list[PackedTree]:
@@ -311,8 +331,7 @@ def _lane_trees(net: Routes, topo, groups: list[list[int]], lanes: list[list[int
     into a host's gateway followed by that host's tree from it. None where a host's ranks
     are not joined inside it."""
     ranks = net.ranks
-    host = dict(topo.hosts)
-    inside = [{v for v, h in topo.hosts if h == host[ranks[g[0]]]} for g in groups]
+    inside = host_vertices(topo, ranks, groups)
     P = len(lanes[0])
     share = 1.0 / (2 * P)
     out = []
@@ -432,10 +451,7 @@ def chunk_for(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float
     slowest route), ``k`` the per-message cost (latency + per-message cost) of the narrowest
     links of its routes (:data:`NARROW`) and ``F`` the deepest tree's fill in chunk times, the children of every rank on its
     longest root-to-leaf path times :data:`FILL_PER_LEVEL`."""
-    caps, lats = {}, {}
-    for l in topo.links:
-        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
-        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
+    caps, lats = arc_tables(topo)
     sent: dict[str, float] = {}
     cost: dict[str, tuple[float, float]] = {}
     fill = 1
@@ -445,7 +461,8 @@ def chunk_for(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float
             src = c if spec.kind == "reduce" else p
             kids.setdefault(p, []).append(c)
             sent[src] = sent.get(src, 0.0) + t.rate * spec.size_bytes
-            arcs = list(zip(path[::-1], path[-2::-1])) if spec.kind == "reduce" else list(zip(path, path[1:]))
+            d = path[::-1] if spec.kind == "reduce" else path
+            arcs = list(zip(d, d[1:]))
             c_min = min((caps.get(a, float("inf")) for a in arcs), default=float("inf"))
             # the per-message cost of the route's narrowest links (a fat tree's spine hops
             # are twice as wide and never busy; a DGX-1's EDR hop is as narrow as its PCIe)

@@ -74,7 +74,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
-from .bcast_trees import _host_order, _host_tree, _lanes, _ports, lower_dbt, trees_rate
+from .bcast_trees import (_host_order, _host_tree, _lanes, _ports, arc_tables, host_vertices, lower_dbt,
+                          trees_rate)
 from .routes import Routes, routes
 from .trees import PackedTree
 
@@ -142,22 +143,23 @@ def _relay(net: Routes, src: int, port: str, behind: Sequence[int], dst: int, sh
     (``inside``), to one of them, then its shortest switch routes through ``port``; the
     least loaded by its busiest link with ``share`` added (then the next busiest, then fewer
     hops), after the fewest links inside the host that ``mine`` (arc -> count: this tree's
-    routes out of this host so far) holds; ``load`` and ``mine`` are updated."""
+    routes out of this host so far) holds; ``load`` and ``mine`` are updated. In every host but
+    the root's with direct GPU links, :func:`_joint_inner` later replaces the in-host head
+    of the route picked here (its ``load`` moves with it)."""
     r = net.ranks
-    heads: list[tuple[str, ...]] = []
+    heads: list[tuple[int, tuple[str, ...]]] = []  # (the rank it reaches, its vertices)
     for x in behind:
         a, b = r[src], r[x]
         if x == src:
-            heads.append((a,))
+            heads.append((x, (a,)))
             continue
         # a direct link, or the host's own switches (an NVSwitch), else through one rank
-        heads += [p for p in net.shortest_routes(src, x) if all(v in inside for v in p)]
+        heads += [(x, p) for p in net.shortest_routes(src, x) if all(v in inside for v in p)]
         if b not in net.out[a]:
-            heads += [(a, y, b) for y in net.out[a] if y in inside and y not in net.switches
+            heads += [(x, (a, y, b)) for y in net.out[a] if y in inside and y not in net.switches
                       and b in net.out.get(y, ())]
     cands = []
-    for head in heads:
-        x = net.ranks.index(head[-1]) if len(head) > 1 else src
+    for x, head in heads:
         cands += [head + tail[1:] for tail in net.shortest_routes(x, dst) if port in tail]
     if not cands:
         raise ValueError("no relay route")
@@ -224,8 +226,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
                 relay_root: bool, solved: dict) -> list[PackedTree] | None:
     """:func:`wide_trees` with the root's host relaying (``relay_root``) or not."""
     r = net.ranks
-    host = dict(topo.hosts)
-    inside = [{v for v, h in topo.hosts if h == host[r[g[0]]]} for g in groups]
+    inside = host_vertices(topo, r, groups)
     ports = [_ports(net, topo, g) for g in groups]
     names = [[name for name, _ in x] for x in ports]
     behind = [[b for _, b in x] for x in ports]
@@ -251,7 +252,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
     # every other host's trees: _joint_inner
-    if _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward) is None:
+    if not _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward):
         return None
     out = []
     for t in range(P):
@@ -289,7 +290,7 @@ def _levels(layout, hosts: int) -> list[int]:
 
 
 def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
-                 kids, cache: dict, inward: bool) -> bool | None:
+                 kids, cache: dict, inward: bool) -> bool:
     """The in-host trees of every non-root host and the NVLink heads of the relays out of
     it (into it, for reduce: ``inward``) (module docstring, "In-host trees"): per host, :func:`_in_trees` over its direct links,
     the trees' slack from the lane ``layouts``, each relay's candidate heads from
@@ -297,9 +298,7 @@ def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: f
     NVSwitch) take bcast_trees._host_tree's trees off their tree's relays (``mine``). Edges
     go to ``kids``, relays' new heads replace theirs there, and ``load`` follows."""
     r = net.ranks
-    lat: dict = {}
-    for l in topo.links:
-        lat[(l.src, l.dst)] = max(lat.get((l.src, l.dst), 0.0), l.latency)
+    lat = arc_tables(topo)[1]
     H, P = len(groups), len(layouts)
     lv = [_levels(layouts[t], H) for t in range(P)]
     deep = [max(x) for x in lv]
@@ -340,7 +339,7 @@ def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: f
             for t in range(P):
                 inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}))
                 if inner is None:
-                    return None
+                    return False
                 for u, v, p in inner:
                     kids[t].setdefault(u, []).append((v, p))
             continue
@@ -386,10 +385,13 @@ def _in_trees(links, tops, slack, cands, level: float):
     children; per relay, the index of its head among its candidates (``cands``: rank
     sequences, the broadcast's direction). None where the host has no direct links. A
     rank's partial sum is complete one arc time (REF_CHUNK / capacity + latency + 1 us)
-    after its children's, twice that on an arc two trees share; the objective, in order: no
-    arc with a tree and a relay or two relays; the latest finish, a tree with ``slack[t]``
-    host levels of slack counted ``level`` seconds each earlier; then every tree's finish
-    and the arcs two trees share."""
+    after its children's, twice that on an arc two trees share; the objective, a weighted
+    sum (``ub``: twice the arcs' summed times, in 0.1 us units): 8 P ub^2 per arc with a
+    tree and a relay or two relays; 4 P ub per unit of the latest finish, a tree with
+    ``slack[t]`` host levels of slack counted ``level`` seconds each earlier; 2 ub per arc
+    two trees share; 1 per unit of every tree's finish. The weights lean to that order but
+    do not enforce it: the latest finish spans up to ``ub`` (1 + the most slack) units, and
+    more than 2 P shared arcs outweigh one unit of it."""
     from ortools.sat.python import cp_model
 
     if not links:
@@ -435,8 +437,9 @@ def _in_trees(links, tops, slack, cands, level: float):
     lv = round(level / q)
     for t in range(P):  # a tree with k levels of slack may finish k levels later
         m.Add(M >= C[t, tops[t]] - slack[t] * lv)
-    # 1 unit of the critical trees' finish outweighs everything after it; a shared arc is
-    # worth 2 of the others' finishes
+    # weights, not a strict order: a tree-and-relay or two-relay arc 2 ub units of the latest
+    # finish M; a unit of M 4 P ub (more than the trees' summed finishes, at most P ub, but
+    # less than 2 P + 1 shared arcs); a shared arc 2 ub of the trees' summed finishes
     rest = sum(C[t, tops[t]] for t in range(P))
     big = 4 * P * ub
     m.Minimize((sum(with_relay) + sum(relays2)) * big * 2 * ub + M * big + rest + 2 * ub * sum(shared))
@@ -490,12 +493,8 @@ def wide_chunk(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: floa
     (a tree's share) held on the busiest link of the cross-host routes, ``S / c(e) + (S /
     chunk) (α(e) + per-message cost)``, plus ``D`` host levels (:func:`host_depth`) of one
     chunk over the narrowest link of a route and its latencies. 64 DGX-1s at 256 MiB: 880
-    KiB, 0.903 of the bound at best (880 KiB -> 896 KiB; the simulation: 0.900)."""
-    caps: dict[tuple[str, str], float] = {}
-    lats: dict[tuple[str, str], float] = {}
-    for l in topo.links:
-        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
-        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
+    KiB, 0.903 of the bound at best (880 KiB -> 896 KiB; the simulation: 0.903)."""
+    caps, lats = arc_tables(topo)
     host = dict(topo.hosts)
     S = max(t.rate for t in trees) / sum(t.rate for t in trees) * spec.size_bytes
     links: set[tuple[float, float]] = set()  # (capacity, hold per message) of a route's links

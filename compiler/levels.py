@@ -185,7 +185,8 @@ class Levels:
     ring ``ring`` (member indices), the ``lanes`` (member indices), ``full`` lanes or split,
     and ``trees``: per lane ``l`` and group ``h`` the route tree ``l * G + h`` (the star from
     the lane's rank of group ``h`` to the lane's rank of every other group), whose paths the
-    lane messages take."""
+    lane messages take; the packed form (:func:`plan_packed`) appends each group's own
+    allgather trees after those lane trees (``inner`` holds their indices)."""
 
     groups: tuple[tuple[int, ...], ...]
     ring: tuple[int, ...]
@@ -428,7 +429,7 @@ def _transfers(L: Levels, E: int, n: int, ce: int) -> tuple[list[tuple[int, int,
     return out, sent, got
 
 
-def plan_packed(topo: Topology, ranks: Sequence[str]) -> Levels | None:
+def plan_packed(topo: Topology, ranks: Sequence[str], *, base: Levels | None = None) -> Levels | None:
     """The packed two-level layout: where every member of a group has an exit of its own
     (split lanes, one per member, as each A100 GPU's or MI250 GCD's NIC), each rank's lane
     carries its own block straight to the same member of every other group (a star), and
@@ -437,12 +438,14 @@ def plan_packed(topo: Topology, ranks: Sequence[str]) -> Levels | None:
     group's vertices): the NVSwitch star on an A100 host, the xGMI mesh's 48 trees on an
     MI250 node, where the ring of :func:`plan_levels` used one ring's links of the mesh
     (2 x MI250 allgather 256 MB: 0.27 of the bound). None where the layout is not split
-    lanes on every member, or a group's own links do not connect its ranks both ways."""
+    lanes on every member, or a group's own links do not connect its ranks both ways.
+    ``base``: ``plan_levels(topo, ranks, star=True)`` where the caller has it already."""
     from .treepack import pack_allgather  # OR-Tools: loaded when a compile packs
     from .treepack_master import PackError
 
     ranks = tuple(ranks)
-    base = plan_levels(topo, ranks, star=True)
+    if base is None:
+        base = plan_levels(topo, ranks, star=True)
     if base is None or base.full or len(base.lanes) != len(base.ring):
         return None
     groups, comps = _group_parts(topo, ranks)  # type: ignore[misc]  # plan_levels found them
@@ -592,6 +595,7 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     ce = chunk_elems(chunk_bytes, spec.dtype)
     moves, sent, got = (_packed_transfers if layout.inner else _transfers)(layout, E, n, ce)
+    lane_trees = len(layout.lanes) * len(layout.groups)  # tree indices past these: in-group trees
     # the reduce-scatter's transfers: the allgather's reversed; for a packed allreduce the
     # allgather's chunk order reversed first, so the chunks its allgather starts with are
     # reduced first (2 x A100 allreduce 256 MB: the first chunk's allgather waited for the
@@ -627,7 +631,6 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         # the group's own sends are paced instead (RS_SEND_WINDOW)
         mine: dict[Any, list[int]] = {}  # per rank (packed: per rank, peer, tree), its group-internal sends
         window = RS_PACKED_WINDOW if layout.inner else RS_SEND_WINDOW
-        lane_trees = len(layout.lanes) * len(layout.groups)
         for k in range(len(rs_moves) - 1, -1, -1):
             src, dst, a, b, tree = rs_moves[k]
             inside = tree < 0 or tree >= lane_trees
@@ -664,7 +667,6 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         gates, gating = _gates(sent, got, PACKED_LANE_WINDOW if layout.inner and len(layout.groups) > 2
                                else LANE_WINDOW)
         ag_recv: dict[int, int] = {}  # gating transfers: the receive, at their dst
-        lane_trees = len(layout.lanes) * len(layout.groups)
         starts = [lo for lo, _ in own]
         streams: dict[tuple[int, int, int, int], list[int]] = {}  # packed: per (src, dst, tree, block)
         for k, (src, dst, a, b, tree) in enumerate(moves):
@@ -697,7 +699,8 @@ def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | N
         return (first,)
     other = plan_levels(topo, ranks, star=not first.star)
     forms = (first,) if other is None else (first, other)
-    packed = plan_packed(topo, ranks)
+    star = first if first.star else other  # plan_packed's base: the star form
+    packed = None if star is None else plan_packed(topo, ranks, base=star)
     if packed is not None:
         forms += tuple(replace(packed, inner_scale=k) for k in PACKED_SCALES)
     return forms

@@ -8,8 +8,9 @@ Terms
   flows child -> parent, the data's route reversed), and ``rate``, the bytes/s the tree
   carries. Endpoints are rank names, or rank positions where a schedule is
   built over positions (the ring channels); lowering accepts both.
-- Every producer builds this value: the packings (treepack.py, bidir.py), the NCCL-like
-  schedules (baselines.py, channels.py) and the simple trees of routes.py.
+- Every producer builds this value: the packings (treepack.py, bidir.py), the broadcast and
+  reduce trees (bcast_trees.py, bcast_wide.py), the NCCL-like schedules (baselines.py,
+  channels.py) and the simple trees of routes.py.
 - shape (:class:`TreeShape`): the tree resolved to rank positions, with children and a
   breadth-first order, as lowering (lower.py, schedule.py) walks it; made by ``TreeShape.of``
   and recorded in the plan as the IR's :class:`hcc.ir.plan.Tree` by ``to_tree``: the one
