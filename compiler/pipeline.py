@@ -21,9 +21,10 @@ each has a ``name`` and ``apply(unit) -> unit`` over the frozen :class:`Unit` va
              are always priced too, for the figures. ``algorithm = auto`` skips a candidate
              whose lower bound at every chunk size (tree_floor.candidate_floor: the cut's
              chunk floor, its trees' floor, what its ranks must send) is above a plan
-             already priced, and the chunk sizes whose bound is above it; the baselines'
-             searches stop where their load floor (baselines.load_floor) shows that no
-             smaller chunk beats their first, so they report the same times
+             already priced, and the chunk sizes whose bound is above it; the fixed-load
+             candidates' searches (the baselines and direct) stop where their load floor
+             (baselines.load_floor) shows that no smaller chunk beats their first, so the
+             baselines report the same times
     select   ``algorithm = auto``: the fastest predicted candidate; otherwise the forced one
     figures  predicted time, bound, efficiency = bound_s / predicted_s, the best NCCL-like
              baseline, algbw, busbw (nccl-tests factors), wire bytes, and the explanation:

@@ -61,8 +61,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from itertools import chain
-
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Scale
 from ..ir.topology import Topology
@@ -499,32 +497,52 @@ class _Timed:
         import numpy as np
 
         nm, nl, a = self.nm, len(self.links.cap), self.a
-        path_ptr = np.zeros(nm + 1, np.int64)
-        np.cumsum(a["plen"], out=path_ptr[1:])
-        path_links = a["plinks"]
-        port = path_links[path_ptr[:-1]]
-        nbytes = (a["hi"] - a["lo"]).astype(np.float64) * self.itemsize
-        dep_ptr = np.zeros(nm + 1, np.int64)
-        np.cumsum(a["dcount"], out=dep_ptr[1:])
-        prank = np.full(nl, -1, np.int64)
-        wsz = np.ones(nl, np.int64)
+        path_ptr, port, dep_ptr, nbytes = self._message_arrays()
+        prank, wsz, lat, cap = self._link_arrays(port_rank, wsize)
         gflag = np.zeros(nl, np.int8)
         for x, r in port_rank.items():
-            prank[x], wsz[x], gflag[x] = r, wsize[x], r in gated
+            gflag[x] = r in gated
         order = np.empty(nm, np.int64)
         pred = np.empty(nm, np.int64)
         start = np.zeros(nm, np.float64)
         end = np.zeros(nm, np.float64)
         done, self.makespan = _wfq(
-            port, path_ptr, path_links, nbytes, a["key"], a["down"], dep_ptr, a["didx"], a["ndeps"].copy(),
-            a["src"], a["dst"], prank, wsz, gflag, np.array(self.links.lat, np.float64),
-            np.array(self.links.cap, np.float64), self.per_msg, bool(gate), bool(gated), self.L.n,
+            port, path_ptr, a["plinks"], nbytes, a["key"], a["down"], dep_ptr, a["didx"], a["ndeps"].copy(),
+            a["src"], a["dst"], prank, wsz, gflag, lat, cap, self.per_msg, bool(gate), bool(gated), self.L.n,
             order, pred, start, end)
-        if done != nm:
-            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
-        self.pred, self.start, self.end_a = pred.tolist(), start.tolist(), end
-        self.end = end.tolist()
+        self._check_done(done)
+        self.pred, self.start, self.end = pred.tolist(), start.tolist(), end.tolist()
         return order.tolist()
+
+    def _message_arrays(self):
+        """Per message, from :meth:`fill`'s arrays: ``(path_ptr, port, dep_ptr, nbytes)`` —
+        its links ``plinks[path_ptr[m]:path_ptr[m + 1]]``, its first link, its dependents
+        ``didx[dep_ptr[m]:dep_ptr[m + 1]]``, its bytes (float64, exact)."""
+        import numpy as np
+
+        nm, a = self.nm, self.a
+        path_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["plen"], out=path_ptr[1:])
+        dep_ptr = np.zeros(nm + 1, np.int64)
+        np.cumsum(a["dcount"], out=dep_ptr[1:])
+        nbytes = (a["hi"] - a["lo"]).astype(np.float64) * self.itemsize
+        return path_ptr, a["plinks"][path_ptr[:-1]], dep_ptr, nbytes
+
+    def _link_arrays(self, port_rank: dict[int, int], wsize: dict[int, int]):
+        """Per link: ``(prank, wsz, lat, cap)`` — its sending rank (-1 where no message starts
+        on it), its window, its latency and capacity."""
+        import numpy as np
+
+        nl = len(self.links.cap)
+        prank = np.full(nl, -1, np.int64)
+        wsz = np.ones(nl, np.int64)
+        for x, r in port_rank.items():
+            prank[x], wsz[x] = r, wsize[x]
+        return prank, wsz, np.array(self.links.lat, np.float64), np.array(self.links.cap, np.float64)
+
+    def _check_done(self, done: int) -> None:
+        if done != self.nm:
+            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
 
     def _schedule_py(self, port_rank: dict[int, int], wsize: dict[int, int], gate: bool,
                      gated: set[int]) -> list[int]:
@@ -667,17 +685,10 @@ class _Timed:
         """:meth:`_schedule_exact_py`'s loop in compiler/_simcore.c over :meth:`fill`'s arrays."""
         import numpy as np
 
-        nm, nl, a = self.nm, len(self.links.cap), self.a
-        path_ptr = np.zeros(nm + 1, np.int64)
-        np.cumsum(a["plen"], out=path_ptr[1:])
-        port = a["plinks"][path_ptr[:-1]]
+        nm, a = self.nm, self.a
+        path_ptr, port, dep_ptr, nbytes = self._message_arrays()
         port_rank, _, wsize = self._exact_windows(np.unique(port).tolist(), window, wide)
-        prank = np.full(nl, -1, np.int64)
-        wsz = np.ones(nl, np.int64)
-        for x, r in port_rank.items():
-            prank[x], wsz[x] = r, wsize[x]
-        dep_ptr = np.zeros(nm + 1, np.int64)
-        np.cumsum(a["dcount"], out=dep_ptr[1:])
+        prank, wsz, lat, cap = self._link_arrays(port_rank, wsize)
         # first_in's and upmsg's keys as message numbers, chunk template by chunk template
         rep = np.full(nm, -1, np.int64)
         upz = np.full(nm, -1, np.int64)
@@ -693,17 +704,14 @@ class _Timed:
         if allreduce and self.L.op == "avg" and self.L.n > 1:  # the root's Send waits for its Scale
             droot = np.array([sh.root for sh in self.dsh], np.int64)[a["tree"]]
             avgroot = ((a["down"] != 0) & (a["src"] == droot)).astype(np.int8)
-        nbytes = (a["hi"] - a["lo"]).astype(np.float64) * self.itemsize
         order, pred, pop, gate_z, first_in = (np.empty(nm, np.int64) for _ in range(5))
         start, end = np.zeros(nm, np.float64), np.zeros(nm, np.float64)
         gate_side = np.zeros(nm, np.int8)
         done, self.makespan, self.ungated = _exact(
             port, path_ptr, a["plinks"], nbytes, a["key"], a["down"], dep_ptr, a["didx"], a["ndeps"].copy(),
-            a["src"], a["dst"], rep, upz, avgroot, prank, wsz, np.array(self.links.lat, np.float64),
-            np.array(self.links.cap, np.float64), self.per_msg, self.L.n,
+            a["src"], a["dst"], rep, upz, avgroot, prank, wsz, lat, cap, self.per_msg, self.L.n,
             order, pred, start, end, pop, gate_z, gate_side, first_in)
-        if done != nm:
-            raise PlanError("timed lowering: a message never became ready (a cycle in the trees)")
+        self._check_done(done)
         self.pred, self.start, self.end, self.pop = pred.tolist(), start.tolist(), end.tolist(), pop.tolist()
         g = np.flatnonzero(gate_z >= 0)
         self.gate_by = dict(zip(g.tolist(), zip(gate_z[g].tolist(), gate_side[g].tolist())))
