@@ -79,6 +79,8 @@ __all__ = [
     "binding_cut",
 ]
 
+# the allreduce floor's groups: a least cut per group up to this many groups (2 max-flows each)
+_GROUP_FLOWS = 128
 # exhaustive alltoall cut enumeration up to 2^16 = 65536 subsets (about 0.1 s with numpy)
 _ALLTOALL_EXACT_VERTICES = 16
 
@@ -243,7 +245,9 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     leaving a rank over one of its links. So ``t >= max(max_v M / min(B-(v), B+(v)),
     2(n-1) M / sum of the capacity leaving the ranks, M / min_S B+(S))``; the last term
     because the ranks on either side of any cut S need the other side's M bytes of partial
-    reduction (two hosts joined by one slow link: the slow link carries at least M).
+    reduction (two hosts joined by one slow link: the slow link carries at least M); and the
+    same gossip count over groups of ranks (:func:`_group_cuts`: 2(k-1) M over the links into,
+    or out of, k groups — hosts, or the components of the faster links).
 
     design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
     schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
@@ -269,7 +273,108 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     per_vertex = max(size / min(cin[v], cout[v]) for v in ranks)
     total = 2 * (n - 1) * size / sum(cout.values())
     cut = size / min_rank_cut_rate(topo, ranks)
-    return max(per_vertex, total, cut)
+    groups = max((c.time(size) for c in _group_cuts_memo(topo, tuple(ranks))), default=0.0)
+    return max(per_vertex, total, cut, groups)
+
+
+def rank_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tuple[frozenset[str], ...]]]:
+    """Partitions of the ranks into k >= 2 groups, each group with a vertex set of its own
+    (disjoint, holding its ranks and no other group's), named: ``("hosts", sets)`` — a set per
+    host, its ranks with the switches of the same host, a rank without a host alone — and
+    ``("links >= c", sets)`` for every link capacity c — the components the links of at least
+    c join, either way (switches with them). :func:`allreduce_floor`'s group term prices each."""
+    sub = topo.restricted(ranks)
+    rank_set = set(ranks)
+    found: dict[frozenset, tuple[str, tuple[frozenset[str], ...]]] = {}
+
+    def add(name: str, sets) -> None:
+        sets = tuple(s for s in sets if s & rank_set)
+        if len(sets) >= 2:
+            found.setdefault(frozenset(sets), (name, tuple(sorted(sets, key=sorted))))
+
+    host = dict(sub.hosts)
+    if any(host.get(r) for r in ranks):
+        by_host: dict[str, set[str]] = {}
+        for v in sub.vertices:
+            if host.get(v):
+                by_host.setdefault(host[v], set()).add(v)
+        add("hosts", [frozenset(s) for s in by_host.values()] +
+            [frozenset((r,)) for r in ranks if not host.get(r)])
+    for c in sorted({l.capacity for l in sub.links}):
+        parent = {v: v for v in sub.vertices}
+
+        def find(v: str) -> str:
+            while parent[v] != v:
+                parent[v] = parent[parent[v]]
+                v = parent[v]
+            return v
+
+        for l in sub.links:
+            if l.capacity >= c:
+                parent[find(l.src)] = find(l.dst)
+        comps: dict[str, set[str]] = {}
+        for v in sub.vertices:
+            comps.setdefault(find(v), set()).add(v)
+        add(f"links >= {c / 1e9:g} GB/s", [frozenset(s) for s in comps.values()])
+    return list(found.values())
+
+
+def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
+    """The allreduce floor's group term, per partition of :func:`rank_groups` and direction.
+
+    Only ranks add; switches forward. Contract each group to one vertex that knows what any of
+    its ranks knows: an allreduce becomes one-way gossip among k vertices (every group ends
+    knowing every input), which takes at least ``2(k-1)`` calls (Harary and Schwenk). So each
+    element crosses between groups at least 2(k-1) times, each crossing a message from a rank
+    of one group to a rank of another, entering (leaving) some vertex set T_g that holds the
+    destination's (source's) ranks and no other group's. With the T_g inside the groups'
+    disjoint sets, their links carry at least ``2(k-1) M`` together: ``t >= 2(k-1) M /
+    sum_g B-(T_g)``, and the same with ``B+``. T_g is the least such cut inside the group's
+    set (a max-flow each, up to :data:`_GROUP_FLOWS` groups; the whole set above). Hosts on a
+    fabric give twice the allgather bound here, which the rank-level terms miss (a rank's
+    NVLinks count there)."""
+    net = _Net(topo, ranks)
+    everything = set(range(len(net.vertices)))
+    n = len(ranks)
+    out = []
+    for name, sets in rank_groups(topo, ranks):
+        k = len(sets)
+        for direction in ("in", "out"):
+            arcs: set[tuple[int, int]] = set()
+            inside: set[int] = set()
+            for s in sets:
+                group = {net.index[v] for v in s}
+                own = {net.index[r] for r in ranks if r in s}
+                rest = everything - group
+                if k > _GROUP_FLOWS:
+                    t = group
+                elif direction == "in":
+                    t = everything - net_min_cut_side(net, rest, own)[1]
+                else:
+                    t = net_min_cut_side(net, own, rest)[1]
+                inside |= t
+                arcs |= {(a, b) for a, b, _ in net.arcs
+                         if ((b in t and a not in t) if direction == "in" else (a in t and b not in t))}
+            cap = sum(c for a, b, c in net.arcs if (a, b) in arcs) / net.scale
+            way = "entering" if direction == "in" else "leaving"
+            out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)),
+                           tuple(sorted((net.vertices[a], net.vertices[b]) for a, b in arcs)), cap, n,
+                           2.0 * (k - 1), direction,
+                           f"every element crosses between the {k} groups ({name}) 2(k-1) = {2 * (k - 1)} "
+                           f"times, each over a link {way} a group"))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _group_cuts_cached(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
+    return _group_cuts(topo, ranks)
+
+
+def _group_cuts_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
+    try:
+        return _group_cuts_cached(topo, ranks)
+    except TypeError:  # an unhashable Topology
+        return _group_cuts(topo, ranks)
 
 
 def _rooted_gather_time(topo, ranks, root, size_bytes, reverse) -> float:
@@ -567,8 +672,8 @@ def _vertex_cut(topo, ranks, factor: float, kind: str, what_fmt: str) -> Cut:
 
 
 def allreduce_cuts(topo, ranks) -> list[Cut]:
-    """The candidate cuts of an allreduce: twice the allgather cut, and the three terms of
-    allreduce_floor (per rank, all ranks' total, the narrowest rank cut)."""
+    """The candidate cuts of an allreduce: twice the allgather cut, and the terms of
+    allreduce_floor (per rank, all ranks' total, the narrowest rank cut, the groups')."""
     n = len(ranks)
     out = [_allgather_cut(topo, ranks, False, "allreduce", 2.0)]
     out.append(_vertex_cut(topo, ranks, 1.0, "allreduce-rank",
@@ -582,6 +687,9 @@ def allreduce_cuts(topo, ranks) -> list[Cut]:
     _, names, _ = _narrowest_memo(topo, tuple(ranks))
     out.append(_cut_of(net, {net.index[v] for v in names}, "allreduce-cut", 1.0,
                        "each side needs the other side's M bytes of partial reduction", False))
+    groups = _group_cuts_memo(topo, tuple(ranks))
+    if groups:
+        out.append(max(groups, key=lambda c: c.time(1.0)))
     return out
 
 

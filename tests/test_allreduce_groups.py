@@ -1,0 +1,165 @@
+"""The allreduce floor's group term (compiler/bounds.py ``_group_cuts``): 2(k-1) M over the
+links into (out of) k groups of ranks. Checked against an independent computation with
+networkx (its own partitions and minimum cuts), and against every plan the compiler prices on
+random multi-host networks: no candidate may beat it."""
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hcc.compiler import bounds
+from hcc.compiler.pipeline import compile_unit
+from hcc.compiler.program import CollectiveSpec, Program
+from hcc.ir.topology import Link, Topology
+
+GB = 1e9
+M = 1e9
+
+
+@st.composite
+def multi_host(draw, balanced: bool | None = None) -> Topology:
+    """2-4 hosts of 1-3 ranks: fast inside (a host switch or direct links), slower NICs to one
+    fabric switch (at least one per host), sometimes a direct link between two hosts.
+    ``balanced``: as many ranks on every host, every rank a NIC of one speed both ways (where
+    the group term binds, from 3 hosts on); None draws it."""
+    if balanced is None:
+        balanced = draw(st.booleans())
+    hosts = draw(st.sampled_from([2, 3, 3, 4]))
+    per = draw(st.integers(1, 3))  # mostly as many ranks on every host
+    nic_speeds = draw(st.sampled_from([[1], [2], [1, 2], [1, 2, 5]]))
+    nodes, switches, links, owner = [], ["ib"], [], []
+    fast = st.sampled_from([10, 25, 50])
+    slow = st.sampled_from([1, 2, 5])
+    for h in range(hosts):
+        count = per if balanced or draw(st.integers(0, 3)) else draw(st.integers(1, 3))
+        ranks = [f"h{h}.g{i}" for i in range(count)]
+        nodes += ranks
+        owner += [(r, f"h{h}") for r in ranks]
+        if draw(st.booleans()):
+            sw = f"h{h}.sw"
+            switches.append(sw)
+            owner.append((sw, f"h{h}"))
+            for r in ranks:
+                c = draw(fast) * GB
+                links += [Link(r, sw, c, 1e-6), Link(sw, r, c, 1e-6)]
+        else:
+            for i, a in enumerate(ranks):
+                for b in ranks[i + 1:]:
+                    c = draw(fast) * GB
+                    links += [Link(a, b, c, 1e-6), Link(b, a, c, 1e-6)]
+        nic = nic_speeds[0] * GB if balanced else draw(st.sampled_from(nic_speeds)) * GB
+        for i, r in enumerate(ranks):
+            if balanced or i == 0 or draw(st.integers(0, 3)):
+                up, down = (nic, nic) if balanced or draw(st.integers(0, 3)) else (draw(slow) * GB, draw(slow) * GB)
+                links += [Link(r, "ib", up, 2e-6), Link("ib", r, down, 2e-6)]
+    if draw(st.booleans()):
+        c = draw(slow) * GB
+        links += [Link("h0.g0", "h1.g0", c, 1e-6), Link("h1.g0", "h0.g0", c, 1e-6)]
+    return Topology("hosts", tuple(nodes), tuple(switches), tuple(links), tuple(owner))
+
+
+def nx_partitions(topo: Topology) -> list[list[set[str]]]:
+    """The hosts (a rank without one alone) and, for every link capacity c, the components of
+    the links of at least c; only those with two groups or more."""
+    ranks = set(topo.nodes)
+    host = dict(topo.hosts)
+    parts = []
+    by: dict[str, set[str]] = {}
+    for v in topo.vertices:
+        if host.get(v):
+            by.setdefault(host[v], set()).add(v)
+    parts.append(list(by.values()) + [{r} for r in ranks if not host.get(r)])
+    for c in {l.capacity for l in topo.links}:
+        g = nx.Graph()
+        g.add_nodes_from(topo.vertices)
+        g.add_edges_from((l.src, l.dst) for l in topo.links if l.capacity >= c)
+        parts.append([set(s) for s in nx.connected_components(g)])
+    return [[s for s in p if s & ranks] for p in parts if len([s for s in p if s & ranks]) >= 2]
+
+
+def nx_group_time(topo: Topology) -> float:
+    """max over partitions and directions of 2(k-1) M / sum over groups of the least cut
+    between the group's ranks and everything outside its vertex set, by networkx."""
+    g = topo.graph()
+    ranks = set(topo.nodes)
+    worst = 0.0
+    for part in nx_partitions(topo):
+        k = len(part)
+        for direction in ("in", "out"):
+            total = 0.0
+            for s in part:
+                h = g.copy()
+                for v in topo.vertices:
+                    if v not in s:  # outside the group: one end of the cut
+                        h.add_edge("SRC", v) if direction == "in" else h.add_edge(v, "DST")
+                for r in s & ranks:
+                    h.add_edge(r, "DST") if direction == "in" else h.add_edge("SRC", r)
+                total += nx.minimum_cut_value(h, "SRC", "DST", capacity="capacity")
+            worst = max(worst, 2 * (k - 1) * M / total)
+    return worst
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=multi_host())
+def test_group_term_is_the_networkx_figure(topo):
+    ranks = topo.nodes
+    want = nx_group_time(topo)
+    got = max(c.time(M) for c in bounds._group_cuts(topo, ranks))
+    assert got == pytest.approx(want, rel=1e-9)
+    assert bounds.allreduce_floor(topo, ranks, M) >= want * (1 - 1e-12)
+    for c in bounds._group_cuts(topo, ranks):
+        caps = {(l.src, l.dst): 0.0 for l in topo.links}
+        for l in topo.links:
+            caps[(l.src, l.dst)] += l.capacity
+        assert c.capacity_Bps == pytest.approx(sum(caps[a] for a in c.links), rel=1e-12)
+
+
+def spec(topo: Topology, size: int) -> CollectiveSpec:
+    return CollectiveSpec("allreduce", "allreduce", topo.name, topo.nodes, -1, size, "float32", "sum")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=multi_host(balanced=True), size=st.sampled_from([1 << 18, 3 << 20]))
+def test_no_priced_allreduce_beats_the_group_floor(topo, size):
+    size -= size % (4 * len(topo.nodes))
+    s = spec(topo, size)
+    unit = compile_unit(Program("<test>", {topo.name: topo}, (s,)))
+    floor = bounds.allreduce_floor(topo, topo.nodes, size)
+    assert unit.bandwidth_bound_s == pytest.approx(min(bounds.time_bound("allreduce", topo, topo.nodes, None, size),
+                                                       floor), rel=1e-9)
+    for c in unit.candidates:
+        assert c.predicted_s >= floor * (1 - 1e-9), c.algorithm
+    unit.plan.verify()
+
+
+def a100_like(hosts: int) -> Topology:
+    """``hosts`` servers of 4 GPUs on a 300 GB/s switch, each GPU with a 25 GB/s NIC on a
+    shared fabric switch."""
+    nodes, switches, links, owner = [], ["ib"], [], []
+    for h in range(hosts):
+        sw = f"n{h}.nvs"
+        switches.append(sw)
+        owner.append((sw, f"n{h}"))
+        for i in range(4):
+            g = f"n{h}.gpu{i}"
+            nodes.append(g)
+            owner.append((g, f"n{h}"))
+            links += [Link(g, sw, 300 * GB, 1e-6), Link(sw, g, 300 * GB, 1e-6),
+                      Link(g, "ib", 25 * GB, 2e-6), Link("ib", g, 25 * GB, 2e-6)]
+    return Topology(f"a100x{hosts}", tuple(nodes), tuple(switches), tuple(links), tuple(owner))
+
+
+def test_hosts_on_a_fabric_need_twice_the_allgather_bound():
+    # 4 hosts x 4 GPUs: a host's 100 GB/s of NICs carry 3/4 M in for the allgather, and every
+    # element crosses between the 4 hosts 6 times: 6 M over 4 x 100 GB/s = 2 x (3/4 M / 100 GB/s)
+    topo = a100_like(4)
+    ranks = topo.nodes
+    cut = bounds.binding_cut("allreduce", topo, ranks, None, M)
+    assert cut.time(M) == pytest.approx(6 * M / 400e9, rel=1e-12)
+    assert bounds.allreduce_floor(topo, ranks, M) == pytest.approx(6 * M / 400e9, rel=1e-12)
+    assert 2 * bounds.allgather_time_bound(topo, ranks, M) == pytest.approx(6 * M / 400e9, rel=1e-12)
+    group = max(bounds._group_cuts(topo, ranks), key=lambda c: c.time(M))
+    assert "4 groups (hosts)" in group.what
+    assert len(group.links) == 16 and all("ib" in a for a in group.links)
