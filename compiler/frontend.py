@@ -55,6 +55,10 @@ from .program import CollectiveSpec, Program
 from .units import convert
 
 ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
+# the compiler's other forms, forced by their registry names (compiler/registry.py) with '_'
+# for '-', which a name cannot hold; each only for the kinds it schedules
+NAMED_FORMS = ("rings", "rd", "treepack_levels", "treepack_rsag", "treepack_split", "treepack_bidir",
+               "treepack_rings", "treepack_hier", "treepack_dbt", "treepack_wide")
 COMPRESSIONS = ("none", "fp16", "int8")
 ON_FAILURE = ("abort", "continue")
 ADAPTIVE = ("on", "off")
@@ -498,7 +502,7 @@ class _CollectiveChecker:
             self.settings[s.key] = s
 
         dtype = self._word("dtype", tuple(DTYPE_SIZES), "dtype") or "float32"
-        algorithm = self._word("algorithm", ALGORITHMS, "algorithm") or "auto"
+        algorithm = self._algorithm()
         compress = self._word("compress", COMPRESSIONS, "compression") or "none"
         on_failure = self._word("on_failure", ON_FAILURE, "on_failure value") or "abort"
         adaptive_word = self._word("adaptive", ADAPTIVE, "adaptive value")
@@ -512,7 +516,7 @@ class _CollectiveChecker:
         peers = self._check_peers(peers, len(ranks))
         self._check_float(dtype, compress)
         self._check_reachable(ranks, root, rank_spans)
-        return CollectiveSpec(
+        spec = CollectiveSpec(
             name=c.name,
             kind=self.kind,
             topology=c.topology,
@@ -529,8 +533,36 @@ class _CollectiveChecker:
             peers=peers,
             span=c.span,
         )
+        if algorithm.replace("-", "_") in NAMED_FORMS:
+            from .registry import BY_NAME
+
+            if not BY_NAME[algorithm].eligible(spec):
+                raise SourceError(
+                    self.settings["algorithm"].value_span,
+                    f"algorithm {algorithm.replace('-', '_')} does not take {self.kind} over {len(ranks)} ranks",
+                    hint="algorithm = auto picks among every form that applies",
+                )
+        return spec
 
     # -- values
+    def _algorithm(self) -> str:
+        """``algorithm``: a word of ALGORITHMS, or a form of NAMED_FORMS that schedules this
+        kind (its registry name returned)."""
+        word = self._word("algorithm", ALGORITHMS + NAMED_FORMS, "algorithm") or "auto"
+        if word not in NAMED_FORMS:
+            return word
+        from .registry import BY_NAME  # the forms' kinds; loaded only where one is named
+
+        name = word.replace("_", "-")
+        kinds = BY_NAME[name].kinds
+        if self.kind not in kinds:
+            raise SourceError(
+                self.settings["algorithm"].value_span,
+                f"algorithm {word} does not schedule {self.kind} (it schedules {', '.join(sorted(kinds))})",
+                hint="algorithm = auto picks among every form that applies",
+            )
+        return name
+
     def _word(self, key: str, choices: tuple[str, ...], what: str) -> str | None:
         s = self.settings.get(key)
         if s is None:

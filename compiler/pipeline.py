@@ -316,7 +316,11 @@ class Select:
         eligible, _ = candidates_for(u.spec)
         pool = [c for c in u.candidates if c.algorithm in eligible]
         if not pool:
-            raise CompileError(f"{u.spec.name}: algorithm {u.spec.algorithm} produced no plan")
+            why = (f"algorithm {u.spec.algorithm.replace('-', '_')} has no form of this {u.spec.kind} "
+                   f"on topology {u.topology.name}; algorithm = auto picks among those that apply")
+            if u.spec.span is not None:
+                raise SourceError(u.spec.span, f"collective {u.spec.name}: {why}")
+            raise CompileError(f"{u.spec.name}: {why}")
         best = min(pool, key=_select_key)
         return replace(u, chosen=best, plan=best.choice.plan)
 

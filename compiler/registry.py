@@ -15,7 +15,7 @@ Terms
   is always ``direct``, neighbor_average always ``relax``.
 
 To add an algorithm: write its plan builder (a module of its own), add one :class:`Algorithm`
-to :data:`REGISTRY`; forcing it from a program also needs its name in frontend.ALGORITHMS
+to :data:`REGISTRY`; forcing it from a program also needs its name in frontend.NAMED_FORMS
 and docs/language.md.
 
 The names (``Plan.algorithm`` tells which ran):

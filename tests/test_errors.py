@@ -388,3 +388,59 @@ def test_api_accepts_what_it_documents():
     plan = hcc.compile(program, "r", model=hcc.CostModel(per_message_s=np.float64(1e-6)))
     assert plan.figures.predicted_s > 0
     assert set(hcc.compile_all(API_SRC, model=None)) == {"r"}
+
+
+# -- the compiler's named forms (frontend.NAMED_FORMS) ---------------------------------------------
+LEVELS_TOPO = """\
+topology t {
+    host h[0..2] {
+        node g[0..1]
+        switch sw, nic[0..1]
+        g[0..1] <-> sw : 100 GB/s, 1 us
+        g0 <-> nic0 : 10 GB/s, 1 us
+        g1 <-> nic1 : 10 GB/s, 1 us
+    }
+    switch ib
+    h[0..2].nic[0..1] <-> ib : 10 GB/s, 2 us
+}
+"""
+
+
+def test_a_named_form_is_forced_by_its_name_with_underscores():
+    from hcc.compiler.pipeline import compile_one
+
+    for kind in ("allreduce", "allgather"):
+        src = LEVELS_TOPO + f"collective c = {kind} on t {{\n    size = 6 MiB\n    algorithm = treepack_levels\n}}\n"
+        plan = compile_one(load_program(src))
+        assert plan.algorithm == "treepack-levels"
+        plan.verify()
+
+
+def test_a_named_form_of_another_kind_is_refused_at_its_value():
+    e = check_at(coll("    size = 1 MiB\n    algorithm = treepack_wide"), "treepack_wide",
+                 "algorithm treepack_wide does not schedule allreduce (it schedules broadcast, reduce)")
+    assert "algorithm = auto" in e.hint
+
+
+def test_a_named_form_past_its_rank_limit_is_refused_at_its_value():
+    src = ("topology t {\n    node gpu[0..11]\n    switch sw\n    gpu[0..11] <-> sw : 10 GB/s, 1 us\n}\n"
+           "collective c = allreduce on t {\n    size = 12 MiB\n    algorithm = treepack_split\n}\n")
+    check_at(src, "treepack_split", "algorithm treepack_split does not take allreduce over 12 ranks")
+
+
+def test_a_named_form_without_a_layout_here_is_refused_at_the_collective():
+    # one switch, no hosts: no two-level layout; the error points at the collective
+    from hcc.compiler.pipeline import compile_one
+
+    src = coll("    size = 1 MiB\n    algorithm = treepack_levels")
+    with pytest.raises(SourceError) as info:
+        compile_one(load_program(src))
+    e = info.value
+    assert (e.span.line, e.span.col) == at(src, "collective c")
+    assert "algorithm treepack_levels has no form of this allreduce on topology t" in e.message
+
+
+def test_a_misspelled_form_gets_a_caret_and_the_listed_names():
+    e = check_at(coll("    size = 1 MiB\n    algorithm = treepack_levelz"), "treepack_levelz",
+                 "unknown algorithm 'treepack_levelz' (did you mean treepack_levels?)")
+    assert "treepack_rsag" in e.hint
