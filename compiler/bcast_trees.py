@@ -213,7 +213,7 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
 
 
 def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: float,
-               load: dict, top_kids: int = 0, avoid=()) -> list[tuple[int, int, tuple[str, ...]]] | None:
+               load: dict, top_kids: int = 0, avoid=(), flat: bool = False) -> list[tuple[int, int, tuple[str, ...]]] | None:
     """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
     first (Prim over the busiest link's load / capacity with ``share`` added, then fewer
     hops). Its edges are direct rank-to-rank links where the host has any (NVLink: a route
@@ -221,7 +221,9 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
     the host's own switches (an NVSwitch; ``inside``: the host's vertices). None when they
     do not connect the group. ``top_kids``: at most that many children of ``top`` (0: any);
     ``avoid``: links taken only where no other will do (another route of the same data).
-    Edges parents first, each with its path."""
+    ``flat``: through a host's switches, shallowest first (a star from ``top``): every hop
+    through the switch is a message on two ports, and a chain queues each chunk behind the
+    other trees' at every one. Edges parents first, each with its path."""
     r = net.ranks
     inset = set(group)
     direct = any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
@@ -244,7 +246,9 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
                     continue
                 for p in options(u, v):
                     worst = max((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:]))
-                    key = (sum(1 for arc in zip(p, p[1:]) if arc in avoid), worst, depth[u], u, v, p)
+                    key = ((sum(1 for arc in zip(p, p[1:]) if arc in avoid), depth[u], worst, u, v, p)
+                           if flat and not direct else
+                           (sum(1 for arc in zip(p, p[1:]) if arc in avoid), worst, depth[u], u, v, p))
                     if best is None or key < best:
                         best = key
         if best is None:

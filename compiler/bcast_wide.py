@@ -182,7 +182,8 @@ def _relay(net: Routes, src: int, port: str, behind: Sequence[int], dst: int, sh
     return best
 
 
-def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> list[PackedTree] | None:
+def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False,
+               stars: bool = False) -> list[PackedTree] | None:
     """The lane trees of ``treepack-wide`` (module docstring), each carrying 1/P of the data;
     None where lanes do not apply (bcast_trees._lanes: one host, hosts of different port
     counts, a port without a rank behind it), a host's ranks are not joined inside it, or a
@@ -194,7 +195,13 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     rank it passes through, which then needs a copy of its own: where that leaves the root's
     links narrower than the ports (an NVSwitch host: 7 relays and 8 trees' copies over one
     150 GB/s link, 80 of the 100 GB/s bound), the root's host sends each tree from the rank
-    behind its port instead, stored there first, whichever sustains the higher rate."""
+    behind its port instead, stored there first, whichever sustains the higher rate.
+
+    ``stars``: a host without direct links (an NVSwitch) that is a leaf of a tree, entered
+    by no other tree's gateway, spreads that tree as a star from its gateway (the last chunk
+    one switch hop from every rank, where the least-loaded trees are chains whose every hop
+    queues behind the other trees' copies); the registry prices both ways
+    (registry._pack_wide)."""
     if len(ranks) < 3:
         return None
     net = routes(topo, ranks)
@@ -205,7 +212,7 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False) -> l
     best = None
     solved: dict = {}  # _joint_inner's solves, shared by both ways of the root's host
     for relay_root in (True, False):
-        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved)
+        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved, stars)
         if trees is None:
             continue
         rate = trees_rate(topo, trees, inward)
@@ -223,7 +230,7 @@ def _ports_rate(topo, trees: Sequence[PackedTree], inward: bool) -> float:
 
 
 def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes,
-                relay_root: bool, solved: dict) -> list[PackedTree] | None:
+                relay_root: bool, solved: dict, stars: bool = False) -> list[PackedTree] | None:
     """:func:`wide_trees` with the root's host relaying (``relay_root``) or not."""
     r = net.ranks
     inside = host_vertices(topo, r, groups)
@@ -252,7 +259,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
                 return None
             kids[t].setdefault(src, []).append((gw[h], p))
     # every other host's trees: _joint_inner
-    if not _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward):
+    if not _joint_inner(net, topo, groups, inside, gws, layouts, mine, share, load, kids, solved, inward, stars):
         return None
     out = []
     for t in range(P):
@@ -290,7 +297,7 @@ def _levels(layout, hosts: int) -> list[int]:
 
 
 def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: float, load: dict,
-                 kids, cache: dict, inward: bool) -> bool:
+                 kids, cache: dict, inward: bool, stars: bool = False) -> bool:
     """The in-host trees of every non-root host and the NVLink heads of the relays out of
     it (into it, for reduce: ``inward``) (module docstring, "In-host trees"): per host, :func:`_in_trees` over its direct links,
     the trees' slack from the lane ``layouts``, each relay's candidate heads from
@@ -337,7 +344,11 @@ def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: f
         sol = cache[key]
         if sol is None:  # no direct links: the least-loaded trees, off this tree's relays
             for t in range(P):
-                inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}))
+                # with ``stars``, a leaf host of the tree spreads it as a star from its gateway
+                # where no other tree enters by that gateway (wide_trees)
+                flat = (stars and all(par != h for _, (par, _) in layouts[t])
+                        and sum(gws[x][h] == gws[t][h] for x in range(P)) == 1)
+                inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}), flat=flat)
                 if inner is None:
                     return False
                 for u, v, p in inner:

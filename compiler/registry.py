@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..ir.plan import Plan
+from ..ir.plan import DTYPE_SIZES, Plan
 from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
 from .bcast_wide import wide_plan, wide_trees
@@ -161,8 +161,27 @@ def _dbt_rate(u, trees) -> float:
 
 
 def _pack_wide(u):
-    """The lane trees of bcast_wide.py (in-trees for reduce), None where lanes do not apply."""
-    return wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=u.spec.kind == "reduce")
+    """The lane trees of bcast_wide.py (in-trees for reduce), None where lanes do not apply:
+    with the NVSwitch hosts' leaf trees as stars or not (wide_trees ``stars``), whichever
+    the chunk search prices faster (ties keep the least-loaded trees)."""
+    inward = u.spec.kind == "reduce"
+    plain = wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward)
+    if plain is None:
+        return None
+    stars = wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=True)
+    if stars is None or stars == plain:
+        return plain
+    return min((plain, stars), key=lambda trees: _wide_priced(u, trees))
+
+
+def _wide_priced(u, trees) -> float:
+    """The predicted time of ``treepack-wide`` over ``trees`` at the best chunk size."""
+    from .chunks import choose_chunk, chunk_candidates
+
+    spec = u.spec
+    cands = (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, DTYPE_SIZES[spec.dtype])
+    got = choose_chunk(lambda c: wide_plan(spec, u.topology, trees, c, model=u.model), cands, model=u.model)
+    return got.simulation.time
 
 
 def _pack_rsag(u):
