@@ -141,23 +141,27 @@ def test_compiler_modules_import_one_way():
 
 
 def test_every_registered_algorithm_is_reachable_from_the_language():
-    """The ``algorithm =`` names docs/language.md lists are the front end's, each is a
-    registered algorithm or one of the two choosers (auto, treepack), and every algorithm of
+    """The ``algorithm =`` names docs/language.md lists are the front end's (the words and the
+    named forms, ``_`` for ``-``), each is a registered algorithm or one of the two choosers
+    (auto, treepack), and every algorithm of
     compiler/registry.py is offered for some collective: by auto, by treepack, by its own name,
     or as the sole form of a kind."""
     import re
 
     from hcc.compiler import registry
-    from hcc.compiler.frontend import ALGORITHMS
+    from hcc.compiler.frontend import ALGORITHMS, NAMED_FORMS
     from hcc.compiler.program import CollectiveSpec
     from hcc.ir.plan import KINDS, REDUCING_KINDS, ROOTED_KINDS
 
     text = (ROOT / "docs" / "language.md").read_text()
-    listed = re.search(r"^\s*algorithm = ([a-z-]+(?: \| [a-z-]+)+)$", text, re.M)
+    listed = re.search(r"^\s*algorithm = ([a-z_]+(?: \| [a-z_]+)+)$", text, re.M)
     assert listed, "docs/language.md lists the algorithm names"
-    names = tuple(w.strip() for w in listed.group(1).split("|"))
-    assert names == ALGORITHMS
-    assert f"`{' '.join(names)}`" in text  # the settings table says the same
+    words = tuple(w.strip() for w in listed.group(1).split("|"))
+    assert words == ALGORITHMS + NAMED_FORMS
+    assert f"`{' '.join(ALGORITHMS)}`" in text  # the settings table says the same
+    for form in NAMED_FORMS:  # and the Algorithms section names every form
+        assert f"`{form}`" in text, form
+    names = tuple(w.replace("_", "-") for w in words)
     registered = {a.name for a in registry.REGISTRY}
     assert set(names) - {"auto", "treepack"} <= registered
     assert len(registered) == len(registry.REGISTRY)  # one object per name
