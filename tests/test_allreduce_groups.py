@@ -120,7 +120,7 @@ def spec(topo: Topology, size: int) -> CollectiveSpec:
     return CollectiveSpec("allreduce", "allreduce", topo.name, topo.nodes, -1, size, "float32", "sum")
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=multi_host(balanced=True), size=st.sampled_from([1 << 18, 3 << 20]))
 def test_no_priced_allreduce_beats_the_group_floor(topo, size):
     size -= size % (4 * len(topo.nodes))
