@@ -243,24 +243,22 @@ collective r = reduce on wide {{ root = h{hosts - 1}.g2  size = 1 MiB }}
 
 WIDE8, WIDE4 = wide_text(8), wide_text(4)
 
-# three A100-like hosts: four GPUs on an NVSwitch, one NIC each, the NICs on two rails (two
-# fabric switches, NIC i on rail i % 2): a port reaches only the ports of its own rail
-RAILS = """
-topology rails {
-    host n[0..2] {
-        node g[0..3]
-        switch nvs, nic[0..3]
-        g[0..3] <-> nvs : 300 GB/s, 1 us
-        g0 <-> nic0 : 25 GB/s, 2 us    g1 <-> nic1 : 25 GB/s, 2 us
-        g2 <-> nic2 : 25 GB/s, 2 us    g3 <-> nic3 : 25 GB/s, 2 us
-    }
-    switch ib0, ib1
-    n[0..2].nic0 <-> ib0 : 25 GB/s, 2 us    n[0..2].nic2 <-> ib0 : 25 GB/s, 2 us
-    n[0..2].nic1 <-> ib1 : 25 GB/s, 2 us    n[0..2].nic3 <-> ib1 : 25 GB/s, 2 us
-}
-collective b = broadcast on rails { root = n1.g2  size = 1 MiB }
-collective r = reduce on rails { root = n0.g0  size = 1 MiB }
-"""
+def rails_text(hosts: int, gpus: int, b_root: str, r_root: str) -> str:
+    """``hosts`` A100-like hosts: ``gpus`` GPUs on an NVSwitch, one NIC each, the NICs on two
+    rails (two fabric switches, NIC i on rail i % 2): a port reaches only the ports of its own
+    rail. A broadcast ``b`` and a reduce ``r`` of 1 MiB at the roots given."""
+    h, g = f"n[0..{hosts - 1}]", f"g[0..{gpus - 1}]"
+    lines = ["topology rails {", f"    host {h} {{", f"        node {g}", f"        switch nvs, nic[0..{gpus - 1}]",
+             f"        {g} <-> nvs : 300 GB/s, 1 us"]
+    lines += [f"        g{i} <-> nic{i} : 25 GB/s, 2 us" for i in range(gpus)]
+    lines += ["    }", "    switch ib0, ib1"]
+    lines += [f"    {h}.nic{i} <-> ib{i % 2} : 25 GB/s, 2 us" for i in range(gpus)]
+    lines += ["}", f"collective b = broadcast on rails {{ root = {b_root}  size = 1 MiB }}",
+              f"collective r = reduce on rails {{ root = {r_root}  size = 1 MiB }}"]
+    return "\n".join(lines) + "\n"
+
+
+RAILS = rails_text(3, 4, "n1.g2", "n0.g0")
 
 
 def _outward(topo) -> dict[str, list[tuple[str, str]]]:
@@ -455,27 +453,8 @@ def test_wide_in_host_trees_keep_off_the_relays(hosts, name):
         check_numeric(plan, seed=3)
 
 
-# two A100-like hosts: eight GPUs on an NVSwitch, a NIC each, on two rails
-NVS8 = """
-topology a100 {
-    host n[0..1] {
-        node g[0..7]
-        switch nvs, nic[0..7]
-        g[0..7] <-> nvs : 300 GB/s, 1 us
-        g0 <-> nic0 : 25 GB/s, 2 us    g1 <-> nic1 : 25 GB/s, 2 us
-        g2 <-> nic2 : 25 GB/s, 2 us    g3 <-> nic3 : 25 GB/s, 2 us
-        g4 <-> nic4 : 25 GB/s, 2 us    g5 <-> nic5 : 25 GB/s, 2 us
-        g6 <-> nic6 : 25 GB/s, 2 us    g7 <-> nic7 : 25 GB/s, 2 us
-    }
-    switch ib0, ib1
-    n[0..1].nic0 <-> ib0 : 25 GB/s, 2 us    n[0..1].nic2 <-> ib0 : 25 GB/s, 2 us
-    n[0..1].nic4 <-> ib0 : 25 GB/s, 2 us    n[0..1].nic6 <-> ib0 : 25 GB/s, 2 us
-    n[0..1].nic1 <-> ib1 : 25 GB/s, 2 us    n[0..1].nic3 <-> ib1 : 25 GB/s, 2 us
-    n[0..1].nic5 <-> ib1 : 25 GB/s, 2 us    n[0..1].nic7 <-> ib1 : 25 GB/s, 2 us
-}
-collective b = broadcast on a100 { root = n0.g0  size = 1 MiB }
-collective r = reduce on a100 { root = n0.g0  size = 1 MiB }
-"""
+# two A100-like hosts of eight GPUs
+NVS8 = rails_text(2, 8, "n0.g0", "n0.g0")
 
 
 @pytest.mark.parametrize("name", ["b", "r"])
