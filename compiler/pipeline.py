@@ -377,6 +377,14 @@ def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | 
     return kept
 
 
+def load_rate(size_bytes: int, sim) -> float:
+    """``size_bytes`` over the longest time any link needs for the bytes a simulated plan puts
+    on it (no latency, no per-message cost): the rate the plan's link loads sustain, at most
+    the cut bound's (0 for a plan without link traffic)."""
+    worst = max((l.bytes / l.capacity for l in sim.links if l.capacity > 0), default=0.0)
+    return size_bytes / worst if worst > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class FiguresPass:
     name: str = "figures"
@@ -420,7 +428,7 @@ class FiguresPass:
             rings_predicted_s=rings.predicted_s if rings else 0.0,
             ring_channels=len(u.packing("channels") or ()),
             rd_predicted_s=rd.predicted_s if rd else 0.0,
-            pack_rate_Bps=self._pack_rate(u),
+            pack_rate_Bps=self._pack_rate(u, sim),
             cut_vertices=cut.vertices if cut else (),
             cut_links=cut.links if cut else (),
             cut_capacity_Bps=cut.capacity_Bps if cut else 0.0,
@@ -483,14 +491,20 @@ class FiguresPass:
         return cut
 
     @staticmethod
-    def _pack_rate(u: Unit) -> float:
+    def _pack_rate(u: Unit, sim) -> float:
         """The rate the chosen algorithm's packing sustains (size / time at the LP's rates, in
-        bound_rate_Bps's units), or, for an algorithm outside the treepack family, the best of
-        the family's packings computed; 0 when none was."""
+        bound_rate_Bps's units); for one of the family without a single packing (the two-level
+        layouts of treepack-levels), the rate its plan's own link loads allow
+        (:func:`load_rate`); for an algorithm outside the treepack family, the best of the
+        family's packings computed; 0 when none was."""
         chosen = u.chosen.algorithm
         family = {a.name for a in registry.REGISTRY if a.treepack}
-        algs = [chosen] if chosen in family else [a for a in [c.algorithm for c in u.candidates] + list(u.skipped)
-                                                   if a in family]
+        if chosen in family:
+            rate = registry.pack_rate(u, chosen)
+            if not rate and u.spec.compress == "none":
+                rate = load_rate(u.spec.size_bytes, sim)
+            return rate
+        algs = [a for a in [c.algorithm for c in u.candidates] + list(u.skipped) if a in family]
         return max((registry.pack_rate(u, a) for a in algs), default=0.0)
 
     @staticmethod

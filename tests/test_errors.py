@@ -444,3 +444,4 @@ def test_a_misspelled_form_gets_a_caret_and_the_listed_names():
     e = check_at(coll("    size = 1 MiB\n    algorithm = treepack_levelz"), "treepack_levelz",
                  "unknown algorithm 'treepack_levelz' (did you mean treepack_levels?)")
     assert "treepack_rsag" in e.hint
+

@@ -249,3 +249,23 @@ topology t {
     spec, topo = load(oneway, "size = 1 MiB")
     assert plan_packed(topo, spec.ranks) is None
     assert all(not f.inner for f in levels_forms(topo, spec.ranks) or ())
+
+
+def test_a_two_level_plan_reports_the_rate_its_link_loads_allow():
+    """treepack-levels has no single packing: its pack_rate is the size over the longest time
+    a link needs for the plan's bytes. On three hosts of two GPUs, a 10 GB/s NIC each, every
+    host takes 4/6 of M through 20 GB/s of NICs, and the plan moves exactly that: 30 GB/s of
+    allgather (twice that time for allreduce: 15 GB/s), the cut bound's rate."""
+    from hcc.compiler.cost import simulate
+    from hcc.compiler.frontend import load_program
+    from hcc.compiler.pipeline import compile_one, load_rate
+    from test_errors import LEVELS_TOPO
+
+    for kind, want in (("allgather", 30e9), ("allreduce", 15e9)):
+        src = LEVELS_TOPO + f"collective c = {kind} on t {{\n    size = 6 MiB\n    algorithm = treepack_levels\n}}\n"
+        plan = compile_one(load_program(src))
+        f = plan.figures
+        assert f.pack_rate_Bps == pytest.approx(load_rate(plan.size_bytes, simulate(plan)), rel=1e-12)
+        assert f.bound_rate_Bps == pytest.approx(want, rel=1e-9)
+        assert f.pack_rate_Bps == pytest.approx(want, rel=1e-9)
+        assert plan.size_bytes / f.pack_rate_Bps <= f.predicted_s
