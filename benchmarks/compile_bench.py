@@ -148,7 +148,8 @@ def time_forestcoll(label: str, timeout_s: float):
 
 def scale_rows(only: set[str] | None = None) -> list[dict]:
     """The 512- and 1024-rank samples' rows from scale_compile.csv (what it measured: the plan,
-    its 256 MiB efficiency, compile CPU seconds), ``source`` naming the file; [] without it."""
+    its packing rate over the bound's, its 256 MiB efficiency, compile CPU seconds),
+    ``source`` naming the file; [] without it."""
     if not SCALE_CSV.exists():
         return []
     with open(SCALE_CSV, newline="") as fh:
@@ -161,6 +162,7 @@ def scale_rows(only: set[str] | None = None) -> list[dict]:
                      "ranks": int(r["ranks"]), "algorithm": r["algorithm"], "chunk_bytes": int(r["chunk_bytes"]),
                      "eff_256MiB": round(float(r["efficiency"]), 4), "predicted_s_256MiB": float(r["predicted_s"]),
                      "eff_vs_rsag_256MiB": round(float(r["efficiency_vs_rsag"]), 4), "cpu_s": float(r["cpu_s"]),
+                     "pack_over_bound": r.get("pack_over_bound", ""),
                      "peak_rss_GiB": round(int(r["peak_rss_bytes"]) / 2**30, 2), "source": SCALE_CSV.name})
     return rows
 

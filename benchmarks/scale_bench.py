@@ -131,7 +131,7 @@ SAMPLE_TARGET_S = 60.0
 SAMPLE_TARGET_BYTES = 4 << 30
 SAMPLE_FIELDS = ["sample", "collective", "ranks", "exit", "wall_s", "cpu_s", "peak_rss_bytes", "algorithm",
                  "chunk_bytes", "predicted_s", "bound_s", "efficiency", "rsag_bound_s", "efficiency_vs_rsag",
-                 "within_targets"]
+                 "pack_over_bound", "within_targets"]
 
 
 def rsag_bound_s(label: str, collective: str) -> float:
@@ -156,7 +156,8 @@ def rsag_bound_s(label: str, collective: str) -> float:
 def compile_sample(label: str, collective: str) -> dict:
     """``hcc compile --json -c collective`` of one sample in a child process (the verifier
     on, as a user runs it): wall, CPU (user + system) and peak RSS of that child alone, and
-    the plan it chose with its efficiency against its own bound and against the RS+AG bound."""
+    the plan it chose with its efficiency against its own bound and against the RS+AG bound,
+    and its packing rate over the bound's rate (``Figures.pack_rate_Bps``)."""
     import json
     import os
     import subprocess
@@ -183,6 +184,8 @@ def compile_sample(label: str, collective: str) -> dict:
             "algorithm": plan.get("algorithm", ""), "chunk_bytes": plan.get("chunk_bytes", ""),
             "predicted_s": pred, "bound_s": plan.get("bound_s", ""), "efficiency": plan.get("efficiency", ""),
             "rsag_bound_s": rsag, "efficiency_vs_rsag": rsag / pred if pred else "",
+            "pack_over_bound": (round(plan["pack_rate_Bps"] / plan["bound_rate_Bps"], 4)
+                                if plan.get("pack_rate_Bps") and plan.get("bound_rate_Bps") else ""),
             "within_targets": code == 0 and cpu <= SAMPLE_TARGET_S and rss <= SAMPLE_TARGET_BYTES}
 
 
