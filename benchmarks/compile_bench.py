@@ -208,6 +208,7 @@ def clear_memos() -> None:
     treepack.clear_cache()
     bounds._allgather_parametric.cache_clear()
     bounds._narrowest.cache_clear()
+    bounds._group_cuts.cache_clear()
 
 
 def write_rows(path: str, rows: list[dict], keep_others: bool) -> list[dict]:

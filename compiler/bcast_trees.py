@@ -56,8 +56,8 @@ from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
 
-__all__ = ["WINDOW", "arc_tables", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "host_vertices", "lower_dbt", "spread",
-           "spread_trees"]
+__all__ = ["WINDOW", "arc_tables", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "has_direct_links", "host_vertices",
+           "lower_dbt", "spread", "spread_trees"]
 
 # receives of one tree edge posted ahead of the data (module docstring): 2 keeps a sender of
 # two children alternating between them without a gap; 1 left a gap of a message's latency
@@ -212,6 +212,13 @@ def _ports(net: Routes, topo, group: Sequence[int]) -> list[tuple[str, list[int]
     return out
 
 
+def has_direct_links(net: Routes, group: Sequence[int]) -> bool:
+    """Whether some rank of ``group`` (rank indices) has a link straight to another (NVLink),
+    rather than reaching them only through switches (an NVSwitch)."""
+    r = net.ranks
+    return any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
+
+
 def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: float,
                load: dict, top_kids: int = 0, avoid=(), flat: bool = False) -> list[tuple[int, int, tuple[str, ...]]] | None:
     """A spanning tree of ``group`` (one host's ranks) from ``top``, grown least-loaded
@@ -226,7 +233,7 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
     other trees' at every one. Edges parents first, each with its path."""
     r = net.ranks
     inset = set(group)
-    direct = any(r[v] in net.out[r[u]] for u in group for v in group if u != v)
+    direct = has_direct_links(net, group)
     depth = {top: 0}
     edges = []
     top_n = 0  # children of top so far
@@ -246,9 +253,8 @@ def _host_tree(net: Routes, inside: set, group: Sequence[int], top: int, share: 
                     continue
                 for p in options(u, v):
                     worst = max((load.get(arc, 0.0) + share) / net.out[arc[0]][arc[1]] for arc in zip(p, p[1:]))
-                    key = ((sum(1 for arc in zip(p, p[1:]) if arc in avoid), depth[u], worst, u, v, p)
-                           if flat and not direct else
-                           (sum(1 for arc in zip(p, p[1:]) if arc in avoid), worst, depth[u], u, v, p))
+                    miss = sum(1 for arc in zip(p, p[1:]) if arc in avoid)
+                    key = (miss, depth[u], worst, u, v, p) if flat and not direct else (miss, worst, depth[u], u, v, p)
                     if best is None or key < best:
                         best = key
         if best is None:

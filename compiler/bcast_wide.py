@@ -74,8 +74,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
-from .bcast_trees import (_host_order, _host_tree, _lanes, _ports, arc_tables, host_vertices, lower_dbt,
-                          trees_rate)
+from .bcast_trees import (_host_order, _host_tree, _lanes, _ports, arc_tables, has_direct_links, host_vertices,
+                          lower_dbt, trees_rate)
 from .routes import Routes, routes
 from .trees import PackedTree
 
@@ -201,13 +201,14 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False,
     by no other tree's gateway, spreads that tree as a star from its gateway (the last chunk
     one switch hop from every rank, where the least-loaded trees are chains whose every hop
     queues behind the other trees' copies); the registry prices both ways
-    (registry._pack_wide)."""
+    (registry._pack_wide). None where every host but the root's has direct links (the stars
+    would change nothing)."""
     if len(ranks) < 3:
         return None
     net = routes(topo, ranks)
     groups = _host_order(topo, ranks, root)
     lanes = _lanes(net, topo, groups)
-    if lanes is None:
+    if lanes is None or (stars and all(has_direct_links(net, g) for g in groups[1:])):
         return None
     best = None
     solved: dict = {}  # _joint_inner's solves, shared by both ways of the root's host

@@ -85,6 +85,26 @@ _GROUP_FLOWS = 128
 _ALLTOALL_EXACT_VERTICES = 16
 
 
+def _memoised(maxsize: int):
+    """functools.lru_cache for a function of a Topology and hashable arguments, with its
+    ``cache_clear``; called with an unhashable Topology (lists for tuples) it computes and
+    does not memoise."""
+    def wrap(fn):
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args):
+            try:
+                return cached(*args)
+            except TypeError:
+                return fn(*args)
+
+        call.cache_clear = cached.cache_clear
+        return call
+
+    return wrap
+
+
 def _rate(net: _Net, value) -> float:
     return float(value) / net.scale
 
@@ -106,10 +126,10 @@ def min_rank_cut_rate(topo: Topology, ranks) -> float:
     ranks = tuple(ranks)
     if len(ranks) < 2:
         return math.inf
-    return _narrowest_memo(topo, ranks)[0]
+    return _narrowest(topo, ranks)[0]
 
 
-@functools.lru_cache(maxsize=8)
+@_memoised(maxsize=8)
 def _narrowest(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
     """:func:`narrowest_rank_cut`, memoised."""
     net = _Net(topo, ranks)
@@ -126,13 +146,6 @@ def _narrowest(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str
             tuple(net.vertices[i] for i in sorted(most)))
 
 
-def _narrowest_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
-    try:
-        return _narrowest(topo, ranks)
-    except TypeError:  # an unhashable Topology: compute, do not memoise
-        return _narrowest.__wrapped__(topo, ranks)
-
-
 def narrowest_rank_cut(topo: Topology, ranks) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
     """The narrowest cut between ranks (:func:`min_rank_cut_rate`) with its sides: ``(capacity
     in bytes/s, the vertex names of the least source side, those of the greatest)``, both of
@@ -146,7 +159,7 @@ def narrowest_rank_cut(topo: Topology, ranks) -> tuple[float, tuple[str, ...], t
     ranks = tuple(ranks)
     if len(ranks) < 2:
         raise ValueError("a rank cut needs at least two ranks")
-    return _narrowest_memo(topo, ranks)
+    return _narrowest(topo, ranks)
 
 
 def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
@@ -159,7 +172,7 @@ def reduce_rate_bound(topo: Topology, ranks, root: str) -> float:
     return _rate(net, min(net.maxflow(r, v) for v in others))
 
 
-@functools.lru_cache(maxsize=16)
+@_memoised(maxsize=16)
 def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool
                           ) -> tuple[Fraction, float, tuple[str, ...]]:
     """(x* in the net's scaled units, the net's scale, the vertex names of a set S attaining
@@ -181,15 +194,8 @@ def _allgather_parametric(topo: Topology, ranks: tuple[str, ...], reverse: bool
     return x, net.scale, tuple(net.vertices[i] for i in sorted(side))
 
 
-def _allgather_memo(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float, tuple[str, ...]]:
-    try:
-        return _allgather_parametric(topo, ranks, reverse)
-    except TypeError:  # an unhashable Topology (lists for tuples): compute, do not memoise
-        return _allgather_parametric.__wrapped__(topo, ranks, reverse)
-
-
 def _allgather_x(topo: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[Fraction, float]:
-    x, scale, _ = _allgather_memo(topo, ranks, reverse)
+    x, scale, _ = _allgather_parametric(topo, ranks, reverse)
     return x, scale
 
 
@@ -273,11 +279,11 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     per_vertex = max(size / min(cin[v], cout[v]) for v in ranks)
     total = 2 * (n - 1) * size / sum(cout.values())
     cut = size / min_rank_cut_rate(topo, ranks)
-    groups = max((c.time(size) for c in _group_cuts_memo(topo, tuple(ranks))), default=0.0)
+    groups = max((c.time(size) for c in _group_cuts(topo, tuple(ranks))), default=0.0)
     return max(per_vertex, total, cut, groups)
 
 
-def rank_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tuple[frozenset[str], ...]]]:
+def floor_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tuple[frozenset[str], ...]]]:
     """Partitions of the ranks into k >= 2 groups, each group with a vertex set of its own
     (disjoint, holding its ranks and no other group's), named: ``("hosts", sets)`` — a set per
     host, its ranks with the switches of the same host, a rank without a host alone — and
@@ -319,8 +325,9 @@ def rank_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tuple
     return list(found.values())
 
 
+@_memoised(maxsize=8)
 def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
-    """The allreduce floor's group term, per partition of :func:`rank_groups` and direction.
+    """The allreduce floor's group term, per partition of :func:`floor_groups` and direction.
 
     Only ranks add; switches forward. Contract each group to one vertex that knows what any of
     its ranks knows: an allreduce becomes one-way gossip among k vertices (every group ends
@@ -337,7 +344,7 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     everything = set(range(len(net.vertices)))
     n = len(ranks)
     out = []
-    for name, sets in rank_groups(topo, ranks):
+    for name, sets in floor_groups(topo, ranks):
         k = len(sets)
         for direction in ("in", "out"):
             arcs: set[tuple[int, int]] = set()
@@ -365,16 +372,6 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=8)
-def _group_cuts_cached(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
-    return _group_cuts(topo, ranks)
-
-
-def _group_cuts_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
-    try:
-        return _group_cuts_cached(topo, ranks)
-    except TypeError:  # an unhashable Topology
-        return _group_cuts(topo, ranks)
 
 
 def _rooted_gather_time(topo, ranks, root, size_bytes, reverse) -> float:
@@ -603,7 +600,7 @@ def _rooted_cut(topo, ranks, root, reverse: bool, kind: str) -> Cut:
 
 def _allgather_cut(topo, ranks, reverse: bool, kind: str, factor_scale: float = 1.0) -> Cut:
     n = len(ranks)
-    x, scale, names = _allgather_memo(topo, ranks, reverse)
+    x, scale, names = _allgather_parametric(topo, ranks, reverse)
     net = _Net(topo, ranks, reverse=reverse)
     side = {net.index[v] for v in names}
     k = sum(1 for r in net.rank_idx if r in side)
@@ -684,10 +681,10 @@ def allreduce_cuts(topo, ranks) -> list[Cut]:
     total = sum(net.out_cap[r] for r in net.rank_idx) / net.scale
     out.append(Cut("all-ranks", tuple(sorted(ranks)), tuple(arcs), total, n, 2.0 * (n - 1), "out",
                    f"every element needs 2(n-1) = {2 * (n - 1)} rank-to-rank messages, each leaving a rank"))
-    _, names, _ = _narrowest_memo(topo, tuple(ranks))
+    _, names, _ = _narrowest(topo, tuple(ranks))
     out.append(_cut_of(net, {net.index[v] for v in names}, "allreduce-cut", 1.0,
                        "each side needs the other side's M bytes of partial reduction", False))
-    groups = _group_cuts_memo(topo, tuple(ranks))
+    groups = _group_cuts(topo, tuple(ranks))
     if groups:
         out.append(max(groups, key=lambda c: c.time(1.0)))
     return out

@@ -16,8 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..ir.plan import Plan, Send
+from ..ir.plan import DTYPE_SIZES, Plan, Send
 from .cost import DEFAULT_MODEL, CostModel, Simulation, simulate
+
+
+def spec_chunks(spec) -> tuple[int, ...]:
+    """The chunk sizes a collective's search tries: the one its program fixes, else
+    :func:`chunk_candidates` of its size."""
+    return (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, DTYPE_SIZES[spec.dtype])
+
+
+def best_time(spec, build: Callable[[int], "Plan | tuple[Plan, Simulation]"], *, model: CostModel = DEFAULT_MODEL,
+              patience: int = 1) -> float:
+    """The predicted time of ``build``'s plan at the chunk size :func:`choose_chunk` picks
+    among :func:`spec_chunks` (to choose between two forms of one candidate)."""
+    return choose_chunk(build, spec_chunks(spec), model=model, patience=patience).simulation.time
 
 
 def chunk_candidates(size_bytes: int, itemsize: int, smallest: int = 4096) -> tuple[int, ...]:

@@ -502,7 +502,7 @@ class _CollectiveChecker:
             self.settings[s.key] = s
 
         dtype = self._word("dtype", tuple(DTYPE_SIZES), "dtype") or "float32"
-        algorithm = self._algorithm()
+        algorithm = self._word("algorithm", ALGORITHMS + NAMED_FORMS, "algorithm") or "auto"
         compress = self._word("compress", COMPRESSIONS, "compression") or "none"
         on_failure = self._word("on_failure", ON_FAILURE, "on_failure value") or "abort"
         adaptive_word = self._word("adaptive", ADAPTIVE, "adaptive value")
@@ -525,7 +525,7 @@ class _CollectiveChecker:
             size_bytes=size,
             dtype=dtype,
             op=op,
-            algorithm=algorithm,
+            algorithm=algorithm.replace("_", "-"),
             chunk_bytes=chunk,
             compress=compress,
             on_failure=on_failure,
@@ -533,35 +533,26 @@ class _CollectiveChecker:
             peers=peers,
             span=c.span,
         )
-        if algorithm.replace("-", "_") in NAMED_FORMS:
-            from .registry import BY_NAME
-
-            if not BY_NAME[algorithm].eligible(spec):
-                raise SourceError(
-                    self.settings["algorithm"].value_span,
-                    f"algorithm {algorithm.replace('-', '_')} does not take {self.kind} over {len(ranks)} ranks",
-                    hint="algorithm = auto picks among every form that applies",
-                )
+        if algorithm in NAMED_FORMS:
+            self._check_form(algorithm, spec)
         return spec
 
-    # -- values
-    def _algorithm(self) -> str:
-        """``algorithm``: a word of ALGORITHMS, or a form of NAMED_FORMS that schedules this
-        kind (its registry name returned)."""
-        word = self._word("algorithm", ALGORITHMS + NAMED_FORMS, "algorithm") or "auto"
-        if word not in NAMED_FORMS:
-            return word
-        from .registry import BY_NAME  # the forms' kinds; loaded only where one is named
+    def _check_form(self, word: str, spec: CollectiveSpec) -> None:
+        """A form of NAMED_FORMS must schedule the collective's kind and take its ranks
+        (registry.Algorithm ``kinds`` and ``eligible``), else an error at the value."""
+        from .registry import BY_NAME  # loaded only where a form is named
 
-        name = word.replace("_", "-")
-        kinds = BY_NAME[name].kinds
-        if self.kind not in kinds:
-            raise SourceError(
-                self.settings["algorithm"].value_span,
-                f"algorithm {word} does not schedule {self.kind} (it schedules {', '.join(sorted(kinds))})",
-                hint="algorithm = auto picks among every form that applies",
-            )
-        return name
+        form = BY_NAME[spec.algorithm]
+        if spec.kind not in form.kinds:
+            why = f"does not schedule {spec.kind} (it schedules {', '.join(sorted(form.kinds))})"
+        elif not form.eligible(spec):
+            why = f"does not take {spec.kind} over {len(spec.ranks)} ranks"
+        else:
+            return
+        raise SourceError(self.settings["algorithm"].value_span, f"algorithm {word} {why}",
+                          hint="algorithm = auto picks among every form that applies")
+
+    # -- values
 
     def _word(self, key: str, choices: tuple[str, ...], what: str) -> str | None:
         s = self.settings.get(key)

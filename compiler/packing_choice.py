@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..ir.plan import DTYPE_SIZES
-from .chunks import choose_chunk, chunk_candidates
+from .chunks import best_time
 
 __all__ = ["faster_allgather_packing", "one_uplink_ranks", "stars_through_switch"]
 
@@ -71,10 +70,8 @@ def _priced(u: Any, packing: Any, algorithm: str) -> float:
     spec = u.spec
     if spec.kind == "allreduce" and spec.compress != "none":  # as registry.builder lowers it
         spec = replace(spec, compress="none")
-    cands = (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, DTYPE_SIZES[spec.dtype])
-    got = choose_chunk(lambda c: lower_priced(spec, u.topology, packing.trees, c, algorithm=algorithm, model=u.model),
-                       cands, model=u.model, patience=_PATIENCE)
-    return got.simulation.time
+    return best_time(spec, lambda c: lower_priced(spec, u.topology, packing.trees, c, algorithm=algorithm,
+                                                  model=u.model), model=u.model, patience=_PATIENCE)
 
 
 def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:

@@ -49,7 +49,7 @@ from ..ir.plan import DTYPE_SIZES, Figures, Plan, Send
 from ..ir.topology import Topology
 from . import baselines, chunk_floor, progress, registry, tree_floor
 from .channels import columns_allowed
-from .chunks import ChunkChoice, choose_chunk, chunk_candidates
+from .chunks import ChunkChoice, choose_chunk, spec_chunks
 from .cost import DEFAULT_MODEL, CostModel, least_latency, simulate
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
@@ -188,8 +188,7 @@ class Lower:
 
     def apply(self, u: Unit) -> Unit:
         spec = u.spec
-        itemsize = DTYPE_SIZES[spec.dtype]
-        cands = (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, itemsize)
+        cands = spec_chunks(spec)
         eligible, lowered = candidates_for(spec)
         # baselines first (their searches always run to the end: the figures report them),
         # then the others, each stopping once it cannot catch up with the best so far (auto
@@ -377,12 +376,18 @@ def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | 
     return kept
 
 
+def bottleneck(sim):
+    """The simulated plan's *bottleneck link*: the one with the most bytes per capacity (the
+    one that must be busy longest; ties: the busier); None without link traffic."""
+    return max(sim.links, key=lambda l: (l.bytes / l.capacity, l.busy_s)) if sim.links else None
+
+
 def load_rate(size_bytes: int, sim) -> float:
-    """``size_bytes`` over the longest time any link needs for the bytes a simulated plan puts
-    on it (no latency, no per-message cost): the rate the plan's link loads sustain, at most
-    the cut bound's (0 for a plan without link traffic)."""
-    worst = max((l.bytes / l.capacity for l in sim.links if l.capacity > 0), default=0.0)
-    return size_bytes / worst if worst > 0 else 0.0
+    """``size_bytes`` over the time the :func:`bottleneck` link needs for its bytes (no latency,
+    no per-message cost): the rate the plan's link loads sustain, at most the cut bound's (0
+    for a plan without link traffic)."""
+    e = bottleneck(sim)
+    return size_bytes * e.capacity / e.bytes if e is not None and e.bytes > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -516,8 +521,7 @@ class FiguresPass:
 
 def breakdown(sim, bandwidth_bound_s: float) -> dict:
     """The predicted time ``sim.time`` as ``bandwidth_bound_s + load_s + fill_s + message_s
-    + contention_s``, from the simulation's *bottleneck link* e: the link with the most bytes
-    per capacity (the one that must be busy longest; ties: the busier).
+    + contention_s``, from the simulation's :func:`bottleneck` link e.
 
     - ``load_s = bytes(e) / c(e) - bandwidth_bound_s``: how far the schedule's heaviest link
       load sits above the cut bound (0 when the packing reaches the bound and its shares round
@@ -535,9 +539,9 @@ def breakdown(sim, bandwidth_bound_s: float) -> dict:
     t = sim.time
     out = {"bandwidth_bound_s": bandwidth_bound_s, "load_s": 0.0, "fill_s": t - bandwidth_bound_s,
            "message_s": 0.0, "contention_s": 0.0, "bottleneck_link": ()}
-    if not sim.links:
+    e = bottleneck(sim)
+    if e is None:
         return out
-    e = max(sim.links, key=lambda l: (l.bytes / l.capacity, l.busy_s))
     data = e.bytes / e.capacity
     out.update(load_s=data - bandwidth_bound_s, message_s=e.busy_s - data,
                contention_s=(e.last_s - e.first_s) - e.busy_s,

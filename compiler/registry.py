@@ -52,13 +52,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..ir.plan import DTYPE_SIZES, Plan
+from ..ir.plan import Plan
 from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
 from .bcast_wide import wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels
 from .channels import ring_priced, rings_priced
+from .chunks import best_time
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
@@ -171,17 +172,9 @@ def _pack_wide(u):
     stars = wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=True)
     if stars is None or stars == plain:
         return plain
-    return min((plain, stars), key=lambda trees: _wide_priced(u, trees))
-
-
-def _wide_priced(u, trees) -> float:
-    """The predicted time of ``treepack-wide`` over ``trees`` at the best chunk size."""
-    from .chunks import choose_chunk, chunk_candidates
-
-    spec = u.spec
-    cands = (spec.chunk_bytes,) if spec.chunk_bytes else chunk_candidates(spec.size_bytes, DTYPE_SIZES[spec.dtype])
-    got = choose_chunk(lambda c: wide_plan(spec, u.topology, trees, c, model=u.model), cands, model=u.model)
-    return got.simulation.time
+    return min((plain, stars),
+               key=lambda trees: best_time(u.spec, lambda c: wide_plan(u.spec, u.topology, trees, c, model=u.model),
+                                           model=u.model))
 
 
 def _pack_rsag(u):
