@@ -63,6 +63,7 @@ latency after the last reserved byte, so the simulated time of any plan is at le
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import heapq
@@ -369,16 +370,28 @@ class _Network:
         return found
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic garbage collector off for the block, as it was after: simulating, lowering
+    and verifying allocate many small acyclic objects and free few until they return, and the
+    collector would rescan them all again and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def simulate(plan: Plan, *, detail: bool = False, model: CostModel = DEFAULT_MODEL) -> Simulation:
     """Run the plan's per-rank programs in simulated time; see the module docstring.
 
     Raises :class:`PlanError` when a Send has no matching Recv (or the reverse) or when the
     programs cannot all complete (a dependency cycle through messages: a deadlock)."""
-    # the simulation allocates a few objects per op and frees none until it returns: the
-    # cyclic collector would rescan them all repeatedly (a third of the time at 65 k ops)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # the simulation allocates a few objects per op and frees none until it returns: with the
+    # collector on, a third of the time at 65 k ops
+    with gc_paused():
         if not detail:
             from . import compact
 
@@ -388,22 +401,14 @@ def simulate(plan: Plan, *, detail: bool = False, model: CostModel = DEFAULT_MOD
                 except compact.Unsupported:
                     pass  # the reference loop reports the plan's error in its own words
         return _simulate_py(plan, detail, model)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def simulate_columns(plan: Plan, tab, *, model: CostModel = DEFAULT_MODEL) -> Simulation:
     """:func:`simulate` of ``plan`` whose ops are the op columns ``tab`` (ir/opscan.OpTable),
     built by its lowering without op objects (``plan.programs`` may be empty), on the native
     loop only: raises compact.Unsupported where that loop cannot run it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _simulate_native(plan, model, tab)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _simulate_native(plan: Plan, model: CostModel, tab=None) -> Simulation:

@@ -478,17 +478,13 @@ def plan_packed(topo: Topology, ranks: Sequence[str], *, base: Levels | None = N
 
 def _bfs(tree: Tree) -> list[tuple[int, int]]:
     """``(parent, child)`` edges of ``tree``, parents before children."""
-    kids: dict[int, list[int]] = {}
-    for c, p in enumerate(tree.parent):
-        if p >= 0:
-            kids.setdefault(p, []).append(c)
     out, q = [], deque([tree.root])
     n = len(tree.parent)
     while q:
         x = q.popleft()
         # children from the root's next rank on: every root of a switch group sending to
         # its peers in the same order sent them all to one peer's port at once
-        for c in sorted(kids.get(x, ()), key=lambda c: (c - tree.root) % n):
+        for c in sorted(tree.children(x), key=lambda c: (c - tree.root) % n):
             out.append((x, c))
             q.append(c)
     return out

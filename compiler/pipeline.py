@@ -38,7 +38,6 @@ The candidates, their names and when each is offered are compiler/registry.py's;
 """
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -50,7 +49,7 @@ from ..ir.topology import Topology
 from . import baselines, chunk_floor, progress, registry, tree_floor
 from .channels import columns_allowed
 from .chunks import ChunkChoice, choose_chunk, spec_chunks
-from .cost import DEFAULT_MODEL, CostModel, least_latency, simulate
+from .cost import DEFAULT_MODEL, CostModel, gc_paused, least_latency, simulate
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
 
@@ -198,9 +197,10 @@ class Lower:
         best = float("inf")
         kept = None  # the index in out of the candidate Select would take so far
         builders: dict[str, Callable[[int], Plan]] = {}
-        # algorithm -> ops of the programs it no longer holds; minus its messages where it
-        # never held any (priced from op columns, channels.rings_priced)
-        dropped: dict[str, int] = {}
+        # algorithm -> what its plan no longer holds, to check a lowering again against:
+        # ("ops", count) where its programs were emptied, ("sends", count) where it never
+        # held any (priced from op columns, channels.rings_priced)
+        dropped: dict[str, tuple[str, int]] = {}
         skipped: list[str] = []  # candidates whose floor exceeds the best plan so far
         floor = chunk_floor.plan_floor(u) if spec.algorithm == "auto" else None
         for i, alg in enumerate(order):
@@ -235,7 +235,7 @@ class Lower:
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
             if _columns_only(choice):  # priced from op columns (channels.rings_priced): no ops held
-                dropped[alg] = -choice.simulation.messages
+                dropped[alg] = ("sends", choice.simulation.messages)
             kept = _keep_selected(out, eligible, kept, dropped)
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
@@ -246,10 +246,8 @@ class Lower:
             plan = builders[c.algorithm](c.choice.chunk_bytes)  # op objects (no columns_allowed)
             if isinstance(plan, tuple):  # a builder that prices its own plan: (plan, simulation)
                 plan = plan[0]
-            want = dropped[c.algorithm]
-            got = (sum(len(p) for p in plan.programs) if want >= 0 else
-                   -sum(type(op) is Send for p in plan.programs for op in p))
-            if got != want:
+            what, want = dropped[c.algorithm]
+            if _count(plan, what) != want:
                 raise CompileError(f"{spec.name}: lowering {c.algorithm} again gave a different plan")
             out[kept] = Candidate(c.algorithm, replace(c.choice, plan=replace(plan, figures=c.choice.plan.figures)))
         return replace(u, candidates=tuple(out), skipped=tuple(skipped))
@@ -354,11 +352,12 @@ KEEP_SELECTED_OPS = 3_000_000
 
 
 def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | None,
-                   dropped: dict[str, int]) -> int | None:
+                   dropped: dict[str, tuple[str, int]]) -> int | None:
     """After the last candidate of ``out`` is lowered: of it and ``out[kept]``, the one Select
     would prefer (an eligible one, by :func:`_select_key`) keeps its programs up to
     :data:`KEEP_SELECTED_OPS` ops, the other up to :data:`KEEP_PROGRAMS_OPS`; programs above
-    are emptied, their op count noted in ``dropped``. Returns the index Select would take."""
+    are emptied, their op count noted in ``dropped`` (:func:`_count`). Returns the index Select
+    would take."""
     new = len(out) - 1
     let_go = new
     if out[new].algorithm in eligible and (kept is None or _select_key(out[new]) < _select_key(out[kept])):
@@ -368,12 +367,20 @@ def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | 
             continue
         c = out[k]
         plan = c.choice.plan
-        ops = sum(len(p) for p in plan.programs)
+        ops = _count(plan, "ops")
         if ops > most:
-            dropped[c.algorithm] = ops
+            dropped[c.algorithm] = ("ops", ops)
             hollow = replace(plan, programs=tuple(() for _ in plan.programs))
             out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
     return kept
+
+
+def _count(plan: Plan, what: str) -> int:
+    """A plan's ops (``"ops"``) or its sends (``"sends"``, as many as its simulation's
+    messages)."""
+    if what == "ops":
+        return sum(len(p) for p in plan.programs)
+    return sum(type(op) is Send for p in plan.programs for op in p)
 
 
 def bottleneck(sim):
@@ -608,17 +615,10 @@ def compile_unit(program: Program, name: str | None = None, *, model: CostModel 
     t0 = time.perf_counter()
     spec = resolve(program, name)
     unit = Unit(program=program, spec=spec, topology=program.topology_of(spec), model=model)
-    # lowering and verifying allocate millions of small acyclic objects and free few until the
-    # pass ends; the cyclic collector rescanned them all again and again (a second lowering
-    # of the 1024-rank ring allgather took 20 s instead of 13 s of CPU with it on)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with progress.collective(spec.name):
-            unit = run_passes(unit, PASSES, hook)
-    finally:
-        if enabled:
-            gc.enable()
+    # lowering and verifying allocate millions of small acyclic objects (a second lowering of
+    # the 1024-rank ring allgather took 20 s instead of 13 s of CPU with the collector on)
+    with gc_paused(), progress.collective(spec.name):
+        unit = run_passes(unit, PASSES, hook)
     figures = replace(unit.plan.figures, compile_s=time.perf_counter() - t0)
     return replace(unit, plan=replace(unit.plan, figures=figures))
 
