@@ -203,9 +203,10 @@ def warm_imports() -> None:
 
 
 def clear_memos() -> None:
-    from hcc.compiler import bounds
+    from hcc.compiler import bounds, channels
 
     treepack.clear_cache()
+    channels.ring_channels_memo.cache_clear()
     bounds._allgather_parametric.cache_clear()
     bounds._narrowest.cache_clear()
     bounds._group_cuts.cache_clear()

@@ -26,6 +26,7 @@ Terms
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -39,7 +40,7 @@ from .lower import ProgramBuilder, assemble, chunk_elems, lower, plan_op, split_
 from .routes import shortest_preds
 from .trees import PackedTree
 
-__all__ = ["RingChannel", "ring_channels", "rings_plan", "rings_priced", "ring_priced", "ring_allreduce_columns", "ring_columns", "columns_allowed", "columns_wanted",
+__all__ = ["RingChannel", "ring_channels", "ring_channels_memo", "rings_plan", "rings_priced", "ring_priced", "ring_allreduce_columns", "ring_columns", "columns_allowed", "columns_wanted",
            "MAX_CHANNELS"]
 
 # NCCL searches at most MAXCHANNELS/2 = 16 ring channels (it then duplicates them, which adds
@@ -437,6 +438,14 @@ def ring_channels(topo: Topology, ranks: Sequence[str], max_channels: int = MAX_
             return found
         s.host_of = None  # no ring crosses each host once: search without hosts
     return _channels(s, n, upper, max_channels)
+
+
+@functools.lru_cache(maxsize=32)
+def ring_channels_memo(topo: Topology, ranks: tuple[str, ...]) -> tuple[RingChannel, ...]:
+    """:func:`ring_channels` kept per topology and ranks: the ``rings`` baseline and
+    ringfill.py search the same channels in one compile (0.4-1 CPU s on DGX-1 and its
+    fragments). ``cache_clear`` empties it."""
+    return ring_channels(topo, tuple(ranks))
 
 
 def _channels(s: _Search, n: int, upper: float, max_channels: int) -> tuple[RingChannel, ...]:

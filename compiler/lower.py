@@ -216,11 +216,15 @@ def _root_spans(L: _Lowering, shapes: list[TreeShape]) -> list[tuple[int, int]]:
 
 
 def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = None,
-                 proportional: bool = False, window: int = 0, timed=None) -> list[tuple[int, int]]:
+                 proportional: bool = False, window: int = 0, timed=None,
+                 spans: list[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None
+                 ) -> list[tuple[int, int]]:
     """Emit every op for a tree-based kind; return each tree's span. ``per_root`` (allreduce):
     True lowers reduce-scatter + allgather over trees rooted at every rank, False shares the
     whole buffer by rate (reduce-then-broadcast per tree), None picks True exactly when every
-    rank roots a tree."""
+    rank roots a tree. ``spans`` and ``sizes`` (allgather, reduce_scatter and per-root
+    allreduce, plain order): each tree's span and chunk size instead of its rate share of its
+    root's block and ``L.ce`` (lower_mixed: an empty span emits nothing)."""
     spec, n, E, ce, B = L.spec, L.n, L.E, L.ce, L.B
     kind = spec.kind
     if not shapes:
@@ -266,9 +270,10 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
         return spans
 
     if kind in ("allgather", "reduce_scatter") or per_root:
-        spans = _root_spans(L, shapes)
+        if spans is None:
+            spans = _root_spans(L, shapes)
         send = _OutTrees(B, shapes) if kind == "allgather" and not per_root else None
-        for t, k, (a, b) in _round_robin(_tree_jobs(spans, ce)):
+        for t, k, (a, b) in _round_robin(_tree_jobs(spans, ce if sizes is None else sizes)):
             sh, cnt = shapes[t], b - a
             j = sh.root
             lo = L.block(j)[0]
@@ -394,6 +399,51 @@ def lower(
         spans = _lower_trees(L, shapes, per_root, proportional, window, timed)
         tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
     return assemble(spec, topo, L.B, tree_values, algorithm, ce)
+
+
+MIXED_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
+
+
+def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[PackedTree], timed_topo: Topology,
+                plain_trees: Sequence[PackedTree], timed_chunk: int, plain_chunk: int,
+                algorithm: str, *, model: CostModel | None = None) -> Plan:
+    """One plan of two sets of trees rooted at every rank (allgather, reduce_scatter, and
+    allreduce as reduce-scatter + allgather per root), each root's block shared over all of
+    them by rate: ``timed_trees`` through the timed schedule (compiler/schedule.py) at
+    ``timed_chunk`` bytes, scheduled over ``timed_topo`` (the links they may use: the
+    schedule's gates and replay follow those links' kind, switch-only or direct), and
+    ``plain_trees`` in the plain chunk-major order at ``plain_chunk`` bytes. Meant for sets
+    whose links are disjoint (compiler/ringfill.py: NCCL's ring channels and trees packed
+    into what they leave), where each set then runs as it would alone. The plan's chunk size
+    is ``plain_chunk``'s."""
+    from .cost import DEFAULT_MODEL
+
+    kind = spec.kind
+    if kind not in MIXED_KINDS:
+        raise PlanError(f"no mixed lowering for collective kind {kind!r}")
+    n = len(spec.ranks)
+    ce = chunk_elems(plain_chunk, spec.dtype)
+    ce_timed = chunk_elems(timed_chunk, spec.dtype)
+    L = _Lowering(spec, ce_timed)
+    trees = list(timed_trees) + list(plain_trees)
+    shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
+    spans = _root_spans(L, shapes)
+    m = len(timed_trees)
+    per_root = kind == "allreduce" and n > 1
+    got = None
+    if m:
+        got = lower_timed(L, shapes[:m], spans[:m], per_root, timed_topo, (model or DEFAULT_MODEL).per_message_s,
+                          PORT_WINDOW)
+    sizes = [ce_timed] * m + [ce] * (len(shapes) - m)
+    if got is None:  # no timed part, or its paths are not timed_topo's links: all plain
+        _lower_trees(L, shapes, per_root, spans=spans, sizes=sizes)
+    else:
+        spans[:m] = got
+        rest = [(0, 0)] * m + spans[m:]
+        _lower_trees(L, shapes, per_root, spans=rest, sizes=sizes)
+    L.ce = ce
+    values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
+    return assemble(spec, topo, L.B, values, algorithm, ce)
 
 
 # both orders are priced up to this many ops per plan (the plain order's lowering and a second

@@ -36,6 +36,9 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-wide    broadcast and reduce over one tree per port of multi-port hosts, each
                      host sending to up to one child per port (bcast_wide.py): shallower
                      than treepack-dbt's binary pairs
+    treepack-ringfill allgather, reduce_scatter and allreduce over NCCL's ring channels and,
+                     at once, trees packed into the capacity the rings leave (ringfill.py):
+                     DGX-1's six NVLink rings plus trees over its idle PCIe switches
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -57,14 +60,14 @@ from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
 from .bcast_wide import wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
-from .channels import ring_channels
-from .channels import ring_priced, rings_priced
+from .channels import ring_channels_memo, ring_priced, rings_priced
 from .chunks import best_time
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
 from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
+from .ringfill import RINGFILL_MAX_RANKS, ringfill_builder, ringfill_packing
 from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
 from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
 
@@ -323,6 +326,27 @@ def _lower_hier(u, spec, cut) -> Builder | None:
     return lambda c: hier_plan(spec, u.topology, c, model=u.model)
 
 
+def _pack_ringfill(u):
+    """The ring channels and the trees packed into what they leave (ringfill.py), or None;
+    where auto or treepack chooses, only where they pack near the bound."""
+    forced = u.spec.algorithm == "treepack-ringfill"
+    n = len(u.spec.ranks)
+    per_root = u.bound_rate_Bps / n * (2 if u.spec.kind == "allreduce" else 1)  # _ringfill_rate reversed
+    return ringfill_packing(u.spec, u.topology, u.model, bound_rate=0.0 if forced else per_root)
+
+
+def _lower_ringfill(u, spec, fill) -> Builder | None:
+    return None if fill is None else ringfill_builder(spec, u.topology, fill, u.model)
+
+
+def _ringfill_rate(u, fill) -> float:
+    """The chains' and the fill trees' per-root rates over every root (an allreduce moves
+    each block twice)."""
+    if fill is None:
+        return 0.0
+    return fill.rate * len(u.spec.ranks) / (2 if u.spec.kind == "allreduce" else 1)
+
+
 def _pack_levels(u):
     """The two-level layouts (levels.py), None where the ranks form no groups."""
     return levels_forms(u.topology, u.spec.ranks)
@@ -365,6 +389,11 @@ REGISTRY: tuple[Algorithm, ...] = (
     # where it wins, their chunk searches stop early against it
     Algorithm("treepack-levels", LEVEL_KINDS, _over(levels_priced, model=True), role="levels", pack=_pack_levels,
               treepack=True, chunked=True),
+    # before the tree packings: where the rings nearly fill the links its plan is close to
+    # the bound, and their chunk searches stop early against it
+    Algorithm("treepack-ringfill", frozenset({"allgather", "reduce_scatter", "allreduce"}), _lower_ringfill,
+              eligible=_allreduce_upto(RINGFILL_MAX_RANKS, 3), role="ringfill", pack=_pack_ringfill,
+              pack_rate=_ringfill_rate, treepack=True),
     Algorithm("treepack", TREE_KINDS, _lower_trees("treepack"), role="trees", pack=_pack_trees,
               pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True, chunked=True),
     Algorithm("treepack-dbt", frozenset({"broadcast", "reduce"}), _over(dbt_plan, model=True), role="dbt",
@@ -384,7 +413,7 @@ REGISTRY: tuple[Algorithm, ...] = (
     # the largest ring allreduces priced from op columns (channels.ring_priced)
     Algorithm("ring", TREE_KINDS, lambda u, spec, _: lambda c: ring_priced(spec, u.topology, c, u.model),
               baseline=True),
-    Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels),
+    Algorithm("rings", TREE_KINDS, _lower_channels, role="channels", pack=_packed(ring_channels_memo),
               baseline=True),
     # the double binary tree where NCCL runs trees (baselines.dbtree_plan falls back to the
     # ring for the other kinds)
