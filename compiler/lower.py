@@ -217,14 +217,16 @@ def _root_spans(L: _Lowering, shapes: list[TreeShape]) -> list[tuple[int, int]]:
 
 def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = None,
                  proportional: bool = False, window: int = 0, timed=None,
-                 spans: list[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None
-                 ) -> list[tuple[int, int]]:
+                 spans: list[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None,
+                 up: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """Emit every op for a tree-based kind; return each tree's span. ``per_root`` (allreduce):
     True lowers reduce-scatter + allgather over trees rooted at every rank, False shares the
     whole buffer by rate (reduce-then-broadcast per tree), None picks True exactly when every
     rank roots a tree. ``spans`` and ``sizes`` (allgather, reduce_scatter and per-root
     allreduce, plain order): each tree's span and chunk size instead of its rate share of its
-    root's block and ``L.ce`` (lower_mixed: an empty span emits nothing)."""
+    root's block and ``L.ce`` (lower_mixed: an empty span emits nothing); ``up`` (per-root
+    allreduce, plain order): per tree, the tree its chunks are reduced over, rooted at the
+    same rank (by default itself)."""
     spec, n, E, ce, B = L.spec, L.n, L.E, L.ce, L.B
     kind = spec.kind
     if not shapes:
@@ -279,7 +281,8 @@ def _lower_trees(L: _Lowering, shapes: list[TreeShape], per_root: bool | None = 
             lo = L.block(j)[0]
             if per_root:  # reduce-scatter then allgather, chunk by chunk, over each tree
                 out = ChunkRef("out", a, cnt)
-                acc, last, sendup = L.reduce_chunk(t, k, sh, a, b, lambda r: out)
+                u = t if up is None else up[t]
+                acc, last, sendup = L.reduce_chunk(u, k, shapes[u], a, b, lambda r: out)
                 L.bcast_chunk(t, k, sh, acc, out, last, wait_for=sendup)
             elif kind == "allgather":
                 src = ChunkRef("in", a - lo, cnt)
@@ -406,7 +409,7 @@ MIXED_KINDS = frozenset({"allgather", "reduce_scatter", "allreduce"})
 
 def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[PackedTree], timed_topo: Topology,
                 plain_trees: Sequence[PackedTree], timed_chunk: int, plain_chunk: int,
-                algorithm: str, *, model: CostModel | None = None) -> Plan:
+                algorithm: str, *, model: CostModel | None = None, plain_up: Sequence[PackedTree] = ()) -> Plan:
     """One plan of two sets of trees rooted at every rank (allgather, reduce_scatter, and
     allreduce as reduce-scatter + allgather per root), each root's block shared over all of
     them by rate: ``timed_trees`` through the timed schedule (compiler/schedule.py) at
@@ -414,8 +417,11 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
     schedule's gates and replay follow those links' kind, switch-only or direct), and
     ``plain_trees`` in the plain chunk-major order at ``plain_chunk`` bytes. Meant for sets
     whose links are disjoint (compiler/ringfill.py: NCCL's ring channels and trees packed
-    into what they leave), where each set then runs as it would alone. The plan's chunk size
-    is ``plain_chunk``'s."""
+    into what they leave), where each set then runs as it would alone. ``plain_up``
+    (allreduce): per plain tree, the in-tree to the same root its chunks are reduced over
+    before ``plain_trees`` broadcasts them (a ring's chain into the root, then the chain out
+    of it: the ring allreduce, each direction of a ring's links used once); by default each
+    plain tree's own edges reversed. The plan's chunk size is ``plain_chunk``'s."""
     from .cost import DEFAULT_MODEL
 
     kind = spec.kind
@@ -425,22 +431,31 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
     ce = chunk_elems(plain_chunk, spec.dtype)
     ce_timed = chunk_elems(timed_chunk, spec.dtype)
     L = _Lowering(spec, ce_timed)
-    trees = list(timed_trees) + list(plain_trees)
-    shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
-    spans = _root_spans(L, shapes)
-    m = len(timed_trees)
+    m, p = len(timed_trees), len(plain_trees)
     per_root = kind == "allreduce" and n > 1
+    if plain_up and (not per_root or len(plain_up) != p):
+        raise PlanError("plain_up pairs an in-tree with each plain tree of a per-root allreduce")
+    trees = list(timed_trees) + list(plain_trees) + list(plain_up)
+    shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
+    spans = _root_spans(L, shapes[:m + p])
+    up = None
+    if plain_up:
+        up = list(range(m + p)) + [0] * p
+        for i in range(p):
+            if shapes[m + p + i].root != shapes[m + i].root:
+                raise PlanError(f"plain_up tree {i} is not rooted where plain tree {i} is")
+            up[m + i] = m + p + i
     got = None
     if m:
         got = lower_timed(L, shapes[:m], spans[:m], per_root, timed_topo, (model or DEFAULT_MODEL).per_message_s,
                           PORT_WINDOW)
     sizes = [ce_timed] * m + [ce] * (len(shapes) - m)
-    if got is None:  # no timed part, or its paths are not timed_topo's links: all plain
-        _lower_trees(L, shapes, per_root, spans=spans, sizes=sizes)
-    else:
+    emit = spans + [(0, 0)] * len(plain_up)  # an up tree carries its pair's chunks
+    if got is not None:  # else no timed part, or its paths are not timed_topo's links: all plain
         spans[:m] = got
-        rest = [(0, 0)] * m + spans[m:]
-        _lower_trees(L, shapes, per_root, spans=rest, sizes=sizes)
+        emit[:m] = [(0, 0)] * m
+    _lower_trees(L, shapes, per_root, spans=emit, sizes=sizes, up=up)
+    spans += spans[m:m + p] if plain_up else []
     L.ce = ce
     values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
     return assemble(spec, topo, L.B, values, algorithm, ce)

@@ -197,9 +197,10 @@ def ringfill_packing(spec: Any, topo: Topology, model: Any = None, *, bound_rate
     return min(fills, key=lambda f: best_time(spec, ringfill_builder(spec, topo, f, model), model=model))
 
 
-def _chains(fill: RingFill, kind: str, n: int) -> list[PackedTree]:
-    """One chain per channel and rank, at its per-root rate (the channel's rate over n-1)."""
-    chain = _chain_into if kind == "reduce_scatter" else _chain_from
+def _chains(fill: RingFill, kind: str, n: int, into: bool | None = None) -> list[PackedTree]:
+    """One chain per channel and rank, at its per-root rate (the channel's rate over n-1):
+    along the ring into the rank (``into``, default for reduce_scatter) or out of it."""
+    chain = _chain_into if (kind == "reduce_scatter" if into is None else into) else _chain_from
     return [replace(chain(ch, j), rate=ch.rate / (n - 1)) for ch in fill.channels for j in range(n)]
 
 
@@ -240,6 +241,9 @@ def ringfill_builder(spec: Any, topo: Topology, fill: RingFill, model: Any = Non
     model = model or DEFAULT_MODEL
     n = len(spec.ranks)
     chains = _chains(fill, spec.kind, n)
+    # an allreduce reduces each block along its rings into its owner, then sends it on round
+    # them: the ring allreduce's messages, each ring's links used in its direction only
+    ups = _chains(fill, spec.kind, n, into=True) if spec.kind == "allreduce" else ()
     chosen: list[tuple[float, int]] = [(fill.share, fill.fill_chunk)] if fill.fill_chunk else []
 
     def build(c: int) -> tuple[Plan, Any]:
@@ -247,13 +251,14 @@ def ringfill_builder(spec: Any, topo: Topology, fill: RingFill, model: Any = Non
             chosen.append(fill_share(spec, fill, model))
         share, fill_chunk = chosen[0]
         if share <= 0:
-            plan = lower_mixed(spec, topo, (), fill.residual, chains, c, c, "treepack-ringfill", model=model)
+            plan = lower_mixed(spec, topo, (), fill.residual, chains, c, c, "treepack-ringfill", model=model,
+                               plain_up=ups)
         else:
             # the fill trees' rates scaled so their sum is ``share`` of each root's block
             scale = share / (1 - share) * fill.ring_rate / fill.fill_rate
             trees = [replace(t, rate=t.rate * scale) for t in fill.trees]
             plan = lower_mixed(spec, topo, trees, fill.residual, chains, fill_chunk, c, "treepack-ringfill",
-                               model=model)
+                               model=model, plain_up=ups)
         return plan, simulate(plan, model=model)
 
     return build
