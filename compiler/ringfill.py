@@ -218,7 +218,7 @@ def fill_share(spec: Any, fill: RingFill, model: Any) -> tuple[float, int]:
     chunk = 0
     for _ in range(2):
         size = max(item * len(spec.ranks), int(spec.size_bytes * share) // item * item)
-        part = replace(spec, size_bytes=size, chunk_bytes=0)
+        part = replace(spec, size_bytes=size)  # a chunk the program fixes is the fill's too
 
         def build(c: int, part=part):
             return lower_priced(part, fill.residual, fill.trees, c, "treepack-ringfill", model=model)

@@ -183,3 +183,15 @@ def test_doctests():
 
     result = doctest.testmod(hcc.compiler.ringfill)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_chunk_the_program_fixes_bounds_both_parts_messages():
+    prog, spec, topo = dgx1("collective c = allgather on dgx1 { size = 8 MiB  chunk = 256 KiB "
+                            "algorithm = treepack_ringfill }\n")
+    plan = compile_unit(prog, "c").plan
+    assert plan.algorithm == "treepack-ringfill"
+    sends = [op for prog_ in plan.programs for op in prog_ if type(op).__name__ == "Send"]
+    assert max(op.src.count for op in sends) * 4 <= 256 * 1024
+    # and both parts ran: messages over the PCIe switches (the fill) and over NVLinks (the rings)
+    fill = {t.index for t in plan.trees if any("pcie0" in p for p in t.paths if p)}
+    assert fill and {op.tree for op in sends} - fill and {op.tree for op in sends} & fill
