@@ -20,6 +20,9 @@ Terms
   the chains carry ring/(ring + fill) of it; the fill trees' schedule loses more to pipeline
   fill and per-message cost than the rings do, so the share is set from the fill trees'
   priced time alone (:func:`fill_share`).
+- allreduce: reduce-scatter + allgather per root over both parts: over a chain, the block is
+  reduced along the ring into its owner and sent on round it (the ring allreduce's own
+  messages); over a fill tree, reduced up it and broadcast down it.
 
 Why: the rings are the best schedule where the links decompose into rings (a ring allgather
 streams with one hop of fill per chunk), but NCCL's search builds rings of one link class:
