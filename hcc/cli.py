@@ -60,10 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="plan.hcl or plan.json")
     s.add_argument("-c", "--collective", metavar="NAME",
                    help="which collective of an .hcl program to draw (needed when it has several)")
-    s.add_argument("--format", choices=["dot", "trace", "png", "svg"], default="dot",
-                   help="dot: Graphviz source of the topology panel and one panel per tree (default); "
+    s.add_argument("--format", choices=["dot", "trace", "png", "svg"], default=None,
+                   help="dot: Graphviz source of the topology panel and one panel per tree; "
                         "trace: the predicted timeline as Chrome/Perfetto trace JSON; png, svg: a picture "
-                        "(rendered by Graphviz's dot when installed, else matplotlib, the viz extra)")
+                        "(rendered by Graphviz's dot when installed, else matplotlib, the viz extra). "
+                        "Default: from OUT's suffix (.png, .svg, .json: trace; dot otherwise)")
     s.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="the file to write (atomically: a failed run leaves no half-written file)")
 

@@ -311,21 +311,26 @@ def _latency_line(f) -> str:
 
 
 # ---------------------------------------------------------------- viz
+# hcc viz's format when --format is not given, by the output's suffix (dot for any other)
+VIZ_SUFFIXES = {".png": "png", ".svg": "svg", ".json": "trace"}
+
+
 def cmd_viz(args) -> int:
     from .ir import viz
 
     plan = _plans_for(args)[0]
     out = Path(args.output)
-    if args.format == "dot":
+    fmt = args.format = args.format or VIZ_SUFFIXES.get(out.suffix.lower(), "dot")
+    if fmt == "dot":
         atomic_write_text(out, viz.to_dot(plan))
-    elif args.format == "trace":
+    elif fmt == "trace":
         # viz draws timings it is given (ir imports nothing from the compiler); the CLI runs them
         from .compiler.cost import simulate
 
         atomic_write_text(out, json.dumps(viz.to_trace(plan, simulate(plan, detail=True))))
     else:
-        viz.draw(plan, out, fmt=args.format)
-    print(f"wrote {out} ({args.format})")
+        viz.draw(plan, out, fmt=fmt)
+    print(f"wrote {out} ({fmt})")
     return 0
 
 
