@@ -265,11 +265,12 @@ def test_cli_viz_trace_and_png(tmp_path):
         assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # without --format, the output's suffix says what to write
-    for name, head in (("s.svg", b"<svg"), ("s.json", b"traceEvents"), ("s.gv", b"digraph")):
-        r = subprocess.run([sys.executable, "-m", "hcc", "viz", str(demo), "-c", "broadcast", "-o",
-                            str(tmp_path / name)], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
+    # without --format, the output's suffix says what to write (.png and .svg render as the
+    # pictures above; rendering again here would only cost seconds)
+    from hcc.cli import main
+
+    for name, head in (("s.json", b"traceEvents"), ("s.gv", b"digraph")):
+        assert main(["viz", str(demo), "-c", "broadcast", "-o", str(tmp_path / name)]) == 0
         assert head in (tmp_path / name).read_bytes()[:4000], name
 
 

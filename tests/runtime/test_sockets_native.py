@@ -139,8 +139,11 @@ def test_native_tcp_mismatched_order_and_a_closed_rank_fail_fast(tmp_path, monke
     res, errs, kinds = _job(3, order, tmp_path / "cache")
     assert errs == [None] * 3 and kinds == ["NativeTcpTransport"] * 3, errs
     assert all(t < 20 for _, t in res), res
-    assert any("different plans" in m for m, _ in res), res
-    assert any("ranks 0, 1 called allreduce" in m and "rank 2 called broadcast" in m for m, _ in res), res
+    # every rank names both calls. Which rank sees the other call's frame first ("the ranks
+    # are running different plans") and which see only its connection close after it depends
+    # on timing: on a loaded machine two ranks detect at once and each reports the other's
+    # closed connection (1 run in 30 with two busy processes beside the job)
+    assert all("ranks 0, 1 called allreduce" in m and "rank 2 called broadcast" in m for m, _ in res), res
 
     def closer(rank, c):
         if rank == 2:
