@@ -175,10 +175,13 @@ def test_mismatched_op_order_is_found_on_the_wire(job4):
     for r in res:
         assert "error" in r, r
         assert "timed out" not in r["error"] and r["elapsed_s"] < 60, r
+    # every rank names both groups' calls; the one rank that sees the other plan's frame
+    # first says "different plans", the others that its connection closed after, and where two
+    # see it at once each may report only the other's closed connection (as in
+    # tests/runtime/test_sockets_native.py), so no rank's wording is required
     named = [r["error"] for r in res if "ranks 0, 1 called allreduce float32 count 1000" in r["error"]
              and "ranks 2, 3 called broadcast float32 count 77" in r["error"]]
-    assert named, [r["error"] for r in res]
-    assert any("different plans" in r["error"] for r in res), [r["error"] for r in res]
+    assert len(named) == len(res), [r["error"] for r in res]
 
 
 def test_mismatched_op_order_of_ranks_that_only_send_is_found(job4):
