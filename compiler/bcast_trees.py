@@ -51,12 +51,13 @@ from typing import Any, Sequence
 
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale
+from ..ir.topology import arc_tables
 from .builder import ProgramBuilder, plan_op, split_by_rate
 from .lower import assemble, chunk_elems
 from .routes import Routes, btree_parents, routes
 from .trees import PackedTree, TreeShape
 
-__all__ = ["WINDOW", "arc_tables", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "has_direct_links", "host_vertices",
+__all__ = ["WINDOW", "chunk_for", "dbt_pair", "dbt_trees", "dbt_plan", "has_direct_links", "host_vertices",
            "lower_dbt", "spread", "spread_trees"]
 
 # receives of one tree edge posted ahead of the data (module docstring): 2 keeps a sender of
@@ -315,17 +316,6 @@ def host_vertices(topo, ranks: Sequence[str], groups: Sequence[Sequence[int]]) -
     (its ranks and switches)."""
     host = dict(topo.hosts)
     return [{v for v, h in topo.hosts if h == host[ranks[g[0]]]} for g in groups]
-
-
-def arc_tables(topo) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
-    """Per (src, dst) arc of ``topo.links``: the summed capacity of its links and their
-    largest latency."""
-    caps: dict[tuple[str, str], float] = {}
-    lats: dict[tuple[str, str], float] = {}
-    for l in topo.links:
-        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
-        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
-    return caps, lats
 
 
 def _spread_trees(ranks, root: int, edge_lists, path) -> list[PackedTree]:

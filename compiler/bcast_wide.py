@@ -74,7 +74,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
-from .bcast_trees import (_host_order, _host_tree, _lanes, _ports, arc_tables, has_direct_links, host_vertices,
+from ..ir.topology import arc_tables
+from .bcast_trees import (_host_order, _host_tree, _lanes, _ports, has_direct_links, host_vertices,
                           lower_dbt, trees_rate)
 from .routes import Routes, routes
 from .trees import PackedTree

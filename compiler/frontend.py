@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections import deque
 from fractions import Fraction
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from ..grammar.limits import (
 from ..grammar.parser import MAX_SOURCE_CHARS, parse
 from ..ir.errors import ArgumentTypeError
 from ..ir.plan import DTYPE_SIZES, FLOAT_DTYPES, KINDS, OPS, PEERS, REDUCING_KINDS, ROOTED_KINDS
-from ..ir.topology import Link, Topology
+from ..ir.topology import Link, Topology, reach
 from .program import CollectiveSpec, Program
 from .units import convert
 
@@ -779,7 +778,7 @@ class _CollectiveChecker:
             raise SourceError(spans[v], f"{lead} over this collective's ranks and switches: {cut}", hint)
 
         def check(start: str, forward: bool, lead) -> None:
-            reached = _reach(out if forward else inn, start)
+            reached = reach(out if forward else inn, start)
             for v in ranks:
                 if v not in reached:
                     fail(v, start, forward, reached, lead(v))
@@ -795,15 +794,3 @@ class _CollectiveChecker:
             what = f"{_a(self.kind)} needs its ranks strongly connected"
             check(r, True, lambda v: f"{what}: '{v}' cannot be reached from '{r}'")
             check(r, False, lambda v: f"{what}: '{v}' cannot reach '{r}'")
-
-
-def _reach(adj: dict[str, list[str]], start: str) -> set[str]:
-    seen = {start}
-    todo = deque([start])
-    while todo:
-        u = todo.popleft()
-        for w in adj[u]:
-            if w not in seen:
-                seen.add(w)
-                todo.append(w)
-    return seen

@@ -455,8 +455,8 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
         spans[:m] = got
         emit[:m] = [(0, 0)] * m
     _lower_trees(L, shapes, per_root, spans=emit, sizes=sizes, up=up)
-    spans += spans[m:m + p] if plain_up else []
-    L.ce = ce
+    if plain_up:  # an up tree's span: the range its pair carries
+        spans += spans[m:m + p]
     values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
     return assemble(spec, topo, L.B, values, algorithm, ce)
 

@@ -326,13 +326,18 @@ def _lower_hier(u, spec, cut) -> Builder | None:
     return lambda c: hier_plan(spec, u.topology, c, model=u.model)
 
 
+def _roots_per_byte(u) -> float:
+    """The bound's rate (size / time) per per-root rate (each rank's block / time): n, and
+    n / 2 for an allreduce, which moves each block twice."""
+    return len(u.spec.ranks) / (2 if u.spec.kind == "allreduce" else 1)
+
+
 def _pack_ringfill(u):
     """The ring channels and the trees packed into what they leave (ringfill.py), or None;
     where auto or treepack chooses, only where they pack near the bound."""
     forced = u.spec.algorithm == "treepack-ringfill"
-    n = len(u.spec.ranks)
-    per_root = u.bound_rate_Bps / n * (2 if u.spec.kind == "allreduce" else 1)  # _ringfill_rate reversed
-    return ringfill_packing(u.spec, u.topology, u.model, bound_rate=0.0 if forced else per_root)
+    bound = 0.0 if forced else u.bound_rate_Bps / _roots_per_byte(u)
+    return ringfill_packing(u.spec, u.topology, u.model, bound_rate=bound)
 
 
 def _lower_ringfill(u, spec, fill) -> Builder | None:
@@ -340,11 +345,8 @@ def _lower_ringfill(u, spec, fill) -> Builder | None:
 
 
 def _ringfill_rate(u, fill) -> float:
-    """The chains' and the fill trees' per-root rates over every root (an allreduce moves
-    each block twice)."""
-    if fill is None:
-        return 0.0
-    return fill.rate * len(u.spec.ranks) / (2 if u.spec.kind == "allreduce" else 1)
+    """The chains' and the fill trees' per-root rates in the bound's units."""
+    return 0.0 if fill is None else fill.rate * _roots_per_byte(u)
 
 
 def _pack_levels(u):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..ir.plan import DTYPE_SIZES, Plan
-from ..ir.topology import Link, Topology
+from ..ir.topology import Link, Topology, arc_tables, reach
 from .channels import RingChannel, _chain_from, _chain_into, ring_channels_memo
 from .chunks import choose_chunk, spec_chunks
 from .lower import MIXED_KINDS, lower_mixed, lower_priced
@@ -101,13 +101,7 @@ def residual_topology(topo: Topology, ranks: Sequence[str], channels: Sequence[R
     6
     """
     sub = topo.restricted(tuple(ranks))
-    cap: dict[tuple[str, str], float] = {}
-    lat: dict[tuple[str, str], float] = {}
-    for l in sub.links:
-        if l.src != l.dst:
-            key = (l.src, l.dst)
-            cap[key] = cap.get(key, 0.0) + l.capacity
-            lat[key] = max(lat.get(key, 0.0), l.latency)
+    cap, lat = arc_tables(sub)
     used: dict[tuple[str, str], float] = {}
     for ch in channels:
         for path in ch.paths:
@@ -116,38 +110,20 @@ def residual_topology(topo: Topology, ranks: Sequence[str], channels: Sequence[R
     links = []
     for key, c in cap.items():
         left = c - used.get(key, 0.0)
-        if key not in used or (partial and left > _LEFT * c):
+        if key[0] != key[1] and (key not in used or (partial and left > _LEFT * c)):
             links.append(Link(key[0], key[1], left, lat[key]))
     return replace(sub, links=tuple(links))
 
 
 def _connected(topo: Topology, ranks: Sequence[str]) -> bool:
-    """Every rank reaches every other over ``topo``'s links (through switches, never through
-    a node outside ``ranks``)."""
+    """Every rank of ``topo`` (a restricted topology: its vertices are the ranks and the
+    switches) reaches every other over its links, and is reached by it."""
     out: dict[str, list[str]] = {}
+    inn: dict[str, list[str]] = {}
     for l in topo.links:
         out.setdefault(l.src, []).append(l.dst)
-    rset = set(ranks)
-    for direction in (out, _reversed(out)):
-        seen = {ranks[0]}
-        todo = [ranks[0]]
-        while todo:
-            v = todo.pop()
-            for w in direction.get(v, ()):
-                if w not in seen and (w in rset or w in topo.switches):
-                    seen.add(w)
-                    todo.append(w)
-        if not rset <= seen:
-            return False
-    return True
-
-
-def _reversed(out: dict[str, list[str]]) -> dict[str, list[str]]:
-    back: dict[str, list[str]] = {}
-    for v, ws in out.items():
-        for w in ws:
-            back.setdefault(w, []).append(v)
-    return back
+        inn.setdefault(l.dst, []).append(l.src)
+    return all(set(ranks) <= reach(adj, ranks[0]) for adj in (out, inn))
 
 
 def ringfill_packings(topo: Topology, ranks: Sequence[str], kind: str) -> tuple[RingFill, ...]:
@@ -193,8 +169,11 @@ def ringfill_packing(spec: Any, topo: Topology, model: Any = None, *, bound_rate
     from .cost import DEFAULT_MODEL
 
     model = model or DEFAULT_MODEL
-    found = [f for f in ringfill_packings(topo, spec.ranks, spec.kind) if f.rate >= MIN_BOUND_SHARE * bound_rate]
-    fills = [replace(f, share=s, fill_chunk=c) for f in found for s, c in [fill_share(spec, f, model)]]
+    fills = []
+    for f in ringfill_packings(topo, spec.ranks, spec.kind):
+        if f.rate >= MIN_BOUND_SHARE * bound_rate:
+            share, chunk = fill_share(spec, f, model)
+            fills.append(replace(f, share=share, fill_chunk=chunk))
     if len(fills) < 2:
         return fills[0] if fills else None
     return min(fills, key=lambda f: best_time(spec, ringfill_builder(spec, topo, f, model), model=model))

@@ -320,7 +320,7 @@ def cmd_viz(args) -> int:
 
     plan = _plans_for(args)[0]
     out = Path(args.output)
-    fmt = args.format = args.format or VIZ_SUFFIXES.get(out.suffix.lower(), "dot")
+    fmt = args.format or VIZ_SUFFIXES.get(out.suffix.lower(), "dot")
     if fmt == "dot":
         atomic_write_text(out, viz.to_dot(plan))
     elif fmt == "trace":

@@ -93,3 +93,31 @@ class Topology:
             links=tuple(Link(str(s), str(t), float(c), float(a)) for s, t, c, a in d["links"]),
             hosts=tuple((str(v), str(h)) for v, h in d.get("hosts", ())),
         )
+
+
+def arc_tables(topo: Topology) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Per (src, dst) arc of ``topo.links``: the summed capacity of its links and their
+    largest latency."""
+    caps: dict[tuple[str, str], float] = {}
+    lats: dict[tuple[str, str], float] = {}
+    for l in topo.links:
+        caps[(l.src, l.dst)] = caps.get((l.src, l.dst), 0.0) + l.capacity
+        lats[(l.src, l.dst)] = max(lats.get((l.src, l.dst), 0.0), l.latency)
+    return caps, lats
+
+
+def reach(adj: dict[str, list[str]], start: str) -> set[str]:
+    """The vertices ``start`` reaches over the adjacency ``adj`` (vertex -> its neighbours
+    one way), itself included.
+
+    >>> sorted(reach({"a": ["b"], "b": ["c"], "d": ["a"]}, "a"))
+    ['a', 'b', 'c']
+    """
+    seen = {start}
+    todo = [start]
+    while todo:
+        for w in adj.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
