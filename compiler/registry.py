@@ -39,6 +39,9 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-ringfill allgather, reduce_scatter and allreduce over NCCL's ring channels and,
                      at once, trees packed into the capacity the rings leave (ringfill.py):
                      DGX-1's six NVLink rings plus trees over its idle PCIe switches
+    rounds           broadcast and reduce in paced rounds over one switch, one block sent and
+                     one received per rank and round (rounds.py): about log2(n) rounds of
+                     fill where a chain takes n - 2
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -71,6 +74,7 @@ from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
 from .ringfill import RINGFILL_MAX_RANKS, ringfill_builder, ringfill_packing
 from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
+from .rounds import ROUNDS_KINDS, ROUNDS_MAX_RANKS, one_switch, rounds_plan
 from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
 
 __all__ = ["Algorithm", "BASELINES", "REGISTRY", "algorithm", "candidates_for"]
@@ -388,6 +392,14 @@ def _direct(u, spec, _) -> Builder:
     return build
 
 
+def _lower_rounds(u, spec, _) -> Builder | None:
+    """rounds.rounds_plan where every rank has one port into one switch (its rounds are
+    contention-free only there)."""
+    if len(spec.ranks) > ROUNDS_MAX_RANKS or not one_switch(u.topology, spec.ranks):
+        return None
+    return lambda c: rounds_plan(spec, u.topology, c)
+
+
 def _lower_channels(u, spec, channels) -> Builder | None:
     if channels is None or len(channels) < 2:
         return None  # one channel is the single ring, priced as ``ring`` already
@@ -427,6 +439,7 @@ REGISTRY: tuple[Algorithm, ...] = (
               pack=_pack_dbt, pack_rate=_dbt_rate, treepack=True, chunked=True),
     Algorithm("treepack-wide", frozenset({"broadcast", "reduce"}), _over(wide_plan, model=True), role="wide",
               pack=_pack_wide, pack_rate=_dbt_rate, treepack=True, chunked=True),
+    Algorithm("rounds", ROUNDS_KINDS, _lower_rounds, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
               chunked=True),
