@@ -1,0 +1,96 @@
+"""What `hcc compile` gives for every collective kind (issue 17's target matrix): per topology,
+kind and size, the plan `algorithm = auto` picks and its efficiency (bound / predicted, the
+bound `hcc compile` reports), by the project's cost model.
+
+    .venv/bin/python benchmarks/auto_bench.py                      # → benchmarks/results/auto.csv
+    .venv/bin/python benchmarks/auto_bench.py --only dgx1,nvswitch --kinds broadcast
+    .venv/bin/python benchmarks/auto_bench.py --table              # the markdown table of the CSV
+
+Topologies: schedule_bench.py's (DGX-1 and four fragments of 4-7 GPUs, two and four A100
+servers, one and two MI250 nodes, samples/hetero.hcl's two, samples/nvswitch.hcl, two random
+heterogeneous graphs), each kind compiled alone at each size (MiB, float32, op sum). Unlike
+schedule_bench.py, which prices the tree packings' own lowerings, this is the plan a user
+gets. CPU seconds per compile are in the CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import time
+from pathlib import Path
+
+import hcc
+from hcc.ir.files import atomic_write_text
+from schedule_bench import KINDS, topologies
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "auto.csv"
+SIZES = ("64MiB", "256MiB", "1GiB")
+FIELDS = ("topology", "kind", "size", "algorithm", "efficiency", "predicted_s", "bound_s", "cpu_s")
+
+
+def compile_one(src: str, topo: str, ranks: str | None, kind: str, size: str):
+    extra = f" ranks = {ranks}\n" if ranks else ""
+    op = " op = sum\n" if kind in ("reduce", "allreduce", "reduce_scatter") else ""
+    program = hcc.load(src + f"\ncollective c = {kind} on {topo} {{\n size = {size}\n{extra}{op}}}\n")
+    t0 = time.process_time()
+    plan = hcc.compile(program, "c")
+    return plan, time.process_time() - t0
+
+
+def table(path: Path) -> str:
+    """The markdown table of a CSV this script wrote: one row per topology and kind, the
+    algorithm at 256 MiB and the efficiency at each size."""
+    rows = list(csv.DictReader(path.open()))
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["topology"], r["kind"]), {})[r["size"]] = r
+    out = ["| topology | kind | algorithm @256MiB | " + " | ".join(f"eff@{s}" for s in sizes) + " |",
+           "|---|---|---|" + "---|" * len(sizes)]
+    for (topo, kind), by in cells.items():
+        alg = by.get("256MiB", next(iter(by.values())))["algorithm"]
+        effs = " | ".join(f"{float(by[s]['efficiency']):.3f}" if s in by else "" for s in sizes)
+        out.append(f"| {topo} | {kind} | {alg} | {effs} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated topology labels")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("-o", "--output", default=str(RESULTS))
+    ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(Path(args.output)))
+        return 0
+    only = set(args.only.split(",")) if args.only else None
+    rows = []
+    for label, src, name, ranks in topologies():
+        if only and label not in only:
+            continue
+        for kind in args.kinds.split(","):
+            line = f"{label:16s} {kind:15s}"
+            for size in args.sizes.split(","):
+                plan, cpu = compile_one(src, name, ranks, kind, size)
+                f = plan.figures
+                rows.append(dict(topology=label, kind=kind, size=size, algorithm=plan.algorithm,
+                                 efficiency=f.efficiency, predicted_s=f.predicted_s,
+                                 bound_s=f.bound_s, cpu_s=round(cpu, 2)))
+                line += f" | {size:>7s} {plan.algorithm:18s} {f.efficiency:5.3f}"
+            print(line, flush=True)
+    if rows:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(args.output, buf.getvalue())
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
