@@ -200,14 +200,23 @@ def test_a_chunk_the_program_fixes_bounds_both_parts_messages():
     assert fill and {op.tree for op in sends} - fill and {op.tree for op in sends} & fill
 
 
-def test_forcing_it_where_the_rings_use_every_link_is_refused_at_the_collective():
+def refused_at_collective(src: str):
+    """The SourceError compiling ``src``'s one collective raises (a form forced where the
+    topology gives it no layout), after checking it points at the collective (line 6)."""
     from hcc.compiler.frontend import load_program
     from hcc.compiler.pipeline import compile_one
     from hcc.grammar.diagnostics import SourceError
 
-    src = ("topology sq { node r[0..3]\n r0 <-> r1 : 10 GB/s\n r1 <-> r2 : 10 GB/s\n r2 <-> r3 : 10 GB/s\n"
-           " r3 <-> r0 : 10 GB/s }\ncollective ag = allgather on sq { size = 1 MiB  algorithm = treepack_ringfill }\n")
     with pytest.raises(SourceError) as info:
         compile_one(load_program(src))
     assert (info.value.span.line, info.value.span.col) == (6, 1)
-    assert "algorithm treepack_ringfill has no form of this allgather on topology sq" in info.value.message
+    return info.value
+
+
+SQUARE = ("topology sq { node r[0..3]\n r0 <-> r1 : 10 GB/s\n r1 <-> r2 : 10 GB/s\n r2 <-> r3 : 10 GB/s\n"
+          " r3 <-> r0 : 10 GB/s }\n")
+
+
+def test_forcing_it_where_the_rings_use_every_link_is_refused_at_the_collective():
+    err = refused_at_collective(SQUARE + "collective ag = allgather on sq { size = 1 MiB  algorithm = treepack_ringfill }\n")
+    assert "algorithm treepack_ringfill has no form of this allgather on topology sq" in err.message

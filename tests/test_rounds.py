@@ -19,6 +19,7 @@ from hcc.ir.topology import Link, Topology
 from hcc.ir.verify import verify
 
 from test_lower import check_numeric
+from test_ringfill import SQUARE, refused_at_collective
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,16 +107,8 @@ def test_auto_takes_the_rounds_on_an_nvswitch_server_and_not_on_dgx1():
 
 
 def test_forcing_it_off_one_switch_is_refused_at_the_collective():
-    from hcc.compiler.frontend import load_program
-    from hcc.compiler.pipeline import compile_one
-    from hcc.grammar.diagnostics import SourceError
-
-    src = ("topology sq { node r[0..3]\n r0 <-> r1 : 10 GB/s\n r1 <-> r2 : 10 GB/s\n r2 <-> r3 : 10 GB/s\n"
-           " r3 <-> r0 : 10 GB/s }\ncollective b = broadcast on sq { size = 1 MiB  algorithm = rounds }\n")
-    with pytest.raises(SourceError) as info:
-        compile_one(load_program(src))
-    assert (info.value.span.line, info.value.span.col) == (6, 1)
-    assert "algorithm rounds has no form of this broadcast on topology sq" in info.value.message
+    err = refused_at_collective(SQUARE + "collective b = broadcast on sq { size = 1 MiB  algorithm = rounds }\n")
+    assert "algorithm rounds has no form of this broadcast on topology sq" in err.message
 
 
 def test_doctests():
