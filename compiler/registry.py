@@ -41,7 +41,7 @@ The names (``Plan.algorithm`` tells which ran):
                      DGX-1's six NVLink rings plus trees over its idle PCIe switches
     rounds           broadcast and reduce in paced rounds over one switch, one block sent and
                      one received per rank and round (rounds.py): about log2(n) rounds of
-                     fill where a chain takes n - 2
+                     fill where a chain takes n - 2; forced only (auto does not offer it)
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -130,10 +130,12 @@ class Algorithm:
     # every message of its plan at chunk size s carries at most s bytes, so auto may skip the
     # sizes whose chunk floor cannot beat the best plan so far (chunk_floor.py)
     chunked: bool = False
+    # auto offers it (False: only where the program names it)
+    auto: bool = True
 
     def offered(self, spec: CollectiveSpec) -> bool:
         """``algorithm = auto`` may offer it for ``spec``."""
-        return spec.kind in self.kinds and self.eligible(spec)
+        return self.auto and spec.kind in self.kinds and self.eligible(spec)
 
 
 # -- the treepack family -------------------------------------------------------------------------
@@ -439,7 +441,9 @@ REGISTRY: tuple[Algorithm, ...] = (
               pack=_pack_dbt, pack_rate=_dbt_rate, treepack=True, chunked=True),
     Algorithm("treepack-wide", frozenset({"broadcast", "reduce"}), _over(wide_plan, model=True), role="wide",
               pack=_pack_wide, pack_rate=_dbt_rate, treepack=True, chunked=True),
-    Algorithm("rounds", ROUNDS_KINDS, _lower_rounds, chunked=True),
+    # forced only (docs/design.md "Rounds over one switch"): on the local runtime's star it
+    # ran no faster than the trees or the ring, where the model predicts it ahead
+    Algorithm("rounds", ROUNDS_KINDS, _lower_rounds, auto=False, chunked=True),
     Algorithm("treepack-rsag", frozenset({"allreduce"}), _lower_trees("treepack-rsag"), role="rsag",
               pack=_pack_rsag, pack_rate=_trees_rate, steady_rate=_trees_steady, treepack=True,
               chunked=True),

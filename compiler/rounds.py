@@ -35,6 +35,10 @@ cost, the next send waiting for the last to land) and the plan takes S/c + 2 rou
 reduce is the broadcast's transfers reversed in time: each block's partial sums flow up the
 tree the broadcast sent it down, a rank sending its partial after every partial it receives
 for that block (``avg``: a Scale at the root).
+
+Forced only (``algorithm = rounds``; registry.py): the local runtime's default topology is a
+one-switch star, and over shared memory, where memory sets the pace, the rounds ran no
+faster than the trees or the ring (docs/design.md, "Rounds over one switch").
 """
 from __future__ import annotations
 
