@@ -146,34 +146,21 @@ def _round_robin(jobs: list[list[Any]]) -> Iterator[tuple[int, int, Any]]:
                 yield t, k, js[k]
 
 
-def _direct_alltoall(L: _Lowering, window: int = 0) -> None:
-    """Rank i's block j to rank j, chunk by chunk, in shift order: at shift d every rank
-    sends to rank + d and receives from rank - d. ``window`` > 0: each rank's send waits for
-    its send ``window`` shifts back to complete and its receive likewise (pairwise exchange
-    at 1), so the ranks move through the shifts together; 0 posts every message at once.
-    Which is faster depends on the ports: over one switch port per rank, posted at once, a
-    rank's later shifts queue at the receivers' ports ahead of earlier ones from slower
-    senders (0.53 of the bound on an 8-GPU NVSwitch, 0.97 in pairwise exchange); a rank
-    with several links of its own wants several shifts in flight."""
+def _direct_alltoall(L: _Lowering) -> None:
     n, E, B = L.n, L.E, L.B
     if E % n:
         raise PlanError(f"alltoall needs a size divisible by the rank count: {E} elements over {n} ranks")
     w = E // n
-    sends: list[list[int]] = [[] for _ in range(n)]
-    recvs: list[list[int]] = [[] for _ in range(n)]
-    for k, (a, b) in enumerate(_chunks(0, w, L.ce)):
+    pieces = list(_chunks(0, w, L.ce))
+    for k, (a, b) in enumerate(pieces):
         for r in range(n):
             B.add(r, Copy(ChunkRef("in", r * w + a, b - a), ChunkRef("out", r * w + a, b - a)))
+        # shift d pairs every rank with a distinct peer, spreading the load over links
         for d in range(1, n):
             for i in range(n):
                 j = (i + d) % n
-                si, rj = B.message(
-                    i, j, ChunkRef("in", j * w + a, b - a), ChunkRef("out", i * w + a, b - a),
-                    send_deps=(sends[i][-window],) if window and len(sends[i]) >= window else (),
-                    recv_deps=(recvs[j][-window],) if window and len(recvs[j]) >= window else (),
-                    chunk=k)
-                sends[i].append(si)
-                recvs[j].append(rj)
+                B.message(i, j, ChunkRef("in", j * w + a, b - a), ChunkRef("out", i * w + a, b - a),
+                          chunk=k)
 
 
 class _OutTrees:
@@ -371,8 +358,7 @@ def lower(
     per tree even when the trees' roots happen to cover every rank. ``proportional``: each
     tree's chunk is ``chunk_bytes`` scaled by its rate over the fastest tree's (broadcast,
     reduce and allreduce over shared trees). ``window``: the allreduce credit window of
-    :func:`_lower_trees` (0: none); for alltoall, the shifts a rank has in flight
-    (:func:`_direct_alltoall`).
+    :func:`_lower_trees` (0: none).
 
     ``schedule``: ``"fifo"`` emits each chunk's messages with data dependencies only, the
     trees in chunk-major order (the executor's posting order decides the rest); ``"timed"``
@@ -398,7 +384,7 @@ def lower(
     L = _Lowering(spec, ce)
     tree_values: tuple[Tree, ...] = ()
     if kind == "alltoall":
-        _direct_alltoall(L, window)
+        _direct_alltoall(L)
         algorithm = "direct"
     elif kind == "neighbor_average":
         # one lowering of neighbor_average, the relaxation's: it carries every step of a

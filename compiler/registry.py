@@ -65,10 +65,8 @@ from .bcast_wide import wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels_memo, ring_priced, rings_priced
 from .chunks import best_time
-from .cost import simulate
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
-from .lower import lower
 from .lower_relax import relax_plan
 from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
@@ -371,29 +369,6 @@ def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
     return build
 
 
-# the shifts in flight per rank an alltoall is priced at (lower._direct_alltoall): 0 = all
-# posted at once; 1 = pairwise exchange (best over one switch port per rank); DGX-1's
-# multi-link ranks want 2-3
-ALLTOALL_WINDOWS = (0, 1, 2, 3)
-
-
-def _direct(u, spec, _) -> Builder:
-    """baselines.direct_plan; for alltoall, the fastest of its windows at each chunk."""
-    if spec.kind != "alltoall":
-        return lambda c: baselines.direct_plan(spec, u.topology, c)
-
-    def build(c: int):
-        best = None
-        for w in ALLTOALL_WINDOWS:
-            plan = lower(spec, u.topology, (), c, algorithm="direct", window=w)
-            sim = simulate(plan, model=u.model)
-            if best is None or sim.time < best[1].time:
-                best = (plan, sim)
-        return best
-
-    return build
-
-
 def _lower_rounds(u, spec, _) -> Builder | None:
     """rounds.rounds_plan where every rank has one port into one switch (its rounds are
     contention-free only there)."""
@@ -464,7 +439,7 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("tree", frozenset({"broadcast", "reduce", "allreduce"}), _plain(baselines.dbtree_plan),
               baseline=True),
     Algorithm("rd", frozenset({"allgather", "reduce_scatter"}), _plain(baselines.rd_plan), baseline=True),
-    Algorithm("direct", TREE_KINDS, _direct,
+    Algorithm("direct", TREE_KINDS, _plain(baselines.direct_plan),
               eligible=lambda spec: len(spec.ranks) <= DIRECT_AUTO_MAX_RANKS,
               sole_kinds=frozenset({"alltoall"}), chunked=True),
 )
