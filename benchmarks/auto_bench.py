@@ -3,7 +3,7 @@ kind and size, the plan `algorithm = auto` picks and its efficiency (bound / pre
 bound `hcc compile` reports), by the project's cost model.
 
     .venv/bin/python benchmarks/auto_bench.py                      # → benchmarks/results/auto.csv
-    .venv/bin/python benchmarks/auto_bench.py --only dgx1,nvswitch --kinds broadcast
+    .venv/bin/python benchmarks/auto_bench.py --only nvswitch --kinds broadcast --append   # those rows again
     .venv/bin/python benchmarks/auto_bench.py --table              # the markdown table of the CSV
 
 Topologies: schedule_bench.py's (DGX-1 and four fragments of 4-7 GPUs, two and four A100
@@ -56,6 +56,28 @@ def table(path: Path) -> str:
     return "\n".join(out)
 
 
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` with the rows of every (topology, kind) that ``new`` measured replaced by
+    ``new``'s, at the place of the first of them (new pairs at the end).
+
+    >>> old = [dict(topology="a", kind="x", size="1"), dict(topology="b", kind="x", size="1")]
+    >>> [(r["topology"], r["size"]) for r in merged(old, [dict(topology="a", kind="x", size="2")])]
+    [('a', '2'), ('b', '1')]
+    """
+    again: dict[tuple[str, str], list[dict]] = {}
+    for r in new:
+        again.setdefault((r["topology"], r["kind"]), []).append(r)
+    out: list[dict] = []
+    for r in old:
+        key = (r["topology"], r["kind"])
+        if key not in again:
+            out.append(r)
+        elif again[key]:
+            out.extend(again[key])
+            again[key] = []
+    return out + [r for rs in again.values() for r in rs]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated topology labels")
@@ -63,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("-o", "--output", default=str(RESULTS))
     ap.add_argument("--table", action="store_true", help="print the markdown table of the CSV and exit")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the CSV's other rows: the (topology, kind) pairs measured again replace theirs in place")
     args = ap.parse_args(argv)
     if args.table:
         print(table(Path(args.output)))
@@ -83,6 +107,8 @@ def main(argv=None) -> int:
                 line += f" | {size:>7s} {plan.algorithm:18s} {f.efficiency:5.3f}"
             print(line, flush=True)
     if rows:
+        if args.append and Path(args.output).exists():
+            rows = merged(list(csv.DictReader(Path(args.output).open())), rows)
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=FIELDS)
         w.writeheader()
