@@ -48,6 +48,7 @@ import math
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale
 from ..ir.topology import Topology
+from .builder import _deps
 from .lower import ProgramBuilder, assemble, chunk_elems
 from .routes import pieces
 
@@ -153,10 +154,6 @@ def rounds_plan(spec, topo: Topology, chunk_bytes: int) -> Plan:
     transfers = [(real[u], real[v], b) for rnd in sched for u, v, b in rnd]
     last_send: list[int | None] = [None] * n
     last_recv: list[int | None] = [None] * n
-
-    def paced(prev: int | None, *deps: int | None) -> tuple[int, ...]:
-        return tuple(sorted({d for d in (prev, *deps) if d is not None}))
-
     if kind == "broadcast":
         for a, b in blocks:
             B.add(root, Copy(ChunkRef("in", a, b - a), ChunkRef("out", a, b - a)))
@@ -165,8 +162,8 @@ def rounds_plan(spec, topo: Topology, chunk_bytes: int) -> Plan:
             a, b = blocks[blk]
             src = ChunkRef("in" if u == root else "out", a, b - a)
             s, r = B.message(u, v, src, ChunkRef("out", a, b - a),
-                             send_deps=paced(last_send[u], got.get((u, blk))),
-                             recv_deps=paced(last_recv[v]), chunk=blk)
+                             send_deps=_deps(last_send[u], got.get((u, blk))),
+                             recv_deps=_deps(last_recv[v]), chunk=blk)
             got[(v, blk)] = r
             last_send[u], last_recv[v] = s, r
         return assemble(spec, topo, B, (), "rounds", ce)
@@ -180,11 +177,11 @@ def rounds_plan(spec, topo: Topology, chunk_bytes: int) -> Plan:
         a, b = blocks[blk]
         ref = ChunkRef("out", a, b - a)
         s, r = B.message(v, u, ref, ref, reduce=True,
-                         send_deps=paced(last_send[v], init[(v, blk)], *combined.get((v, blk), ())),
-                         recv_deps=paced(last_recv[u], init[(u, blk)]), chunk=blk)
+                         send_deps=_deps(last_send[v], init[(v, blk)], *combined.get((v, blk), ())),
+                         recv_deps=_deps(last_recv[u], init[(u, blk)]), chunk=blk)
         combined.setdefault((u, blk), []).append(r)
         last_send[v], last_recv[u] = s, r
     if spec.op == "avg":
         for blk, (a, b) in enumerate(blocks):
-            B.add(root, Scale(ChunkRef("out", a, b - a), n, paced(None, init[(root, blk)], *combined.get((root, blk), ()))))
+            B.add(root, Scale(ChunkRef("out", a, b - a), n, _deps(init[(root, blk)], *combined.get((root, blk), ()))))
     return assemble(spec, topo, B, (), "rounds", ce)
