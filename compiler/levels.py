@@ -93,6 +93,12 @@ AG_PACKED_WINDOW = 1
 # 0.69 with 1 in flight, 0.65 with 2; paced per rank pair instead, 0.19: a leaf then waited
 # for an interior rank's sends)
 RS_PACKED_WINDOW = 1
+# the reduce-scatter that replays its allgather backwards (levels_plan's ``replay``): each
+# rank's sends to one peer leave in the reversed order of the allgather's receives there, each
+# waiting for the one this many before it, so partial sums ready early cannot queue ahead of
+# the ones the reversed allgather sends first (2 x MI250 reduce-scatter 256 MB: 0.616 of the
+# bound paced per tree, 0.819 replayed with 1, 0.816 with 2; 4 x A100 1 GB: 0.940 / 0.943)
+REPLAY_WINDOW = 1
 # the packed form's in-group messages carry up to this many lane chunks; each is priced.
 # One: a second scale gained little for a second lowering at every chunk size (2 x MI250
 # allreduce 256 MB: 0.756 at 1 MiB x 2 against 0.743 at 2 MiB x 1; allgather 0.800 / 0.827)
@@ -579,12 +585,37 @@ class _Spans:
         return tuple(sorted(set(got)))
 
 
-def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> Plan:
+def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, *,
+                replay: Sequence[float] | None = None) -> Plan:
     """The two-level plan of ``spec`` (allgather, reduce_scatter or allreduce) over
     ``layout`` with messages of at most ``chunk_bytes``: the allgather's transfers
     (:func:`_transfers`), their reversal for reduce_scatter (each rank adds what comes back
     along each element's tree into its own input, sends the sum to where the element came
-    from, the owner keeps it), both for allreduce."""
+    from, the owner keeps it), both for allreduce.
+
+    ``replay``: per allgather transfer, when it ends in the simulated allgather
+    (:func:`allgather_ends`); the reduce-scatter then runs that allgather backwards in time
+    (:data:`REPLAY_WINDOW`)."""
+    return _levels_build(spec, topo, layout, chunk_bytes, replay)[0]
+
+
+def allgather_ends(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, model) -> list[float] | None:
+    """Per transfer of ``layout``'s allgather of ``spec``'s size at ``chunk_bytes``, the
+    simulated time its receive completes (None where the native simulator, the one that
+    reports per-op times, is not built)."""
+    from . import compact
+    from .cost import _Network
+
+    if not compact.available():
+        return None
+    plan, recvs = _levels_build(replace(spec, kind="allgather", op=None), topo, layout, chunk_bytes, None)
+    done, base, *_ = compact.run(plan, _Network(plan), model)
+    return [float(done[base[r] + i]) for r, i in recvs]
+
+
+def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
+                  replay: Sequence[float] | None) -> tuple[Plan, list[tuple[int, int]]]:
+    """:func:`levels_plan`, and per allgather transfer its receive op ``(rank, index)``."""
     kind, n = spec.kind, len(spec.ranks)
     if kind not in LEVEL_KINDS:
         raise PlanError(f"no two-level form for {kind} {spec.name!r}")
@@ -627,11 +658,25 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         # the group's own sends are paced instead (RS_SEND_WINDOW)
         mine: dict[Any, list[int]] = {}  # per rank (packed: per rank, peer, tree), its group-internal sends
         window = RS_PACKED_WINDOW if layout.inner else RS_SEND_WINDOW
-        for k in range(len(rs_moves) - 1, -1, -1):
+        order: Sequence[int] = range(len(rs_moves) - 1, -1, -1)
+        if replay is not None:
+            # the allgather backwards: latest-ending transfer first. Every transfer that
+            # forwards what another brought ends after it, so the sums a send adds are
+            # received (emitted) before it, as the spans below need
+            if rs_moves is not moves:
+                at = {mv: i for i, mv in enumerate(moves)}
+                replay = [replay[at[mv]] for mv in rs_moves]
+            order = sorted(order, key=lambda k: -replay[k])
+        for k in order:
             src, dst, a, b, tree = rs_moves[k]
             inside = tree < 0 or tree >= lane_trees
-            own_sends = mine.setdefault((dst, src, tree) if layout.inner else dst, [])
-            pace = (own_sends[-window],) if inside and len(own_sends) >= window else ()
+            if replay is not None:  # every send paced, per rank pair
+                own_sends = mine.setdefault((dst, src), [])
+                pace = (own_sends[-REPLAY_WINDOW],) if len(own_sends) >= REPLAY_WINDOW else ()
+                inside = True
+            else:
+                own_sends = mine.setdefault((dst, src, tree) if layout.inner else dst, [])
+                pace = (own_sends[-window],) if inside and len(own_sends) >= window else ()
             sends[k], rv = B.message(dst, src, acc(dst, a, b), acc(src, a, b),
                                      send_deps=init.over(dst, a, b) + added.over(dst, a, b) + pace,
                                      recv_deps=init.over(src, a, b), reduce=True, tree=tree)
@@ -654,6 +699,7 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
         else:  # the same transfers in another order
             by_move = dict(zip(rs_moves, sends))
             rs_send = [by_move[mv] for mv in moves]
+    recvs: list[tuple[int, int]] = []
     if kind in ("allgather", "allreduce"):
         if kind == "allgather":
             for r in range(n):
@@ -678,10 +724,11 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int) -> 
                                tree=tree)
             if seq is not None:
                 seq.append(sd)
+            recvs.append((dst, rv))
             held.add(dst, a, b, rv)
             if k in gating:
                 ag_recv[k] = rv
-    return assemble(spec, topo, B, layout.trees, "treepack-levels", ce)
+    return assemble(spec, topo, B, layout.trees, "treepack-levels", ce), recvs
 
 
 def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | None:
@@ -707,12 +754,19 @@ def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_byte
     only down to ``size / PACKED_MAX_CHUNKS``)."""
     from .cost import DEFAULT_MODEL, simulate
 
+    model = model or DEFAULT_MODEL
     best = None
     for lay in forms:
         if lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and lay is not forms[0]:
             continue
-        plan = levels_plan(spec, topo, lay, chunk_bytes)
-        sim = simulate(plan, model=model or DEFAULT_MODEL)
-        if best is None or sim.time < best[1].time:
-            best = (plan, sim)
+        replays: list = [None]
+        if spec.kind != "allgather" and len(spec.ranks) <= BOTH_FORMS_MAX_RANKS:
+            ends = allgather_ends(spec, topo, lay, chunk_bytes, model)
+            if ends is not None:
+                replays.append(ends)
+        for replay in replays:
+            plan = levels_plan(spec, topo, lay, chunk_bytes, replay=replay)
+            sim = simulate(plan, model=model)
+            if best is None or sim.time < best[1].time:
+                best = (plan, sim)
     return best

@@ -163,6 +163,36 @@ def test_plans_verify_and_compute(src, star):
                        if type(op).__name__ == "Send") * 8 <= chunk
 
 
+def test_reduce_scatter_replays_its_allgather_backwards():
+    """levels_plan's ``replay``: the reduce-scatter (and the allreduce's) emitted in the
+    reversed order of the simulated allgather's receives verifies and computes what numpy
+    computes, and, the model's links being the same both ways, takes about the allgather's
+    time (exactly it where each tree edge is one link; within 6 % over switch paths), not
+    the unreplayed reduce-scatter's (the packed MESH form: 0.633 against 0.597 ms)."""
+    from hcc.compiler.cost import DEFAULT_MODEL
+    from hcc.compiler.levels import allgather_ends, levels_forms
+
+    for src in (NICS, RACKS, MESH):
+        spec, topo = load(src, "size = 8008 B  dtype = float64", "allgather")
+        for lay in levels_forms(topo, spec.ranks):
+            for kind, op in (("reduce_scatter", "sum"), ("allreduce", "avg")):
+                spec, topo = load(src, "size = 8008 B  dtype = float64", kind, f"op = {op}")
+                ends = allgather_ends(spec, topo, lay, 800, DEFAULT_MODEL)
+                plan = levels_plan(spec, topo, lay, 800, replay=ends)
+                verify(plan)
+                check_numeric(plan, seed=len(ends))
+            ag, _ = load(src, "size = 64 MiB", "allgather")
+            rs, _ = load(src, "size = 64 MiB", "reduce_scatter", "op = sum")
+            ends = allgather_ends(rs, topo, lay, 1 << 20, DEFAULT_MODEL)
+            t_ag = simulate(levels_plan(ag, topo, lay, 1 << 20)).time
+            assert max(ends) == pytest.approx(t_ag)  # the ends are that allgather's
+            t_rs = simulate(levels_plan(rs, topo, lay, 1 << 20, replay=ends)).time
+            assert t_rs <= 1.06 * t_ag
+            if lay.inner:
+                assert t_rs == pytest.approx(t_ag, rel=1e-3)
+                assert simulate(levels_plan(rs, topo, lay, 1 << 20)).time > 1.05 * t_rs
+
+
 def test_compiled_plan_never_beats_its_bound_and_auto_takes_it():
     from hcc.compiler.pipeline import compile_unit
     from hcc.compiler.registry import BASELINES, candidates_for
