@@ -37,7 +37,7 @@ from typing import AbstractSet, Callable
 
 from . import native
 from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RootFailed, RuntimeFault
-from .sockets import ProtocolError, SocketTransport
+from .sockets import CLOSED, ProtocolError, SocketTransport
 
 try:  # built by `pip install -e .` beside _native (whose kernels it uses)
     from . import _native_tcp
@@ -139,7 +139,7 @@ class NativeTcpTransport(SocketTransport):
         if status == 3:
             return ProtocolError(f"rank {self.rank}: {msg}")
         if status == 4:
-            return PeerFailed(self.rank, peer, "it closed the connection")
+            return PeerFailed(self.rank, peer, CLOSED)
         return PeerFailed(self.rank, peer, msg)
 
     def _failure_for(self, peer: int) -> Exception | None:
@@ -166,7 +166,10 @@ class NativeTcpTransport(SocketTransport):
             _, (status, peer, msg) = self._engine.wait([r.handle for r in requests if not r._done],
                                                        min(left, _WAIT_SLICE))
             if status not in (0, 1):
-                raise self._failure(status, peer, msg)
+                err = self._failure(status, peer, msg)
+                if status == 4:
+                    self._closed_early(err)
+                raise err
 
     def wait_change(self, requests: list[Request], timeout: float, *,
                     ignore: AbstractSet[int] = frozenset(),
@@ -218,7 +221,9 @@ class NativeTcpTransport(SocketTransport):
             raise CollectiveTimeout(self.rank, peer, where, ex.timeout)
         if status == 3:
             raise ProtocolError(f"rank {self.rank}: {msg}")
-        how = msg if status in (2, 6) else "it closed the connection"
+        how = msg if status in (2, 6) else CLOSED
+        if status == 4:
+            self._closed_early(PeerFailed(self.rank, peer, CLOSED))
         root = ex.plan.root
         cls = RootFailed if (peer == root and root >= 0) else RankFailed
         raise cls(peer, by=self.rank, detail=f"while waiting on {where}; {how}")

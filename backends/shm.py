@@ -54,7 +54,7 @@ from typing import AbstractSet, Callable
 
 from .base import CollectiveTimeout, PeerFailed, RankFailed, Request, RootFailed, RuntimeFault
 from .rendezvous import AuthenticationError, recv_exact
-from .sockets import ProtocolError, SocketTransport, accept_handshake, dial_handshake
+from .sockets import CLOSED, ProtocolError, SocketTransport, accept_handshake, dial_handshake
 from . import native
 
 __all__ = ["ShmSocketTransport", "ShmBoard", "enable", "host_id", "ShmUnavailable", "DEFAULT_SLOTS", "DEFAULT_SLOT_KIB"]
@@ -384,7 +384,21 @@ class ShmSocketTransport(SocketTransport):
         if status == 6:
             self._mark_dead(peer, message)
             return PeerFailed(self.rank, peer, message)
-        return PeerFailed(self.rank, peer, "it closed the connection")
+        return self._closed(peer)
+
+    def _closed(self, peer: int) -> PeerFailed:
+        """``peer`` closed its channel with a transfer of ours outstanding. A rank that gives
+        up rings its bell naming the rank it saw fail, then closes: that rank is the one to
+        name (a reader that took the close for the failure named the messenger). Else the
+        closed peer failed, and every other peer is told (:meth:`_closed_early`)."""
+        self._engine.poll()
+        dead = self._engine.reported().get(peer)
+        if dead is not None and 0 <= dead < self.world and dead != self.rank:
+            self._mark_dead(dead, f"reported by rank {peer}")
+            return PeerFailed(self.rank, dead, f"reported by rank {peer}")
+        err = PeerFailed(self.rank, peer, CLOSED)
+        self._closed_early(err)
+        return err
 
     def _report_dead(self, peer: int) -> None:
         """Tell the sockets side (which gossips it to the ranks over TCP) that ``peer`` died."""
@@ -512,7 +526,10 @@ class ShmSocketTransport(SocketTransport):
             self._report_dead(peer)
         elif status == 6:
             self._mark_dead(peer, msg)
-        how = {2: "its process died (shared-memory channel closed)", 6: msg}.get(status, "it closed the connection")
+        else:
+            closed = self._closed(peer)
+            peer, msg = closed.peer, closed.detail
+        how = {2: "its process died (shared-memory channel closed)"}.get(status, msg)
         plan = ex.plan
         cls = RootFailed if (peer == plan.root and plan.root >= 0) else RankFailed
         raise cls(peer, by=self.rank, detail=f"while waiting on {where}; {how}")

@@ -95,6 +95,7 @@ __all__ = ["SocketTransport", "connect", "run_local", "ProtocolError", "Authenti
 FRAME = struct.Struct("!4sB3x8sIIQ")  # magic, kind, pad, session id, plan id, tag, length: 32 bytes
 MAGIC = b"HCCF"
 DATA, FAIL, BYE = 0, 1, 2
+CLOSED = "it closed the connection"  # a peer's clean close (BYE) with a request of ours outstanding
 DEFAULT_MAX_MESSAGE = 256 << 20  # an unsolicited frame may hold at most 256 MiB
 STORE_POLL = 0.5  # s between looks at the launcher's list of dead ranks while a wait is idle
 
@@ -635,21 +636,34 @@ class SocketTransport(Transport):
         every outstanding request: a 64 MiB broadcast in 256 KiB chunks keeps ~256 receives
         outstanding, and rescanning them at every completion costs O(P²) Python steps."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                if self._completed:
-                    done = list(self._completed)
-                    self._completed.clear()
-                    return done
-                busy = [p for p, k in self._outstanding.items() if k > 0]
-                for p in busy:
-                    err = self._failure_for(p)
-                    if err is not None:
-                        raise err
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise CollectiveTimeout(self.rank, busy[0] if busy else -1, "no message arrived", timeout)
-                self._nap(left)
+        try:
+            with self._cond:
+                while True:
+                    if self._completed:
+                        done = list(self._completed)
+                        self._completed.clear()
+                        return done
+                    busy = [p for p, k in self._outstanding.items() if k > 0]
+                    for p in busy:
+                        err = self._failure_for(p)
+                        if err is not None:
+                            raise err
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CollectiveTimeout(self.rank, busy[0] if busy else -1, "no message arrived", timeout)
+                    self._nap(left)
+        except PeerFailed as e:
+            self._closed_early(e)
+            raise
+
+    def _closed_early(self, err: PeerFailed) -> None:
+        """After a wait failed on ``err`` (outside the lock): a peer that closed its connection
+        with a request of ours outstanding is dead for the rest of this communicator's life,
+        and every other peer is told (a FAIL frame), as for a peer whose connection broke.
+        Else this rank's own close, when it gives up, would be the first sign of trouble its
+        peers see, and they would name this rank instead of the one that failed."""
+        if err.peer != self.rank and err.peer not in self._dead and err.detail == CLOSED:
+            self._mark_dead(err.peer, CLOSED)
 
     def _failure_for(self, peer: int) -> Exception | None:
         if peer in self._errors:
@@ -663,7 +677,7 @@ class SocketTransport(Transport):
         if conn is not None and conn.bye_received and not conn.busy and not conn.queue:
             # a peer that got our last frame may finish and say BYE before our writer thread
             # has marked that send done: only a close with nothing of ours in flight fails
-            return PeerFailed(self.rank, peer, "it closed the connection")
+            return PeerFailed(self.rank, peer, CLOSED)
         return None
 
     def _await(self, requests: list[Request], timeout: float, check: Callable[[], list[int] | None],
@@ -697,7 +711,11 @@ class SocketTransport(Transport):
             peer = requests[0].peer if requests else -1
             raise CollectiveTimeout(self.rank, peer, "no message arrived", timeout)
 
-        return self._await(requests, timeout, failed, expired)
+        try:
+            return self._await(requests, timeout, failed, expired)
+        except PeerFailed as e:
+            self._closed_early(e)
+            raise
 
     def _nap(self, left: float) -> None:
         """Wait on the (held) condition for at most ``left`` seconds; when nothing woke it, ask

@@ -112,22 +112,28 @@ def two_ranks(fn0, fn1, timeout: float = 10.0, shm: str | None = None):
     """Run ``fn0`` / ``fn1`` on ranks 0 / 1 of a real sockets job in two threads (loopback;
     ``shm="on"``: their data goes through the native core's shared-memory channels). Returns
     ``(results, errors)``, one entry per rank; an exception a rank raised is in ``errors``."""
+    return ranks_in_threads((fn0, fn1), timeout, shm)
+
+
+def ranks_in_threads(fns, timeout: float = 10.0, shm: str | None = None):
+    """:func:`two_ranks` for ``len(fns)`` ranks: ``fns[r]`` runs on rank r."""
     import threading
 
     from hcc.backends import sockets
     from hcc.backends.rendezvous import StoreServer
 
     server = StoreServer("tok")
-    res, errs = [None, None], [None, None]
+    n = len(fns)
+    res, errs = [None] * n, [None] * n
 
     def body(r, fn):
         try:
-            with sockets.connect(r, 2, server.address, "tok", timeout=timeout, serve_store=False, shm=shm) as c:
+            with sockets.connect(r, n, server.address, "tok", timeout=timeout, serve_store=False, shm=shm) as c:
                 res[r] = fn(c)
         except Exception as e:  # collected for the assertions
             errs[r] = e
 
-    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate((fn0, fn1))]
+    ts = [threading.Thread(target=body, args=(r, f)) for r, f in enumerate(fns)]
     for t in ts:
         t.start()
     for t in ts:

@@ -238,3 +238,50 @@ def test_failure_gossip_never_lands_inside_a_partly_written_frame():
     assert list(t._conns[4].queue) == []  # the dead rank itself is not told
     t._gossip(4)  # once per dead rank
     assert len(t._conns[1].queue) == 3
+
+
+@pytest.mark.parametrize("path", ["python", "native", "shm"])
+def test_a_rank_that_gives_up_on_a_closed_peer_names_that_peer_to_the_others(path):
+    """Rank 1 closes (a clean BYE) while rank 0 waits for its message; rank 0 gives up and
+    closes too, while rank 2 waits for rank 0. Rank 2 must name rank 1, the rank that failed
+    (rank 0 tells it before it closes: a FAIL frame over TCP, its bell over shared memory),
+    not rank 0, whose close only followed. Over the Python sockets loop, the native TCP core
+    and the shared-memory channels."""
+    from conftest import ranks_in_threads
+
+    from hcc.backends import native_tcp
+    from hcc.backends.base import PeerFailed
+
+    if path == "native" and not native_tcp.available():
+        pytest.skip("the native TCP core is not built")
+
+    def joined(c):
+        if path == "native":
+            c = native_tcp.switch(c)
+        c.barrier("up", 10)
+        if path == "native":
+            native_tcp.dial(c, 5)
+        return c
+
+    def r0(c):
+        c = joined(c)
+        c.wait_any([c.isend(2, 1, memoryview(bytearray(4)))], 5)  # the connection to 2 is up
+        with pytest.raises(PeerFailed) as e:
+            c.wait_any([c.irecv(1, 1, memoryview(bytearray(4)))], 5)
+        return e.value.peer
+
+    def r1(c):
+        c = joined(c)
+        c.wait_any([c.isend(0, 2, memoryview(bytearray(4)))], 5)  # connected, then closes
+
+    def r2(c):
+        c = joined(c)
+        c.wait_any([c.irecv(0, 1, memoryview(bytearray(4)))], 5)
+        with pytest.raises(PeerFailed) as e:
+            c.wait_any([c.irecv(0, 2, memoryview(bytearray(4)))], 5)
+        return e.value.peer, str(e.value)
+
+    res, errs = ranks_in_threads((r0, r1, r2), timeout=5, shm="on" if path == "shm" else "off")
+    assert errs == [None, None, None], errs
+    assert res[0] == 1
+    assert res[2][0] == 1, res[2]
