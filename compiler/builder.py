@@ -9,7 +9,7 @@ Terms
   tagged per ordered pair ``(src, dst)`` from 0 upward, so tags are unique per pair and small
   (``< MAX_TAG``, ir/plan.py) (:class:`ProgramBuilder`).
 - span: the element range a tree carries, a share of the data proportional to its rate
-  (:func:`split_by_rate`).
+  (:func:`split_by_rate`); :class:`Spans` finds a rank's ops by the ranges they touch.
 - lowering run (:class:`_Lowering`): the builder plus the collective's constants, with the
   per-chunk steps of an out-tree (broadcast) and an in-tree (reduction) that lower.py and
   schedule.py both emit.
@@ -19,6 +19,7 @@ Its own module so that lower.py (which hands the timed order to schedule.py) and
 """
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 from ..ir.errors import PlanError
@@ -35,7 +36,7 @@ from ..ir.plan import (
 )
 from .trees import TreeShape
 
-__all__ = ["MAX_TAG", "ProgramBuilder", "plan_op", "split_by_rate"]
+__all__ = ["MAX_TAG", "ProgramBuilder", "Spans", "plan_op", "split_by_rate"]
 
 MAX_TAG = 1 << 24
 
@@ -223,3 +224,29 @@ class _Lowering:
         if self.op == "avg" and self.n > 1:
             last = (B.add(sh.root, Scale(acc, self.n, last)),)
         return acc, last, sendup
+
+
+class Spans:
+    """Per rank, ops by the element range they concern, queried by overlap."""
+
+    def __init__(self, n: int):
+        self.starts: list[list[int]] = [[] for _ in range(n)]
+        self.items: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        self.longest = [0] * n
+
+    def add(self, r: int, a: int, b: int, op: int) -> None:
+        k = bisect.bisect_right(self.starts[r], a)
+        self.starts[r].insert(k, a)
+        self.items[r].insert(k, (a, b, op))
+        self.longest[r] = max(self.longest[r], b - a)
+
+    def over(self, r: int, a: int, b: int) -> tuple[int, ...]:
+        st, it = self.starts[r], self.items[r]
+        k = bisect.bisect_left(st, a - self.longest[r] + 1)
+        got = []
+        while k < len(st) and st[k] < b:
+            x, y, op = it[k]
+            if y > a:
+                got.append(op)
+            k += 1
+        return tuple(sorted(set(got)))

@@ -58,7 +58,7 @@ ALGORITHMS = ("auto", "treepack", "ring", "tree", "direct")
 # for '-', which a name cannot hold; each only for the kinds it schedules
 NAMED_FORMS = ("rings", "rd", "treepack_levels", "treepack_rsag", "treepack_split", "treepack_bidir",
                "treepack_rings", "treepack_hier", "treepack_dbt", "treepack_wide", "treepack_ringfill",
-               "rounds")
+               "rounds", "replay")
 COMPRESSIONS = ("none", "fp16", "int8")
 ON_FAILURE = ("abort", "continue")
 ADAPTIVE = ("on", "off")

@@ -59,7 +59,7 @@ from typing import Any, Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Scale, Tree, block_range
 from ..ir.topology import Topology
-from .builder import split_by_rate
+from .builder import Spans, split_by_rate
 from .lower import ProgramBuilder, assemble, chunk_elems, plan_op
 from .routes import pieces, ring_order
 
@@ -559,32 +559,6 @@ def _gates(sent: dict[int, list[int]], got: dict[int, list[int]], window: int = 
     return gates, set(gates.values())
 
 
-class _Spans:
-    """Per rank, ops by the element range they concern, queried by overlap."""
-
-    def __init__(self, n: int):
-        self.starts: list[list[int]] = [[] for _ in range(n)]
-        self.items: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        self.longest = [0] * n
-
-    def add(self, r: int, a: int, b: int, op: int) -> None:
-        k = bisect.bisect_right(self.starts[r], a)
-        self.starts[r].insert(k, a)
-        self.items[r].insert(k, (a, b, op))
-        self.longest[r] = max(self.longest[r], b - a)
-
-    def over(self, r: int, a: int, b: int) -> tuple[int, ...]:
-        st, it = self.starts[r], self.items[r]
-        k = bisect.bisect_left(st, a - self.longest[r] + 1)
-        got = []
-        while k < len(st) and st[k] < b:
-            x, y, op = it[k]
-            if y > a:
-                got.append(op)
-            k += 1
-        return tuple(sorted(set(got)))
-
-
 def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, *,
                 replay: Sequence[float] | None = None) -> Plan:
     """The two-level plan of ``spec`` (allgather, reduce_scatter or allreduce) over
@@ -631,7 +605,7 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
                 else moves)
     B = ProgramBuilder(n)
     own = [block_range(E, n, r) for r in range(n)]
-    held = _Spans(n)  # allgather: the ops after which a rank holds a range of ``out``
+    held = Spans(n)  # allgather: the ops after which a rank holds a range of ``out``
     rs_send: list[int] = []  # allreduce: per transfer, the reduce-scatter's send over it
     if kind in ("reduce_scatter", "allreduce"):
         avg = plan_op(kind, spec.op) == "avg"
@@ -644,8 +618,8 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
         def acc(r: int, a: int, b: int) -> ChunkRef:
             return ChunkRef(where, a, b - a)
 
-        init = _Spans(n)
-        added = _Spans(n)
+        init = Spans(n)
+        added = Spans(n)
         for r in range(n):
             lo, hi = own[r]
             if hi > lo:

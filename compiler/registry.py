@@ -42,6 +42,9 @@ The names (``Plan.algorithm`` tells which ran):
     rounds           broadcast and reduce in paced rounds over one switch, one block sent and
                      one received per rank and round (rounds.py): about log2(n) rounds of
                      fill where a chain takes n - 2; forced only (auto does not offer it)
+    replay           reduce as the fastest broadcast over the transposed links run backwards
+                     in time (replay.py), up to replay.REPLAY_MAX_RANKS ranks, not over one
+                     switch unless named
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -71,6 +74,7 @@ from .lower_relax import relax_plan
 from .packing_choice import faster_allgather_packing
 from .program import CollectiveSpec
 from .ringfill import RINGFILL_MAX_RANKS, ringfill_builder, ringfill_packing
+from .replay import REPLAY_MAX_RANKS, replayed_reduce
 from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
 from .rounds import ROUNDS_KINDS, ROUNDS_MAX_RANKS, one_switch, rounds_plan
 from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
@@ -369,6 +373,20 @@ def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
     return build
 
 
+def _lower_replay(u, spec, _) -> Builder | None:
+    """replay.replayed_reduce: the reduce's broadcast compiled and replayed backwards, one
+    plan at every chunk size asked (the broadcast's own compile chose its chunk)."""
+    if spec.kind != "reduce" or not 2 <= len(spec.ranks) <= REPLAY_MAX_RANKS or spec.compress != "none":
+        return None
+    if spec.algorithm != "replay" and one_switch(u.topology, spec.ranks):
+        # over one switch the trees reduced in place already run the broadcast backwards (the
+        # model prices the two within 2 %), and on the local runtime's star the replay ran
+        # slower (docs/design.md "A reduce as its broadcast backwards")
+        return None
+    got = replayed_reduce(u.program, spec, u.topology, u.model)
+    return None if got is None else (lambda c: got)
+
+
 def _lower_rounds(u, spec, _) -> Builder | None:
     """rounds.rounds_plan where every rank has one port into one switch (its rounds are
     contention-free only there)."""
@@ -416,6 +434,9 @@ REGISTRY: tuple[Algorithm, ...] = (
               pack=_pack_dbt, pack_rate=_dbt_rate, treepack=True, chunked=True),
     Algorithm("treepack-wide", frozenset({"broadcast", "reduce"}), _over(wide_plan, model=True), role="wide",
               pack=_pack_wide, pack_rate=_dbt_rate, treepack=True, chunked=True),
+    # the reduce as the fastest broadcast run backwards (replay.py): after the broadcast forms,
+    # whose reversals in place (reduce up the same trees) it is priced against
+    Algorithm("replay", frozenset({"reduce"}), _lower_replay),
     # forced only (docs/design.md "Rounds over one switch"): on the local runtime's star it
     # ran no faster than the trees or the ring, where the model predicts it ahead
     Algorithm("rounds", ROUNDS_KINDS, _lower_rounds, auto=False, chunked=True),

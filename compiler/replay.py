@@ -1,0 +1,184 @@
+"""hcc.compiler.replay — a reduce as its broadcast run backwards in time (candidate
+``replay``, compiler/registry.py).
+
+A reduce moves the same bytes over the same links as a broadcast from the same root, the
+other way: reverse every transfer of a broadcast plan (the rank that received a range sends
+its partial sum of that range back to the rank it came from, which adds it into its own) and
+it is a reduce. Reversing the transfers is not yet reversing the schedule: every partial sum
+a leaf holds is ready at time 0 and, queued ahead on its links, holds back the sums interior
+ranks forward. The model's links are alike both ways, so the broadcast's *simulated* schedule
+replayed backwards is a reduce that takes about the broadcast's time: here each rank sends
+to a peer in the reversed order of the broadcast's receives there, one message in flight per
+pair, and a rank sends a range once it has added every partial sum of it that comes in.
+
+Terms
+- source: the broadcast plan ``hcc compile`` gives for the same ranks, root, size and dtype
+  (``algorithm = auto``: whichever broadcast form is fastest, tree packing, lane trees,
+  rings) over the *transposed* topology (every link turned round, :func:`transposed`), so
+  that each reversed message crosses, the other way, a link of the capacity it was priced
+  at (the random graphs' two directions differ).
+- reversible: every message of the source lands in ``out`` (a relay may forward a range
+  only once it holds it) and its only other ops are copies; the reduce accumulates in
+  ``out`` (a non-root's ``out`` is scratch, ir/plan.py), each rank first copying its ``in``
+  there.
+
+The source's trees stay the plan's trees: a message up a tree edge takes the edge's path
+reversed (compiler/cost.py). Up to :data:`REPLAY_MAX_RANKS` ranks: the candidate compiles the
+broadcast first, which at 512-1024 ranks would double the reduce's compile.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+from typing import Any
+
+from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, Scale, Send
+from ..ir.topology import Topology
+from .builder import ProgramBuilder, Spans, plan_op
+from .lower import assemble
+
+__all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast", "transposed"]
+
+REPLAY_MAX_RANKS = 64
+# the pacings priced, (per_tree, window): one message in flight per rank pair replays a
+# broadcast whose every pair has one path exactly (a random graph: the reduce takes the
+# broadcast's time to the last digit), but where two trees join a pair over different paths
+# (DGX-1's NVLink and PCIe relays) it serializes them (DGX-1 256 MiB: 0.468 of the bound
+# against 0.812 paced per tree); a message on a two-hop switch path ends a hop after the
+# link it left from is free again, and a second in flight fills it (2 x A100: 0.835 with 2
+# per pair against 0.738 with 1). No one pacing is fastest everywhere
+PACINGS = ((False, 1), (False, 2), (True, 1), (True, 2))
+
+
+def _messages(plan: Plan) -> list[tuple[int, int, int, int, int, int]] | None:
+    """The source's messages ``(src, dst, a, b, tree, receive op)`` (``out[a:b)`` lands at
+    ``dst``; the receive's index in ``dst``'s program), or None where it is not reversible."""
+    sends: dict[tuple[int, int, int], tuple[int, Send]] = {}
+    recvs: dict[tuple[int, int, int], tuple[int, Recv]] = {}
+    for r, prog in enumerate(plan.programs):
+        for i, op in enumerate(prog):
+            t = type(op)
+            if t is Send:
+                sends[(r, op.peer, op.tag)] = (i, op)
+            elif t is Recv:
+                recvs[(op.peer, r, op.tag)] = (i, op)
+            elif t is not Copy:
+                return None
+    out = []
+    for key, (i, rv) in recvs.items():
+        got = sends.get(key)
+        if got is None:
+            return None
+        sd = got[1]
+        d, s = rv.dst, sd.src
+        if d.buf != "out" or s.buf not in ("in", "out") or (s.offset, s.count) != (d.offset, d.count):
+            return None
+        out.append((key[0], key[1], d.offset, d.offset + d.count, sd.tree, i))
+    return out
+
+
+def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tree: bool = False,
+                       window: int = 1) -> Plan | None:
+    """The reduce ``spec`` as ``source`` (a broadcast of its ranks, root and size) replayed
+    backwards (module docstring); None where the source is not reversible or its replay would
+    send a range before adding a partial sum of it. Pacing: each send waits for the send
+    ``window`` before it from the same rank to the same peer (``per_tree``: over the same
+    tree; see :data:`PACINGS`)."""
+    from . import compact
+    from .cost import _Network
+
+    msgs = _messages(source)
+    if msgs is None or not compact.available():
+        return None
+    done, base, *_ = compact.run(source, _Network(source), model)
+    end = [float(done[base[d] + i]) for _, d, _, _, _, i in msgs]
+    n = len(spec.ranks)
+    E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
+    B = ProgramBuilder(n)
+    # each rank's ``in`` copied to ``out`` piece by piece (the pieces: the ranges between every
+    # message boundary at the rank), each piece just before the first message over it: one
+    # copy of the whole buffer first held every rank's first send back by a memcpy of it (a
+    # 4-rank 64 MiB reduce over shared memory: 43 ms against 23-29 ms for the tree packing)
+    cuts: list[set[int]] = [{0, E} for _ in range(n)]
+    for src, dst, a, b, _, _ in msgs:
+        cuts[src] |= {a, b}
+        cuts[dst] |= {a, b}
+    pieces = [sorted(c) for c in cuts]
+    copied: list[dict[int, int]] = [{} for _ in range(n)]  # per rank, piece start -> its Copy
+
+    def init(r: int, a: int, b: int) -> tuple[int, ...]:
+        """The copies of rank ``r``'s pieces in ``[a, b)``, made now where not yet made."""
+        ps = pieces[r]
+        i = bisect.bisect_right(ps, a) - 1
+        out = []
+        while i + 1 < len(ps) and ps[i] < b:
+            lo, hi = ps[i], ps[i + 1]
+            op = copied[r].get(lo)
+            if op is None:
+                op = copied[r][lo] = B.add(r, Copy(ChunkRef("in", lo, hi - lo), ChunkRef("out", lo, hi - lo)))
+            out.append(op)
+            i += 1
+        return tuple(out)
+
+    added = Spans(n)  # per rank, its RecvReduces by range
+    sent = Spans(n)  # per rank, its sends by range
+    last: dict[tuple, list[int]] = {}  # per pacing key, its sends in order
+    # latest-ending first: a relay's forward ends after its receive, so every partial sum a
+    # send carries is added (emitted) before it
+    for k in sorted(range(len(msgs)), key=lambda k: (-end[k], -k)):
+        src, dst, a, b, tree, _ = msgs[k]  # the broadcast's src -> dst; the reduce's dst -> src
+        ref = ChunkRef("out", a, b - a)
+        if sent.over(src, a, b):  # src would add into a range it has sent already
+            return None
+        hist = last.setdefault((dst, src, tree) if per_tree else (dst, src), [])
+        pace = hist[-window] if len(hist) >= window else None
+        sdeps = init(dst, a, b) + added.over(dst, a, b) + ((pace,) if pace is not None else ())
+        sd, rv = B.message(dst, src, ref, ref, send_deps=tuple(sorted(set(sdeps))), recv_deps=init(src, a, b),
+                           reduce=True, tree=tree)
+        hist.append(sd)
+        sent.add(dst, a, b, sd)
+        added.add(src, a, b, rv)
+    root = spec.root
+    whole = init(root, 0, E)  # the root's pieces no message touches: copied at the end
+    if plan_op(spec.kind, spec.op) == "avg" and n > 1:
+        B.add(root, Scale(ChunkRef("out", 0, E), n, tuple(sorted({*whole, *added.over(root, 0, E)}))))
+    ce = max(1, source.chunk_bytes // DTYPE_SIZES[spec.dtype])
+    return assemble(spec, topo, B, source.trees, "replay", ce)
+
+
+def transposed(topo: Topology) -> Topology:
+    """``topo`` with every link turned round (``a -> b`` becomes ``b -> a``, same capacity and
+    latency): a broadcast over it, replayed backwards, is a reduce over ``topo``, each message
+    on the link it used turned back.
+
+    >>> from hcc.ir.topology import Link
+    >>> transposed(Topology("t", ("a", "b"), links=(Link("a", "b", 2.0, 1e-6),))).links
+    (Link(src='b', dst='a', capacity=2.0, latency=1e-06),)
+    """
+    return replace(topo, links=tuple(replace(l, src=l.dst, dst=l.src) for l in topo.links))
+
+
+def replayed_reduce(program: Any, spec: Any, topo: Topology, model) -> tuple[Plan, Any] | None:
+    """``(plan, simulation)``: the reduce ``spec`` of ``program`` as the broadcast ``hcc
+    compile`` gives for its ranks, root, size and dtype over the transposed topology, replayed
+    backwards at the fastest of :data:`PACINGS`; None where that broadcast is not
+    reversible."""
+    from .cost import simulate
+    from .pipeline import compile_unit
+
+    # named apart, so the progress lines of its compile say whose they are
+    source = replace(spec, name=f"{spec.name}'s broadcast", kind="broadcast", op=None, algorithm="auto",
+                     compress="none")
+    topologies = dict(program.topologies)
+    topologies[spec.topology] = transposed(program.topology_of(spec))
+    prog = replace(program, topologies=topologies, collectives=(source,))
+    source_plan = compile_unit(prog, source.name, model=model).plan
+    best = None
+    for per_tree, window in PACINGS:
+        plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window)
+        if plan is None:
+            return None
+        sim = simulate(plan, model=model)
+        if best is None or sim.time < best[1].time:
+            best = (plan, sim)
+    return best

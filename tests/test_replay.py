@@ -1,0 +1,111 @@
+"""The reduce as its broadcast replayed backwards (compiler/replay.py, candidate ``replay``):
+the plans verify and compute what numpy computes for every root and op; where every rank
+pair has one path, the reduce takes exactly the simulated time of the broadcast it replays
+(over the transposed topology, whose two directions differ here); a broadcast it cannot
+reverse gives no plan; auto keeps it only where it is the fastest candidate. No timing."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+import hcc
+from hcc.compiler.cost import DEFAULT_MODEL, simulate
+from hcc.compiler.pipeline import compile_unit
+from hcc.compiler.replay import reversed_broadcast, transposed
+from hcc.ir.plan import ChunkRef, Recv, Scale
+from hcc.ir.verify import verify
+
+from test_lower import check_numeric
+
+
+def lopsided(n: int = 5, seed: int = 3) -> str:
+    """A ring plus chords, each direction of a pair its own capacity (1-8 GB/s) and latency."""
+    rng = random.Random(seed)
+    pairs = {tuple(sorted((i, (i + 1) % n))) for i in range(n)}
+    while len(pairs) < 2 * n - 2:
+        a, b = rng.sample(range(n), 2)
+        pairs.add(tuple(sorted((a, b))))
+    out = ["topology t {", f"  node r[0..{n - 1}]"]
+    for a, b in sorted(pairs):
+        for x, y in ((a, b), (b, a)):
+            out.append(f"  r{x} -> r{y} : {rng.choice((1, 2, 4, 8))} GB/s, {rng.randint(1, 5)} us")
+    return "\n".join(out + ["}"]) + "\n"
+
+
+def program(body: str, src: str | None = None):
+    return hcc.load((src or lopsided()) + "collective c = reduce on t { " + body + " }\n"
+                    + "collective b = broadcast on t { " + body.split("op =")[0] + " }\n")
+
+
+def source_broadcast(prog):
+    """The broadcast of ``prog``'s ``b`` over the transposed topology (what replay compiles)."""
+    tops = dict(prog.topologies)
+    tops["t"] = transposed(prog.topologies["t"])
+    return compile_unit(replace(prog, topologies=tops), "b").plan
+
+
+@pytest.mark.parametrize("root", [0, 3])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_replayed_reduce_verifies_and_computes(root, op):
+    prog = program(f"size = 4008 B  dtype = float64  root = r{root}  chunk = 800 B  op = {op}")
+    spec = prog.collective("c")
+    b = source_broadcast(prog)
+    for per_tree in (False, True):
+        for window in (1, 2):
+            plan = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL, per_tree=per_tree,
+                                      window=window)
+            assert plan is not None and plan.kind == "reduce" and plan.root == root
+            verify(plan)
+            check_numeric(plan, seed=root + window)
+
+
+def test_one_path_per_pair_replays_the_broadcast_time_exactly():
+    for seed in range(3):
+        prog = program("size = 64 MiB  root = r1  op = sum", lopsided(6, seed))
+        spec = prog.collective("c")
+        b = source_broadcast(prog)
+        plan = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL)
+        assert simulate(plan).time == pytest.approx(simulate(b).time, rel=1e-9)
+        assert simulate(plan).messages == simulate(b).messages
+
+
+def test_a_broadcast_it_cannot_reverse_gives_no_plan():
+    prog = program("size = 4008 B  dtype = float64  root = r0  chunk = 800 B  op = sum")
+    spec = prog.collective("c")
+    b = source_broadcast(prog)
+    topo = prog.topology_of(spec)
+    assert reversed_broadcast(spec, topo, b, DEFAULT_MODEL) is not None
+    r = next(r for r, p in enumerate(b.programs) if any(type(op) is Recv for op in p))
+    # an op other than a message or a copy (a scaling): not reversible
+    progs = list(b.programs)
+    progs[r] = progs[r] + (Scale(ChunkRef("out", 0, 1), 2),)
+    assert reversed_broadcast(spec, topo, replace(b, programs=tuple(progs)), DEFAULT_MODEL) is None
+    # a message that lands outside ``out``
+    progs = list(b.programs)
+    i = next(i for i, op in enumerate(progs[r]) if type(op) is Recv)
+    progs[r] = progs[r][:i] + (replace(progs[r][i], dst=replace(progs[r][i].dst, buf="tmp")),) + progs[r][i + 1:]
+    assert reversed_broadcast(spec, topo, replace(b, programs=tuple(progs)), DEFAULT_MODEL) is None
+
+
+def test_auto_keeps_the_fastest_candidate_and_replay_is_one():
+    prog = program("size = 64 MiB  root = r2  op = sum", lopsided(6, 1))
+    u = compile_unit(prog, "c")
+    times = {c.algorithm: c.predicted_s for c in u.candidates}
+    assert "replay" in times
+    assert u.plan.figures.predicted_s == pytest.approx(min(times.values()))
+    # never under the bound: the reduce's cut over the original links
+    assert u.plan.figures.predicted_s >= u.plan.figures.bound_s
+
+
+def test_over_one_switch_only_where_named():
+    """Over one switch (the local runtime's star) auto does not offer it; named, it runs."""
+    from hcc.plan_cache import star_topology
+
+    src = star_topology(4, shm=True) + "collective c = reduce on hcc_star { size = 16 MiB op = sum ALG }\n"
+    u = compile_unit(hcc.load(src.replace("ALG", "")), "c")
+    assert u.candidate("replay") is None
+    plan = compile_unit(hcc.load(src.replace("ALG", "algorithm = replay")), "c").plan
+    assert plan.algorithm == "replay"
+    verify(plan)
