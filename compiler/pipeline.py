@@ -127,6 +127,11 @@ class Unit:
                 return c
         return None
 
+    def compile_other(self, program: Program, name: str) -> Plan:
+        """The plan of collective ``name`` of ``program`` by the same passes and cost model
+        (replay.py's broadcast, compiled for the reduce it runs backwards)."""
+        return compile_unit(program, name, model=self.model).plan
+
 
 def _bound_size(spec: CollectiveSpec) -> int:
     """Bytes a bound must carry: compression shrinks what crosses the wire (fp16 halves

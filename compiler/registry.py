@@ -383,7 +383,7 @@ def _lower_replay(u, spec, _) -> Builder | None:
         # model prices the two within 2 %), and on the local runtime's star the replay ran
         # slower (docs/design.md "A reduce as its broadcast backwards")
         return None
-    got = replayed_reduce(u.program, spec, u.topology, u.model)
+    got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other)
     return None if got is None else (lambda c: got)
 
 

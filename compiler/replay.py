@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, Scale, Send
 from ..ir.topology import Topology
@@ -158,13 +158,14 @@ def transposed(topo: Topology) -> Topology:
     return replace(topo, links=tuple(replace(l, src=l.dst, dst=l.src) for l in topo.links))
 
 
-def replayed_reduce(program: Any, spec: Any, topo: Topology, model) -> tuple[Plan, Any] | None:
+def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
+                    compile_plan: Callable[[Any, str], Plan]) -> tuple[Plan, Any] | None:
     """``(plan, simulation)``: the reduce ``spec`` of ``program`` as the broadcast ``hcc
     compile`` gives for its ranks, root, size and dtype over the transposed topology, replayed
     backwards at the fastest of :data:`PACINGS`; None where that broadcast is not
-    reversible."""
+    reversible. ``compile_plan(program, name)``: the compiler's plan of a collective (the
+    pipeline's, handed in: this module is below it)."""
     from .cost import simulate
-    from .pipeline import compile_unit
 
     # named apart, so the progress lines of its compile say whose they are
     source = replace(spec, name=f"{spec.name}'s broadcast", kind="broadcast", op=None, algorithm="auto",
@@ -172,7 +173,7 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model) -> tuple[Pla
     topologies = dict(program.topologies)
     topologies[spec.topology] = transposed(program.topology_of(spec))
     prog = replace(program, topologies=topologies, collectives=(source,))
-    source_plan = compile_unit(prog, source.name, model=model).plan
+    source_plan = compile_plan(prog, source.name)
     best = None
     for per_tree, window in PACINGS:
         plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window)
