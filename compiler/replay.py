@@ -40,19 +40,23 @@ from .lower import assemble
 __all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast", "transposed"]
 
 REPLAY_MAX_RANKS = 64
-# the pacings priced, (per_tree, window): one message in flight per rank pair replays a
-# broadcast whose every pair has one path exactly (a random graph: the reduce takes the
+# the pacings priced, (per_tree, window, gate): one message in flight per rank pair replays
+# a broadcast whose every pair has one path exactly (a random graph: the reduce takes the
 # broadcast's time to the last digit), but where two trees join a pair over different paths
-# (DGX-1's NVLink and PCIe relays) it serializes them (DGX-1 256 MiB: 0.468 of the bound
-# against 0.812 paced per tree); a message on a two-hop switch path ends a hop after the
-# link it left from is free again, and a second in flight fills it (2 x A100: 0.835 with 2
-# per pair against 0.738 with 1). No one pacing is fastest everywhere
-PACINGS = ((False, 1), (False, 2), (True, 1), (True, 2))
+# (DGX-1's NVLink and PCIe relays) it serializes them (DGX-1 256 MiB: 1.78x the broadcast's
+# time, 1.03x paced per tree); a message on a two-hop switch path ends a hop after the link
+# it left from is free again, and a second in flight fills it (2 x A100: 1.05x with 2 per
+# pair against 1.19x with 1). The time gate instead holds each send until the op of its rank
+# that, reversed, ends last before the send should start (DGX-1 1.000x, 4 x A100's rings
+# 1.007x against 1.019x at best paced; 2 x A100's lane trees 1.43x). No one is fastest
+# everywhere
+PACINGS = ((False, 1, False), (False, 2, False), (True, 1, False), (True, 2, False), (False, 0, True))
 
 
-def _messages(plan: Plan) -> list[tuple[int, int, int, int, int, int]] | None:
-    """The source's messages ``(src, dst, a, b, tree, receive op)`` (``out[a:b)`` lands at
-    ``dst``; the receive's index in ``dst``'s program), or None where it is not reversible."""
+def _messages(plan: Plan) -> list[tuple[int, int, int, int, int, int, int]] | None:
+    """The source's messages ``(src, dst, a, b, tree, receive op, send op)`` (``out[a:b)``
+    lands at ``dst``; the ops' indices in ``dst``'s and ``src``'s programs), or None where it
+    is not reversible."""
     sends: dict[tuple[int, int, int], tuple[int, Send]] = {}
     recvs: dict[tuple[int, int, int], tuple[int, Recv]] = {}
     for r, prog in enumerate(plan.programs):
@@ -73,17 +77,18 @@ def _messages(plan: Plan) -> list[tuple[int, int, int, int, int, int]] | None:
         d, s = rv.dst, sd.src
         if d.buf != "out" or s.buf not in ("in", "out") or (s.offset, s.count) != (d.offset, d.count):
             return None
-        out.append((key[0], key[1], d.offset, d.offset + d.count, sd.tree, i))
+        out.append((key[0], key[1], d.offset, d.offset + d.count, sd.tree, i, got[0]))
     return out
 
 
 def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tree: bool = False,
-                       window: int = 1) -> Plan | None:
+                       window: int = 1, gate: bool = False) -> Plan | None:
     """The reduce ``spec`` as ``source`` (a broadcast of its ranks, root and size) replayed
     backwards (module docstring); None where the source is not reversible or its replay would
     send a range before adding a partial sum of it. Pacing: each send waits for the send
     ``window`` before it from the same rank to the same peer (``per_tree``: over the same
-    tree; see :data:`PACINGS`)."""
+    tree; 0: none), and with ``gate`` for the op of its rank whose reversal ends last before
+    the send's reversed start (see :data:`PACINGS`)."""
     from . import compact
     from .cost import _Network
 
@@ -91,7 +96,24 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
     if msgs is None or not compact.available():
         return None
     done, base, *_ = compact.run(source, _Network(source), model)
-    end = [float(done[base[d] + i]) for _, d, _, _, _, i in msgs]
+    end = [float(done[base[d] + i]) for _, d, _, _, _, i, _ in msgs]
+    progs = source.programs
+
+    def posted(r: int, i: int) -> float:
+        return max((float(done[base[r] + x]) for x in progs[r][i].deps), default=0.0)
+
+    # when each message was ready (both ends posted) in the broadcast, and per rank its
+    # messages by that time: the time gate below
+    ready = [max(posted(s_, j), posted(d, i)) for s_, d, _, _, _, i, j in msgs]
+    at_rank: list[list[tuple[float, int]]] = [[] for _ in range(len(progs))]
+    for k, (s_, d, *_) in enumerate(msgs):
+        at_rank[s_].append((ready[k], k))
+        at_rank[d].append((ready[k], k))
+    for lst in at_rank:
+        lst.sort()
+    keys = [[t for t, _ in lst] for lst in at_rank]
+    rsend: dict[int, int] = {}  # message -> its reversed Send (at its broadcast receiver)
+    rrecv: dict[int, int] = {}  # message -> its reversed RecvReduce (at its broadcast sender)
     n = len(spec.ranks)
     E = spec.size_bytes // DTYPE_SIZES[spec.dtype]
     B = ProgramBuilder(n)
@@ -100,7 +122,7 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
     # copy of the whole buffer first held every rank's first send back by a memcpy of it (a
     # 4-rank 64 MiB reduce over shared memory: 43 ms against 23-29 ms for the tree packing)
     cuts: list[set[int]] = [{0, E} for _ in range(n)]
-    for src, dst, a, b, _, _ in msgs:
+    for src, dst, a, b, *_ in msgs:
         cuts[src] |= {a, b}
         cuts[dst] |= {a, b}
     pieces = [sorted(c) for c in cuts]
@@ -126,16 +148,29 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
     # latest-ending first: a relay's forward ends after its receive, so every partial sum a
     # send carries is added (emitted) before it
     for k in sorted(range(len(msgs)), key=lambda k: (-end[k], -k)):
-        src, dst, a, b, tree, _ = msgs[k]  # the broadcast's src -> dst; the reduce's dst -> src
+        src, dst, a, b, tree, *_ = msgs[k]  # the broadcast's src -> dst; the reduce's dst -> src
         ref = ChunkRef("out", a, b - a)
         if sent.over(src, a, b):  # src would add into a range it has sent already
             return None
         hist = last.setdefault((dst, src, tree) if per_tree else (dst, src), [])
-        pace = hist[-window] if len(hist) >= window else None
+        pace = hist[-window] if window and len(hist) >= window else None
         sdeps = init(dst, a, b) + added.over(dst, a, b) + ((pace,) if pace is not None else ())
+        if gate:
+            # not before the reversed op of ``dst`` that ends last before this send should
+            # start: the one whose broadcast message was ready first once this one had ended
+            lst, ks = at_rank[dst], keys[dst]
+            j = bisect.bisect_left(ks, end[k])
+            while j < len(lst):
+                o = lst[j][1]
+                g = rsend.get(o) if msgs[o][1] == dst else rrecv.get(o)
+                if g is not None and o != k:
+                    sdeps += (g,)
+                    break
+                j += 1
         sd, rv = B.message(dst, src, ref, ref, send_deps=tuple(sorted(set(sdeps))), recv_deps=init(src, a, b),
                            reduce=True, tree=tree)
         hist.append(sd)
+        rsend[k], rrecv[k] = sd, rv
         sent.add(dst, a, b, sd)
         added.add(src, a, b, rv)
     root = spec.root
@@ -175,8 +210,8 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     prog = replace(program, topologies=topologies, collectives=(source,))
     source_plan = compile_plan(prog, source.name)
     best = None
-    for per_tree, window in PACINGS:
-        plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window)
+    for per_tree, window, gate in PACINGS:
+        plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window, gate=gate)
         if plan is None:
             return None
         sim = simulate(plan, model=model)

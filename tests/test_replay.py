@@ -52,16 +52,18 @@ def test_replayed_reduce_verifies_and_computes(root, op):
     prog = program(f"size = 4008 B  dtype = float64  root = r{root}  chunk = 800 B  op = {op}")
     spec = prog.collective("c")
     b = source_broadcast(prog)
-    for per_tree in (False, True):
-        for window in (1, 2):
-            plan = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL, per_tree=per_tree,
-                                      window=window)
-            assert plan is not None and plan.kind == "reduce" and plan.root == root
-            verify(plan)
-            check_numeric(plan, seed=root + window)
+    from hcc.compiler.replay import PACINGS
+
+    for per_tree, window, gate in PACINGS:
+        plan = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL, per_tree=per_tree,
+                                  window=window, gate=gate)
+        assert plan is not None and plan.kind == "reduce" and plan.root == root
+        verify(plan)
+        check_numeric(plan, seed=root + window)
 
 
 def test_one_path_per_pair_replays_the_broadcast_time_exactly():
+    """Paced one message per pair (the time gate alone: within 2 %)."""
     for seed in range(3):
         prog = program("size = 64 MiB  root = r1  op = sum", lopsided(6, seed))
         spec = prog.collective("c")
@@ -69,6 +71,8 @@ def test_one_path_per_pair_replays_the_broadcast_time_exactly():
         plan = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL)
         assert simulate(plan).time == pytest.approx(simulate(b).time, rel=1e-9)
         assert simulate(plan).messages == simulate(b).messages
+        gated = reversed_broadcast(spec, prog.topology_of(spec), b, DEFAULT_MODEL, window=0, gate=True)
+        assert simulate(b).time <= simulate(gated).time * (1 + 1e-9) <= 1.02 * simulate(b).time
 
 
 def test_a_broadcast_it_cannot_reverse_gives_no_plan():
