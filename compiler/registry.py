@@ -61,6 +61,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from ..grammar.errors import HccError
+from ..ir.errors import VerifyError
 from ..ir.plan import Plan
 from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
@@ -383,7 +385,12 @@ def _lower_replay(u, spec, _) -> Builder | None:
         # model prices the two within 2 %), and on the local runtime's star the replay ran
         # slower (docs/design.md "A reduce as its broadcast backwards")
         return None
-    got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other)
+    try:
+        got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other)
+    except VerifyError:
+        raise  # a wrong broadcast plan is a bug to report, not a form to skip
+    except HccError:  # the broadcast does not compile here (a limit): no replayed form
+        return None
     return None if got is None else (lambda c: got)
 
 

@@ -113,3 +113,26 @@ def test_over_one_switch_only_where_named():
     plan = compile_unit(hcc.load(src.replace("ALG", "algorithm = replay")), "c").plan
     assert plan.algorithm == "replay"
     verify(plan)
+
+
+def test_a_broadcast_that_does_not_compile_leaves_the_other_forms(monkeypatch):
+    """The broadcast's compile failing (a limit) drops the replayed form, not the reduce; a
+    broadcast plan the verifier refuses is reported."""
+    from hcc.compiler import pipeline
+    from hcc.ir.errors import VerifyError
+
+    prog = program("size = 64 MiB  root = r2  op = sum", lopsided(6, 1))
+
+    def refuse(self, program, name):
+        raise pipeline.CompileError(f"{name}: no algorithm could be lowered")
+
+    monkeypatch.setattr(pipeline.Unit, "compile_other", refuse)
+    u = compile_unit(prog, "c")
+    assert u.candidate("replay") is None and u.plan.kind == "reduce"
+
+    def wrong(self, program, name):
+        raise VerifyError("rank 0: out[0:4) never written")
+
+    monkeypatch.setattr(pipeline.Unit, "compile_other", wrong)
+    with pytest.raises(VerifyError):
+        compile_unit(prog, "c")
