@@ -7,9 +7,9 @@ its partial sum of that range back to the rank it came from, which adds it into 
 it is a reduce. Reversing the transfers is not yet reversing the schedule: every partial sum
 a leaf holds is ready at time 0 and, queued ahead on its links, holds back the sums interior
 ranks forward. The model's links are alike both ways, so the broadcast's *simulated* schedule
-replayed backwards is a reduce that takes about the broadcast's time: here each rank sends
-to a peer in the reversed order of the broadcast's receives there, one message in flight per
-pair, and a rank sends a range once it has added every partial sum of it that comes in.
+replayed backwards is a reduce that takes about the broadcast's time: here the messages go
+in the reversed order of the broadcast's, each rank's sends paced (:data:`PACINGS`), and a
+rank sends a range once it has added every partial sum of it that comes in.
 
 Terms
 - source: the broadcast plan ``hcc compile`` gives for the same ranks, root, size and dtype
@@ -19,8 +19,8 @@ Terms
   at (the random graphs' two directions differ).
 - reversible: every message of the source lands in ``out`` (a relay may forward a range
   only once it holds it) and its only other ops are copies; the reduce accumulates in
-  ``out`` (a non-root's ``out`` is scratch, ir/plan.py), each rank first copying its ``in``
-  there.
+  ``out`` (a non-root's ``out`` is scratch, ir/plan.py), each rank copying its ``in`` there
+  piece by piece as messages first touch it.
 
 The source's trees stay the plan's trees: a message up a tree edge takes the edge's path
 reversed (compiler/cost.py). Up to :data:`REPLAY_MAX_RANKS` ranks: the candidate compiles the
