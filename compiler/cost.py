@@ -659,6 +659,19 @@ def _simulate_py(plan: Plan, detail: bool, model: CostModel) -> Simulation:
     return Simulation(time, rank_finish, tuple(links), messages, wire_total, tuple(events))
 
 
+def completion_times(plan: Plan, model: CostModel = DEFAULT_MODEL):
+    """``(done, base)``: when op ``i`` of rank ``r`` completes in the simulated ``plan`` is
+    ``done[base[r] + i]`` (the native loop's per-op times, what replaying a schedule
+    backwards needs: levels.py, replay.py); None where that loop is not built."""
+    from . import compact
+
+    if not compact.available():
+        return None
+    with gc_paused():
+        done, base, *_ = compact.run(plan, _Network(plan), model)
+    return done, base
+
+
 def least_latency(plan_or_topo, ranks: Sequence[str] | None = None) -> float:
     """The smallest link latency of a collective's sub-topology: every byte that moves
     crosses at least one link, after its last reserved byte, so a cut bound ``M / R*`` plus

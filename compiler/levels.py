@@ -577,13 +577,13 @@ def allgather_ends(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, 
     """Per transfer of ``layout``'s allgather of ``spec``'s size at ``chunk_bytes``, the
     simulated time its receive completes (None where the native simulator, the one that
     reports per-op times, is not built)."""
-    from . import compact
-    from .cost import _Network
+    from .cost import completion_times
 
-    if not compact.available():
-        return None
     plan, recvs = _levels_build(replace(spec, kind="allgather", op=None), topo, layout, chunk_bytes, None)
-    done, base, *_ = compact.run(plan, _Network(plan), model)
+    got = completion_times(plan, model)
+    if got is None:
+        return None
+    done, base = got
     return [float(done[base[r] + i]) for r, i in recvs]
 
 

@@ -89,13 +89,13 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
     ``window`` before it from the same rank to the same peer (``per_tree``: over the same
     tree; 0: none), and with ``gate`` for the op of its rank whose reversal ends last before
     the send's reversed start (see :data:`PACINGS`)."""
-    from . import compact
-    from .cost import _Network
+    from .cost import completion_times
 
     msgs = _messages(source)
-    if msgs is None or not compact.available():
+    got = None if msgs is None else completion_times(source, model)
+    if got is None:
         return None
-    done, base, *_ = compact.run(source, _Network(source), model)
+    done, base = got
     end = [float(done[base[d] + i]) for _, d, _, _, _, i, _ in msgs]
     progs = source.programs
 
