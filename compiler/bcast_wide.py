@@ -87,23 +87,29 @@ CHUNK_STEP = 64 << 10
 __all__ = ["CHUNK_STEP", "host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
 
 
-def lane_layout(hosts: int, ports: int, rails: Sequence[Sequence[int]] | None = None
-                ) -> list[list[tuple[int, int]]]:
+def lane_layout(hosts: int, ports: int, rails: Sequence[Sequence[int]] | None = None,
+                chains: bool = False) -> list[list[tuple[int, int]]]:
     """Per lane tree, ``(parent host, port)`` of each host 1..hosts-1 in the tree's order
     (module docstring), the top's parent ``(0, t)``: a list of ``(host, (parent, port))``
     pairs, parents listed before their children. ``rails``: the port indices that reach
     each other (a fabric of several switches, as an A100 server's two InfiniBand rails):
     tree t takes its slots from the ports of t's rail only (default: one rail of all).
+    ``chains``: tree t runs through every host's port t in turn, hosts 1, 2, ... (module
+    docstring, "Chains").
 
     >>> [[(h, p) for h, p in t] for t in lane_layout(4, 2)]
     [[(1, (0, 0)), (2, (1, 0)), (3, (1, 1))], [(2, (0, 1)), (1, (2, 0)), (3, (2, 1))]]
     >>> [[p for _, p in t] for t in lane_layout(3, 2, [[0], [1]])]
     [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+    >>> lane_layout(4, 2, chains=True)[1]
+    [(1, (0, 1)), (2, (1, 1)), (3, (2, 1))]
     """
     out: list[list[tuple[int, tuple[int, int]]]] = [[] for _ in range(ports)]
     m = hosts - 1
     if m < 1:
         return out
+    if chains:
+        return [[(h, (h - 1, t)) for h in range(1, hosts)] for t in range(ports)]
     per = m - 1
     for rail in rails if rails is not None else [list(range(ports))]:
         slots = [(h, k) for h in range(1, hosts) for k in rail]
@@ -184,7 +190,7 @@ def _relay(net: Routes, src: int, port: str, behind: Sequence[int], dst: int, sh
 
 
 def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False,
-               stars: bool = False) -> list[PackedTree] | None:
+               stars: bool = False, chains: bool = False) -> list[PackedTree] | None:
     """The lane trees of ``treepack-wide`` (module docstring), each carrying 1/P of the data;
     None where lanes do not apply (bcast_trees._lanes: one host, hosts of different port
     counts, a port without a rank behind it), a host's ranks are not joined inside it, or a
@@ -203,7 +209,9 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False,
     one switch hop from every rank, where the least-loaded trees are chains whose every hop
     queues behind the other trees' copies); the registry prices both ways
     (registry._pack_wide). None where every host but the root's has direct links (the stars
-    would change nothing)."""
+    would change nothing).
+
+    ``chains``: the lane trees of lane_layout's ``chains`` (module docstring, "Chains")."""
     if len(ranks) < 3:
         return None
     net = routes(topo, ranks)
@@ -214,7 +222,7 @@ def wide_trees(topo, ranks: Sequence[str], root: int, inward: bool = False,
     best = None
     solved: dict = {}  # _joint_inner's solves, shared by both ways of the root's host
     for relay_root in (True, False):
-        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved, stars)
+        trees = _lane_trees(topo, ranks, root, inward, net, groups, lanes, relay_root, solved, stars, chains)
         if trees is None:
             continue
         rate = trees_rate(topo, trees, inward)
@@ -232,7 +240,8 @@ def _ports_rate(topo, trees: Sequence[PackedTree], inward: bool) -> float:
 
 
 def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes,
-                relay_root: bool, solved: dict, stars: bool = False) -> list[PackedTree] | None:
+                relay_root: bool, solved: dict, stars: bool = False,
+                chains: bool = False) -> list[PackedTree] | None:
     """:func:`wide_trees` with the root's host relaying (``relay_root``) or not."""
     r = net.ranks
     inside = host_vertices(topo, r, groups)
@@ -242,7 +251,7 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
     P = len(lanes[0])
     share = 1.0 / P
     load: dict = {}
-    layouts = lane_layout(len(groups), P, _rails(net, behind))
+    layouts = lane_layout(len(groups), P, _rails(net, behind), chains)
     gws = [[root] + [lanes[h][t] for h in range(1, len(groups))] for t in range(P)]
     kids: list[dict[int, list[tuple[int, tuple[str, ...]]]]] = [{} for _ in range(P)]
     mine: list[dict[int, dict]] = [{} for _ in range(P)]  # per tree, per host: its relays' links
@@ -315,6 +324,7 @@ def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: f
     level = max((REF_CHUNK / min(net.out[a][b] for a, b in zip(p, p[1:]))
                  + sum(lat.get(arc, 0.0) for arc in zip(p, p[1:])) + 1e-6
                  for k in kids for es in k.values() for _, p in es), default=0.0)
+    ports_of = [{name for name, _ in _ports(net, topo, g)} for g in groups]
     for h in range(1, H):
         g = groups[h]
         pos = {r[v]: i for i, v in enumerate(g)}
@@ -346,9 +356,13 @@ def _joint_inner(net: Routes, topo, groups, inside, gws, layouts, mine, share: f
         sol = cache[key]
         if sol is None:  # no direct links: the least-loaded trees, off this tree's relays
             for t in range(P):
-                # with ``stars``, a leaf host of the tree spreads it as a star from its gateway
-                # where no other tree enters by that gateway (wide_trees)
-                flat = (stars and all(par != h for _, (par, _) in layouts[t])
+                # with ``stars``, a host spreads the tree as a star from its gateway where the
+                # tree's relays out of it take none of its in-host links (a leaf host of the
+                # tree, or a chain's, whose relays leave by the gateway's own port) and no
+                # other tree enters by that gateway (wide_trees)
+                flat = (stars and (all(par != h for _, (par, _) in layouts[t])
+                                  or not any(b in net.switches and b not in ports_of[h]
+                                             for _, b in mine[t].get(h, ())))
                         and sum(gws[x][h] == gws[t][h] for x in range(P)) == 1)
                 inner = _host_tree(net, inside[h], g, gws[t][h], share, load, avoid=mine[t].get(h, {}), flat=flat)
                 if inner is None:
@@ -500,31 +514,43 @@ def host_depth(topo, trees: Sequence[PackedTree]) -> int:
     return best
 
 
-def wide_chunk(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float) -> int:
+def wide_chunk(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: float,
+               inside: bool = False) -> int:
     """The chunk, a multiple of :data:`CHUNK_STEP` (at least that, at most a tree's share),
     that minimises the α-β time of the lane trees (module docstring): a port's ``S`` bytes
     (a tree's share) held on the busiest link of the cross-host routes, ``S / c(e) + (S /
     chunk) (α(e) + per-message cost)``, plus ``D`` host levels (:func:`host_depth`) of one
     chunk over the narrowest link of a route and its latencies. 64 DGX-1s at 256 MiB: 880
-    KiB, 0.903 of the bound at best (880 KiB -> 896 KiB; the simulation: 0.903)."""
+    KiB, 0.903 of the bound at best (880 KiB -> 896 KiB; the simulation: 0.903).
+
+    ``inside``: the busiest link over every link the trees load, in-host ones too, each with
+    the bytes all trees put on it. A fast switch port's hold (2 us at 300 GB/s, 600 KB's
+    worth) outweighs its bytes at the chunks the 25 GB/s NICs alone want: 4 A100 servers at
+    896 KiB kept every NVSwitch port busier than the cut's links (0.722 of the bound; 1 MiB
+    by this rule, 0.777); on 64 DGX-1s it asks 1.2 MiB, where 896 KiB simulates faster
+    (:func:`wide_plan` prices both)."""
     caps, lats = arc_tables(topo)
     host = dict(topo.hosts)
-    S = max(t.rate for t in trees) / sum(t.rate for t in trees) * spec.size_bytes
-    links: set[tuple[float, float]] = set()  # (capacity, hold per message) of a route's links
+    total = sum(t.rate for t in trees)
+    S = max(t.rate for t in trees) / total * spec.size_bytes
+    load: dict = {}  # arc -> bytes the trees put on it (the cross-host routes' only, unless inside)
     levels: set[tuple[float, float]] = set()  # (narrowest capacity, latency) of a route
     for t in trees:
         for p, c, path in t.edges:
-            if host.get(p, p) == host.get(c, c):
-                continue
             arcs = list(zip(path, path[1:]))
-            links.update((caps[a], lats[a] + per_message_s) for a in arcs)
-            levels.add((min(caps[a] for a in arcs), sum(lats[a] for a in arcs) + per_message_s))
-    if not links:
+            cross = host.get(p, p) != host.get(c, c)
+            if cross:
+                levels.add((min(caps[a] for a in arcs), sum(lats[a] for a in arcs) + per_message_s))
+            if cross or inside:
+                for a in arcs:
+                    load[a] = load.get(a, 0.0) + (t.rate / total * spec.size_bytes if inside else S)
+    if not levels:
         return spec.size_bytes
+    links = {(b, caps[a], lats[a] + per_message_s) for a, b in load.items()}
     D = host_depth(topo, trees)
 
     def time(chunk: float) -> float:
-        busy = max(S / cap + S / chunk * hold for cap, hold in links)
+        busy = max(b / cap + b / chunk * hold for b, cap, hold in links)
         return busy + D * max(chunk / cap + lat for cap, lat in levels)
 
     top = max(CHUNK_STEP, int(S) // CHUNK_STEP * CHUNK_STEP)
@@ -534,10 +560,29 @@ def wide_chunk(spec: Any, topo, trees: Sequence[PackedTree], per_message_s: floa
 
 def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *, model=None) -> Plan:
     """``treepack-wide``'s plan: the lane trees lowered as treepack-dbt's (receives windowed,
-    bcast_trees.lower_dbt) at ``chunk_bytes``, or at :func:`wide_chunk` where that is smaller
-    and the program does not set the chunk."""
-    from .cost import DEFAULT_MODEL
+    bcast_trees.lower_dbt) at ``chunk_bytes``, or, where the program does not set the chunk,
+    at no more than :func:`wide_chunk`'s, by the cross-host routes' links alone or by every
+    link the trees load (``inside``), whichever simulates faster where the two differ."""
+    from .cost import DEFAULT_MODEL, simulate
 
-    if not getattr(spec, "chunk_bytes", 0):
-        chunk_bytes = min(chunk_bytes, wide_chunk(spec, topo, trees, (model or DEFAULT_MODEL).per_message_s))
-    return lower_dbt(spec, topo, trees, chunk_bytes, algorithm="treepack-wide")
+    model = model or DEFAULT_MODEL
+    if getattr(spec, "chunk_bytes", 0):
+        return lower_dbt(spec, topo, trees, chunk_bytes, algorithm="treepack-wide")
+    caps = sorted({min(chunk_bytes, wide_chunk(spec, topo, trees, model.per_message_s, inside=x))
+                   for x in (False, True)})
+    if len(caps) == 1:
+        return lower_dbt(spec, topo, trees, caps[0], algorithm="treepack-wide")
+    key = (tuple(trees), spec.kind, spec.size_bytes, spec.dtype, tuple(caps), model)
+    if key not in _PICKED:
+        if len(_PICKED) > 64:
+            _PICKED.clear()
+        plans = [lower_dbt(spec, topo, trees, c, algorithm="treepack-wide") for c in caps]
+        times = [simulate(p, model=model).time for p in plans]
+        _PICKED[key] = caps[times.index(min(times))]
+        return plans[times.index(min(times))]
+    return lower_dbt(spec, topo, trees, _PICKED[key], algorithm="treepack-wide")
+
+
+# wide_plan's choice between its two chunk rules, per trees, size and model: a chunk search
+# asks for the plan at every candidate above both
+_PICKED: dict = {}

@@ -66,7 +66,7 @@ from ..ir.errors import VerifyError
 from ..ir.plan import Plan
 from . import baselines
 from .bcast_trees import dbt_plan, dbt_trees, trees_rate
-from .bcast_wide import wide_plan, wide_trees
+from .bcast_wide import host_depth, wide_plan, wide_trees
 from .bidir import BIDIR_MAX_RANKS, bidir_packing, bidir_plan
 from .channels import ring_channels_memo, ring_priced, rings_priced
 from .chunks import best_time
@@ -184,12 +184,16 @@ def _pack_wide(u):
     plain = wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward)
     if plain is None:
         return None
-    stars = wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=True)
-    if stars is None or stars == plain:
+    ways = [plain, wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=True)]
+    hosts = len({u.topology.host_of(r) for r in u.spec.ranks})
+    if 3 <= hosts <= host_depth(u.topology, plain) + 2:  # chains one host level deeper at most
+        ways += [wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=s, chains=True)
+                 for s in (False, True)]
+    ways = [w for i, w in enumerate(ways) if w is not None and w not in ways[:i]]
+    if len(ways) == 1:
         return plain
-    return min((plain, stars),
-               key=lambda trees: best_time(u.spec, lambda c: wide_plan(u.spec, u.topology, trees, c, model=u.model),
-                                           model=u.model))
+    return min(ways, key=lambda trees: best_time(
+        u.spec, lambda c: wide_plan(u.spec, u.topology, trees, c, model=u.model), model=u.model))
 
 
 def _pack_rsag(u):

@@ -368,6 +368,64 @@ def test_wide_ports_carry_their_share_and_hosts_are_few_levels_deep(text, name):
         assert max(ports.values()) == 1
 
 
+@pytest.mark.parametrize("hosts,ports", [(3, 4), (4, 8), (5, 2)])
+def test_chain_layout_runs_each_tree_through_its_own_port_of_every_host(hosts, ports):
+    layout = lane_layout(hosts, ports, chains=True)
+    for t, tree in enumerate(layout):
+        assert [h for h, _ in tree] == list(range(1, hosts))  # every host once, in turn
+        assert all(k == t for _, (_, k) in tree)  # through port t only
+        assert [par for _, (par, _) in tree] == list(range(hosts - 1))  # one chain
+
+
+RAILS4 = rails_text(4, 8, "n0.g0", "n3.g5")
+
+
+@pytest.mark.parametrize("name", ["b", "r"])
+def test_chained_lanes_use_no_relays_and_spread_as_stars(name):
+    """Four NVSwitch hosts of eight GPUs and NICs on two rails: with ``chains`` and ``stars``
+    every cross-host edge runs from the GPU behind its NIC straight out (no NVSwitch hop: no
+    relay), each (host, port) carries its 1/P share once each way, every non-root host
+    spreads each tree as a star from the tree's gateway, and the plan verifies, computes the
+    right values and respects the max-flow bound."""
+    spec, topo = setup(RAILS4, name)
+    inward = spec.kind == "reduce"
+    trees = wide_trees(topo, spec.ranks, spec.root, inward=inward, stars=True, chains=True)
+    host = dict(topo.hosts)
+    root_host = host[spec.ranks[spec.root]]
+    load = _data_load(trees, spec.kind)
+    for h, arcs in _outward(topo).items():
+        for a, b in arcs:
+            assert load[(a, b)] <= 1 / 8 + 1e-12 and load[(b, a)] <= 1 / 8 + 1e-12
+    for t in trees:
+        gate = {host[c]: c for p, c, _ in t.edges if host[p] != host[c]}
+        for p, c, path in t.edges:
+            if host[p] != host[c]:
+                assert path[1].endswith(".nic" + p.rsplit("g", 1)[1])  # the sender's own NIC
+            elif host[p] != root_host:
+                assert p == gate[host[p]] and len(path) == 3  # a star through the NVSwitch
+    assert host_depth(topo, trees) == 3
+    bound = broadcast_bound(spec, topo)
+    assert trees_rate(topo, trees, inward) == pytest.approx(spec.size_bytes / bound, rel=1e-9)
+    plan = wide_plan(spec, topo, trees, 8 * 401)
+    plan.verify()
+    check_numeric(plan, seed=3)
+    assert simulate(plan).time >= bound * (1 - 1e-9)
+
+
+def test_wide_plan_takes_the_faster_of_its_two_chunk_rules():
+    """On NVSwitch hosts the rule that counts every loaded link asks for larger chunks than
+    the cross-host routes alone (the switch ports' 2 us per message); wide_plan lowers at
+    whichever of the two simulates faster."""
+    spec, topo = setup(RAILS4, "b", elems=32 << 20)
+    trees = wide_trees(topo, spec.ranks, spec.root, stars=True, chains=True)
+    cross, every = (wide_chunk(spec, topo, trees, 1e-6, inside=x) for x in (False, True))
+    assert every > cross
+    plan = wide_plan(spec, topo, trees, spec.size_bytes)
+    times = [simulate(lower_dbt(spec, topo, trees, c, algorithm="treepack-wide")).time for c in (cross, every)]
+    assert plan.chunk_bytes == (cross, every)[times.index(min(times))]
+    assert simulate(plan).time == pytest.approx(min(times), rel=1e-12)
+
+
 def test_wide_is_shallower_and_faster_than_the_binary_pairs():
     """On 8 four-NIC hosts at 64 MiB the lane trees are predicted faster than treepack-dbt's
     pairs (compiler/cost.py's simulation, not a clock)."""
