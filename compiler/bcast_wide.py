@@ -64,6 +64,16 @@ shared, a reduce's leaves sending their first chunk after 122-142 us (6.27 ms); 
 it after 80 us (6.21 ms), and the broadcast's last host spreads its last chunk sooner
 (6.214 -> 6.195 ms).
 
+Chains (lane_layout's ``chains``, priced beside the heap for a few hosts, registry._pack_wide):
+tree t runs through port t of hosts 1, 2, ... in turn. Every cross-host edge then leaves from
+the rank behind its own port, with no relay through the host's switch, and with ``stars``
+every non-root host spreads each tree as a star from its gateway. On 4 A100 servers (8 ports,
+3 hosts past the root's) the heap is two host levels deep, but its relays crossed the gateways'
+NVSwitch ports beside the stars' copies (one port 1.67 ms busy of 1.86); the chains are three
+levels deep, 8 x 32 MiB lanes at 1 MiB chunks: 1.406 ms on each NIC (1 us per message), 3 x 47
+us of fill, a 38 us star in the last host and 38 us for the root to reach its 7 gateways,
+1.63 ms simulated (0.826 of the bound; the heap 0.777).
+
 Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
 root's host stores each tree's data at the rank behind its port first. The in-host trees
 (bcast_trees._host_tree, least-loaded first) keep off the links the relays take: a relay and

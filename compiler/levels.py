@@ -99,6 +99,14 @@ RS_PACKED_WINDOW = 1
 # the ones the reversed allgather sends first (2 x MI250 reduce-scatter 256 MB: 0.616 of the
 # bound paced per tree, 0.819 replayed with 1, 0.816 with 2; 4 x A100 1 GB: 0.940 / 0.943)
 REPLAY_WINDOW = 1
+# where a group's own trees are stars (an NVSwitch: every member straight to every other),
+# the packed allgather paces each rank's in-group sends all together, this many in flight: the
+# sends of one chunk to every peer, ready at once, were served in the order the ranks posted
+# them, and a port whose first sender came last idled (2 x A100 allgather 256 MB at 8 MiB:
+# 0.718 of the bound paced per peer and tree, 0.866 per rank with 1, 0.872 with 2, 0.816
+# with 3; on an MI250 node's deeper trees per rank: 0.652 against 0.819); its reduce-scatter's
+# replay is priced paced so too (:func:`levels_priced`)
+STAR_RANK_WINDOW = 2
 # the packed form's in-group messages carry up to this many lane chunks; each is priced.
 # One: a second scale gained little for a second lowering at every chunk size (2 x MI250
 # allreduce 256 MB: 0.756 at 1 MiB x 2 against 0.743 at 2 MiB x 1; allgather 0.800 / 0.827)
@@ -205,6 +213,8 @@ class Levels:
     inner: tuple[tuple[tuple[int, ...], ...], ...] = ()
     # the packed form's in-group messages carry up to this many lane chunks
     inner_scale: int = 1
+    # every in-group tree a star (:data:`STAR_RANK_WINDOW`)
+    stars: bool = False
 
 
 def _switch_routes(sub: Topology, ranks: tuple[str, ...], pairs: Sequence[tuple[int, int]]) -> list[tuple[str, ...]]:
@@ -479,7 +489,8 @@ def plan_packed(topo: Topology, ranks: Sequence[str], *, base: Levels | None = N
             mine[grp.index(root)].append(len(trees))
             trees.append(Tree(len(trees), root, tuple(parent), t.rate, (0, 0), tuple(paths)))
         inner.append(tuple(tuple(x) for x in mine))
-    return replace(base, trees=tuple(trees), inner=tuple(inner))
+    stars = all(t.depth() <= 1 for t in trees[len(base.trees):])
+    return replace(base, trees=tuple(trees), inner=tuple(inner), stars=stars)
 
 
 def _bfs(tree: Tree) -> list[tuple[int, int]]:
@@ -560,7 +571,7 @@ def _gates(sent: dict[int, list[int]], got: dict[int, list[int]], window: int = 
 
 
 def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, *,
-                replay: Sequence[float] | None = None) -> Plan:
+                replay: Sequence[float] | None = None, per_rank: bool = False) -> Plan:
     """The two-level plan of ``spec`` (allgather, reduce_scatter or allreduce) over
     ``layout`` with messages of at most ``chunk_bytes``: the allgather's transfers
     (:func:`_transfers`), their reversal for reduce_scatter (each rank adds what comes back
@@ -569,8 +580,9 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, *,
 
     ``replay``: per allgather transfer, when it ends in the simulated allgather
     (:func:`allgather_ends`); the reduce-scatter then runs that allgather backwards in time
-    (:data:`REPLAY_WINDOW`)."""
-    return _levels_build(spec, topo, layout, chunk_bytes, replay)[0]
+    (:data:`REPLAY_WINDOW`), with ``per_rank`` each rank's in-group sends paced all together
+    (:data:`STAR_RANK_WINDOW`)."""
+    return _levels_build(spec, topo, layout, chunk_bytes, replay, per_rank)[0]
 
 
 def allgather_ends(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, model) -> list[float] | None:
@@ -588,7 +600,7 @@ def allgather_ends(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, 
 
 
 def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
-                  replay: Sequence[float] | None) -> tuple[Plan, list[tuple[int, int]]]:
+                  replay: Sequence[float] | None, per_rank: bool = False) -> tuple[Plan, list[tuple[int, int]]]:
     """:func:`levels_plan`, and per allgather transfer its receive op ``(rank, index)``."""
     kind, n = spec.kind, len(spec.ranks)
     if kind not in LEVEL_KINDS:
@@ -644,9 +656,11 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
         for k in order:
             src, dst, a, b, tree = rs_moves[k]
             inside = tree < 0 or tree >= lane_trees
-            if replay is not None:  # every send paced, per rank pair
-                own_sends = mine.setdefault((dst, src), [])
-                pace = (own_sends[-REPLAY_WINDOW],) if len(own_sends) >= REPLAY_WINDOW else ()
+            if replay is not None:  # every send paced, per rank pair (in-group: per rank)
+                ranked = per_rank and inside
+                own_sends = mine.setdefault((dst,) if ranked else (dst, src), [])
+                w = STAR_RANK_WINDOW if ranked else REPLAY_WINDOW
+                pace = (own_sends[-w],) if len(own_sends) >= w else ()
                 inside = True
             else:
                 own_sends = mine.setdefault((dst, src, tree) if layout.inner else dst, [])
@@ -691,9 +705,14 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
             gate = (ag_recv[gates[k]],) if k in gates else ()
             seq = None
             if layout.inner and tree >= lane_trees:
-                seq = streams.setdefault((src, dst, tree, bisect.bisect_right(starts, a)), [])
-                if len(seq) >= AG_PACKED_WINDOW:
-                    gate += (seq[-AG_PACKED_WINDOW],)
+                if layout.stars:
+                    seq = streams.setdefault((src,), [])
+                    w = STAR_RANK_WINDOW
+                else:
+                    seq = streams.setdefault((src, dst, tree, bisect.bisect_right(starts, a)), [])
+                    w = AG_PACKED_WINDOW
+                if len(seq) >= w:
+                    gate += (seq[-w],)
             sd, rv = B.message(src, dst, ref, ref, send_deps=held.over(src, a, b) + gate, recv_deps=wd,
                                tree=tree)
             if seq is not None:
@@ -733,13 +752,15 @@ def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_byte
     for lay in forms:
         if lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and lay is not forms[0]:
             continue
-        replays: list = [None]
+        replays: list = [(None, False)]
         if spec.kind != "allgather" and len(spec.ranks) <= BOTH_FORMS_MAX_RANKS:
             ends = allgather_ends(spec, topo, lay, chunk_bytes, model)
             if ends is not None:
-                replays.append(ends)
-        for replay in replays:
-            plan = levels_plan(spec, topo, lay, chunk_bytes, replay=replay)
+                replays.append((ends, False))
+                if lay.stars:
+                    replays.append((ends, True))
+        for replay, per_rank in replays:
+            plan = levels_plan(spec, topo, lay, chunk_bytes, replay=replay, per_rank=per_rank)
             sim = simulate(plan, model=model)
             if best is None or sim.time < best[1].time:
                 best = (plan, sim)

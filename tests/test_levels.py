@@ -299,3 +299,57 @@ def test_a_two_level_plan_reports_the_rate_its_link_loads_allow():
         assert f.bound_rate_Bps == pytest.approx(want, rel=1e-9)
         assert f.pack_rate_Bps == pytest.approx(want, rel=1e-9)
         assert plan.size_bytes / f.pack_rate_Bps <= f.predicted_s
+
+
+# hosts of 4 GPUs on an NVSwitch, each GPU behind its own NIC on one fabric switch (A100-like):
+# every member its own exit, every group's own trees stars
+SWITCHED = """
+topology t {
+    host h[0..1] {
+        node g[0..3]
+        switch nvs
+        switch nic[0..3]
+        g[0..3] <-> nvs : 300 GB/s, 1 us
+        g0 <-> nic0 : 25 GB/s, 1 us    g1 <-> nic1 : 25 GB/s, 1 us
+        g2 <-> nic2 : 25 GB/s, 1 us    g3 <-> nic3 : 25 GB/s, 1 us
+    }
+    switch fabric
+    h[0..1].nic[0..3] <-> fabric : 25 GB/s, 1 us
+}
+"""
+
+
+def test_star_groups_pace_each_ranks_in_group_sends_together():
+    """Where every group's own trees are stars (an NVSwitch), the packed allgather holds each
+    rank's in-group send until its send STAR_RANK_WINDOW before it (over any peer and tree)
+    has gone, and the reduce-scatter's replay may pace so too; the plans verify and compute
+    what numpy computes, and at 64 MiB the allgather so paced simulates faster than paced per
+    peer and tree (every rank's sends of a chunk, ready at once, otherwise reached a port in
+    the order the ranks posted them)."""
+    from hcc.compiler.cost import DEFAULT_MODEL
+    from hcc.compiler.levels import STAR_RANK_WINDOW, allgather_ends, plan_packed
+    from hcc.ir.plan import Send
+
+    spec, topo = load(SWITCHED, "size = 8008 B  dtype = float64")
+    lay = plan_packed(topo, spec.ranks)
+    assert lay is not None and lay.stars
+    mspec, mtopo = load(MESH, "size = 8008 B")
+    assert not plan_packed(mtopo, mspec.ranks).stars  # the xGMI ring's trees are not
+    lanes = len(lay.lanes) * len(lay.groups)
+    plan = levels_plan(spec, topo, lay, 800)
+    verify(plan)
+    check_numeric(plan, seed=5)
+    for prog in plan.programs:
+        mine = [i for i, op in enumerate(prog) if type(op) is Send and op.tree >= lanes]
+        assert len(mine) > STAR_RANK_WINDOW
+        for j in range(STAR_RANK_WINDOW, len(mine)):
+            assert mine[j - STAR_RANK_WINDOW] in prog[mine[j]].deps
+    for kind, op in (("reduce_scatter", "sum"), ("allreduce", "avg")):
+        spec, topo = load(SWITCHED, "size = 8008 B  dtype = float64", kind, f"op = {op}")
+        ends = allgather_ends(spec, topo, lay, 800, DEFAULT_MODEL)
+        plan = levels_plan(spec, topo, lay, 800, replay=ends, per_rank=True)
+        verify(plan)
+        check_numeric(plan, seed=len(ends))
+    spec, topo = load(SWITCHED, "size = 64 MiB")
+    assert simulate(levels_plan(spec, topo, lay, 1 << 20)).time < simulate(
+        levels_plan(spec, topo, replace(lay, stars=False), 1 << 20)).time
