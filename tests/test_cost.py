@@ -213,10 +213,11 @@ def test_doctests_of_the_compiler_modules():
     import doctest
 
     import hcc.commands
+    import hcc.compiler.bcast_wide
     import hcc.compiler.cost
     import hcc.compiler.pipeline
 
-    for mod in (hcc.compiler.cost, hcc.compiler.pipeline, hcc.commands):
+    for mod in (hcc.compiler.cost, hcc.compiler.pipeline, hcc.commands, hcc.compiler.bcast_wide):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 
