@@ -139,6 +139,27 @@ def test_chunk_search_beats_the_extremes():
         assert auto.figures.predicted_s <= forced.figures.predicted_s * (1 + 1e-9)
 
 
+def test_the_selected_plan_is_priced_between_its_chunks_neighbours():
+    """The chunk search tries powers of two; the plan it selects is priced again at the
+    fractions REFINE of the fastest of them (and of each faster size found so), and it is
+    the fastest of every size tried, here between two powers of two; forced at its chunk,
+    the same algorithm gives the same time."""
+    from hcc.compiler.pipeline import REFINE
+
+    topo = dgx1()
+    sp = spec("broadcast", topo, size=256 << 20)
+    u = compile_unit(program(topo, sp))
+    got = u.chosen.choice
+    times = dict(got.tried)
+    powers = [c for c in times if c & (c - 1) == 0]
+    p2 = min(powers, key=times.get)
+    assert all(int(p2 * f) // 4 * 4 in times for f in REFINE)
+    assert u.plan.figures.predicted_s == pytest.approx(min(times.values()), rel=1e-12)
+    assert got.chunk_bytes & (got.chunk_bytes - 1)
+    forced = compile_one(program(topo, replace(sp, chunk_bytes=got.chunk_bytes, algorithm=u.plan.algorithm)))
+    assert forced.figures.predicted_s == pytest.approx(u.plan.figures.predicted_s, rel=1e-9)
+
+
 def test_passes_run_in_order_with_the_hook():
     topo = clique(3)
     seen = []
