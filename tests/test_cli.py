@@ -163,14 +163,18 @@ collective b = broadcast on line {
 
 
 def _chain_time(chunk: int, per_message_s: float, size: int = 4 << 20, hops: int = 4) -> float:
-    """The pipeline formula of a chain broadcast, (k + d - 1)(α + p + c / C): independent of
-    the simulator, for the line above (α = 2 us, C = 1 GB/s, d = 4 hops)."""
+    """The pipeline formula of a chain broadcast: independent of the simulator, for the line
+    above (α = 2 us, C = 1 GB/s, d = 4 hops), the buffer of M bytes cut into k chunks of
+    nearly one size, the largest c (``chunk`` or less): every chunk crosses the first hop,
+    the last one the other d - 1, (k + d - 1)(α + p) + M / C + (d - 1) c / C (c = M / k
+    where it divides)."""
     k = -(-size // chunk)
-    return (k + hops - 1) * (2e-6 + per_message_s + chunk / 1e9)
+    c = -(-(size // 4) // k) * 4
+    return (k + hops - 1) * (2e-6 + per_message_s) + size / 1e9 + (hops - 1) * c / 1e9
 
 
 def test_per_message_flag_moves_the_chunk_and_the_prediction(tmp_path):
-    from hcc.compiler.chunks import chunk_candidates
+    from test_cost import searched_argmin
 
     src = tmp_path / "line.hcl"
     src.write_text(LINE)
@@ -182,7 +186,7 @@ def test_per_message_flag_moves_the_chunk_and_the_prediction(tmp_path):
     assert rows[None]["per_message_us"] == pytest.approx(1.0)  # the compiler's default
     for us, row in rows.items():
         p = (1.0 if us is None else us) * 1e-6
-        best = min(chunk_candidates(4 << 20, 4), key=lambda c: _chain_time(c, p))
+        best = searched_argmin(lambda c: _chain_time(c, p), 4 << 20)
         assert row["per_message_us"] == pytest.approx(p * 1e6)
         assert row["chunk_bytes"] == best
         assert row["predicted_s"] == pytest.approx(_chain_time(best, p), rel=1e-9)
@@ -223,7 +227,7 @@ def test_run_compiles_with_the_backends_model_unless_told(tmp_path):
     from hcc import runner
     from hcc.cli import build_parser
     from hcc.commands import cost_model
-    from hcc.compiler.chunks import chunk_candidates
+    from test_cost import searched_argmin
 
     src = tmp_path / "line.hcl"
     src.write_text(LINE)
@@ -236,7 +240,7 @@ def test_run_compiles_with_the_backends_model_unless_told(tmp_path):
     assert (model.per_message_s, model.copy_Bps) == (pytest.approx(7e-6), 3e9)
     for m in (runner.RUN_MODELS["sockets"], model):
         (plan,) = runner.load_plans(str(src), model=m)
-        best = min(chunk_candidates(4 << 20, 4), key=lambda c: _chain_time(c, m.per_message_s))
+        best = searched_argmin(lambda c: _chain_time(c, m.per_message_s), 4 << 20)
         assert plan.chunk_bytes == best
         assert plan.figures.predicted_s == pytest.approx(_chain_time(best, m.per_message_s), rel=1e-9)
     # a plan file keeps its chunk and is re-priced with the run's model
