@@ -107,6 +107,10 @@ REPLAY_WINDOW = 1
 # with 3; on an MI250 node's deeper trees per rank: 0.652 against 0.819); its reduce-scatter's
 # replay is priced paced so too (:func:`levels_priced`)
 STAR_RANK_WINDOW = 2
+# and in that replay the sends between groups (the lanes), per rank pair (4 x A100
+# reduce-scatter 256 MB at 2 MiB: 0.898 of the bound with one in flight, 0.909 with two; the
+# replay of other layouts keeps REPLAY_WINDOW)
+STAR_PAIR_WINDOW = 2
 # the packed form's in-group messages carry up to this many lane chunks; each is priced.
 # One: a second scale gained little for a second lowering at every chunk size (2 x MI250
 # allreduce 256 MB: 0.756 at 1 MiB x 2 against 0.743 at 2 MiB x 1; allgather 0.800 / 0.827)
@@ -581,7 +585,7 @@ def levels_plan(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int, *,
     ``replay``: per allgather transfer, when it ends in the simulated allgather
     (:func:`allgather_ends`); the reduce-scatter then runs that allgather backwards in time
     (:data:`REPLAY_WINDOW`), with ``per_rank`` each rank's in-group sends paced all together
-    (:data:`STAR_RANK_WINDOW`)."""
+    (:data:`STAR_RANK_WINDOW`) and its lane sends per peer (:data:`STAR_PAIR_WINDOW`)."""
     return _levels_build(spec, topo, layout, chunk_bytes, replay, per_rank)[0]
 
 
@@ -659,7 +663,7 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
             if replay is not None:  # every send paced, per rank pair (in-group: per rank)
                 ranked = per_rank and inside
                 own_sends = mine.setdefault((dst,) if ranked else (dst, src), [])
-                w = STAR_RANK_WINDOW if ranked else REPLAY_WINDOW
+                w = STAR_RANK_WINDOW if ranked else STAR_PAIR_WINDOW if per_rank else REPLAY_WINDOW
                 pace = (own_sends[-w],) if len(own_sends) >= w else ()
                 inside = True
             else:
