@@ -353,3 +353,37 @@ def test_star_groups_pace_each_ranks_in_group_sends_together():
     spec, topo = load(SWITCHED, "size = 64 MiB")
     assert simulate(levels_plan(spec, topo, lay, 1 << 20)).time < simulate(
         levels_plan(spec, topo, replace(lay, stars=False), 1 << 20)).time
+
+
+def test_an_allreduce_may_reduce_over_one_layout_and_gather_over_another():
+    """levels_plan's ``ag_layout``: the packed form's reduce-scatter (replayed, paced per rank
+    or not) followed by another form's allgather over that form's own trees (numbered after
+    the first's); every receive of the allgather waits for the rank's reduce-scatter send of
+    its range. The plans verify, compute what numpy computes, and at 64 MiB never beat twice
+    the networkx floor of a group's share."""
+    from hcc.compiler.cost import DEFAULT_MODEL
+    from hcc.compiler.levels import allgather_ends, levels_forms
+
+    spec, topo = load(SWITCHED, "size = 8008 B  dtype = float64")
+    forms = levels_forms(topo, spec.ranks)
+    packed = next(f for f in forms if f.inner)
+    others = [f for f in forms if not f.inner]
+    assert others
+    for op in ("sum", "avg"):
+        spec, topo = load(SWITCHED, "size = 8008 B  dtype = float64", "allreduce", f"op = {op}")
+        ends = allgather_ends(spec, topo, packed, 800, DEFAULT_MODEL)
+        for other in others:
+            for per_rank in (False, True):
+                plan = levels_plan(spec, topo, packed, 800, replay=ends, per_rank=per_rank, ag_layout=other)
+                verify(plan)
+                check_numeric(plan, seed=int(per_rank) + 7)
+                assert len(plan.trees) == len(packed.trees) + len(other.trees)
+                assert [t.index for t in plan.trees] == list(range(len(plan.trees)))
+    spec, topo = load(SWITCHED, "size = 64 MiB", "allreduce", "op = sum")
+    inside = [spec.ranks[r] for r in packed.groups[0]]
+    outside = [r for r in spec.ranks if r not in inside]
+    floor = 2 * spec.size_bytes * len(outside) / len(spec.ranks) / min_cut_into(topo, inside, outside)
+    ends = allgather_ends(spec, topo, packed, 1 << 20, DEFAULT_MODEL)
+    for other in others:
+        assert simulate(levels_plan(spec, topo, packed, 1 << 20, replay=ends, per_rank=True,
+                                    ag_layout=other)).time >= floor
