@@ -387,3 +387,33 @@ def test_an_allreduce_may_reduce_over_one_layout_and_gather_over_another():
     for other in others:
         assert simulate(levels_plan(spec, topo, packed, 1 << 20, replay=ends, per_rank=True,
                                     ag_layout=other)).time >= floor
+
+
+def test_packed_groups_forward_the_lanes_blocks_in_the_order_the_lanes_bring_them():
+    """Three groups: after its own block, a rank forwards the blocks its lane brings piece by
+    piece across the groups they come from (every group's first piece, then every group's
+    second), the order the lanes deliver them, not block by block; the plan verifies and
+    computes what numpy computes."""
+    from hcc.compiler.levels import _packed_transfers, plan_packed
+    from hcc.ir.plan import block_range
+
+    src = SWITCHED.replace("h[0..1]", "h[0..2]")
+    spec, topo = load(src, "size = 24024 B  dtype = float64")
+    lay = plan_packed(topo, spec.ranks)
+    n, E, ce = len(spec.ranks), 24024 // 8, 50  # blocks of 250 elements: 5 pieces each
+    moves, _, _ = _packed_transfers(lay, E, n, ce)
+    lanes = len(lay.lanes) * len(lay.groups)
+    group_of = {r: g for g, grp in enumerate(lay.groups) for r in grp}
+    for r in range(n):
+        seq = []  # (the block's group distance, its piece index) of r's in-group forwards
+        for src_, _, a, _, t in moves:
+            if src_ != r or t < lanes:
+                continue
+            owner = next(o for o in range(n) if block_range(E, n, o)[0] <= a < block_range(E, n, o)[1])
+            if group_of[owner] == group_of[r]:
+                continue  # the group's own blocks go first
+            seq.append((a - block_range(E, n, owner)[0]) // ce)
+        assert len(seq) > 2 and seq == sorted(seq)  # piece by piece, whichever group
+    plan = levels_plan(spec, topo, lay, ce * 8)
+    verify(plan)
+    check_numeric(plan, seed=11)
