@@ -70,8 +70,8 @@ the rank behind its own port, with no relay through the host's switch, and with 
 every non-root host spreads each tree as a star from its gateway. On 4 A100 servers (8 ports,
 3 hosts past the root's) the heap is two host levels deep, but its relays crossed the gateways'
 NVSwitch ports beside the stars' copies (one port 1.67 ms busy of 1.86); the chains are three
-levels deep, 8 x 32 MiB lanes at 1 MiB chunks: 1.406 ms on each NIC (1 us per message), 3 x 47
-us of fill, a 38 us star in the last host and 38 us for the root to reach its 7 gateways,
+levels deep, 8 x 32 MiB lanes at 1 MiB chunks: 1.406 ms on each NIC (each message holds it
+2 us of latency and per-message cost beside its bytes), 3 x 47 us of fill, a 38 us star in the last host and 38 us for the root to reach its 7 gateways,
 1.63 ms simulated (0.826 of the bound; the heap 0.777).
 
 Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
@@ -580,19 +580,5 @@ def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *,
         return lower_dbt(spec, topo, trees, chunk_bytes, algorithm="treepack-wide")
     caps = sorted({min(chunk_bytes, wide_chunk(spec, topo, trees, model.per_message_s, inside=x))
                    for x in (False, True)})
-    if len(caps) == 1:
-        return lower_dbt(spec, topo, trees, caps[0], algorithm="treepack-wide")
-    key = (tuple(trees), spec.kind, spec.size_bytes, spec.dtype, tuple(caps), model)
-    if key not in _PICKED:
-        if len(_PICKED) > 64:
-            _PICKED.clear()
-        plans = [lower_dbt(spec, topo, trees, c, algorithm="treepack-wide") for c in caps]
-        times = [simulate(p, model=model).time for p in plans]
-        _PICKED[key] = caps[times.index(min(times))]
-        return plans[times.index(min(times))]
-    return lower_dbt(spec, topo, trees, _PICKED[key], algorithm="treepack-wide")
-
-
-# wide_plan's choice between its two chunk rules, per trees, size and model: a chunk search
-# asks for the plan at every candidate above both
-_PICKED: dict = {}
+    plans = [lower_dbt(spec, topo, trees, c, algorithm="treepack-wide") for c in caps]
+    return plans[0] if len(plans) == 1 else min(plans, key=lambda p: simulate(p, model=model).time)

@@ -633,7 +633,7 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
     rs_moves = (_packed_transfers(layout, E, n, ce, backward=True)[0] if layout.inner and kind == "allreduce"
                 else moves)
     trees = layout.trees
-    ag = layout  # the allgather's layout (an allreduce's may differ: ``ag_layout``)
+    ag, off = layout, 0  # the allgather's layout (an allreduce's may differ: ``ag_layout``)
     ag_moves, ag_sent, ag_got = moves, sent, got
     if ag_layout is not None and ag_layout is not layout and kind == "allreduce":
         # its transfers over its own trees, numbered after the reduce-scatter's
@@ -641,7 +641,7 @@ def _levels_build(spec: Any, topo: Topology, layout: Levels, chunk_bytes: int,
         ag_moves, ag_sent, ag_got = (_packed_transfers if ag.inner else _transfers)(ag, E, n, ce)
         ag_moves = [(x, y, a, b, t + off if t >= 0 else t) for x, y, a, b, t in ag_moves]
         trees = trees + tuple(replace(t, index=t.index + off) for t in ag.trees)
-    ag_lanes = len(ag.lanes) * len(ag.groups) + (len(trees) - len(ag.trees))
+    ag_lanes = off + len(ag.lanes) * len(ag.groups)  # the allgather's tree indices past these: in-group
     B = ProgramBuilder(n)
     own = [block_range(E, n, r) for r in range(n)]
     held = Spans(n)  # allgather: the ops after which a rank holds a range of ``out``

@@ -272,8 +272,9 @@ REFINE_ROUNDS = 3
 
 def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
     """``c``, or ``c``'s algorithm at the fastest of the chunk sizes :data:`REFINE` of its
-    chunk where one of them is faster, up to :data:`REFINE_ROUNDS` times; baselines (their figures are reported as such), plans
-    priced from op columns and plans above LARGE_PLAN_OPS ops stay as they are."""
+    chunk where one of them is faster, up to :data:`REFINE_ROUNDS` times; baselines (their
+    figures are reported as such), plans priced from op columns and plans above
+    LARGE_PLAN_OPS ops stay as they are."""
     from .chunks import LARGE_PLAN_OPS
 
     if (c.algorithm in BASELINES or c.algorithm in dropped or not registry.algorithm(c.algorithm).chunked
@@ -286,7 +287,7 @@ def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
         around = best.chunk_bytes
         for f in REFINE:
             size = int(around * f) // item * item
-            if size <= 0 or size >= u.spec.size_bytes or any(x == size for x, _ in tried):
+            if size <= 0 or size >= u.spec.size_bytes or size in {x for x, _ in tried}:
                 continue
             got = builders[c.algorithm](size)
             plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
