@@ -186,9 +186,9 @@ class NativeTcpTransport(SocketTransport):
     def failed(self) -> frozenset[int]:
         return super().failed() | frozenset(self._engine.dead())
 
-    def _gossip(self, dead: int) -> None:
+    def _gossip(self, dead: int, how: str = "") -> None:
         # the core sends the FAIL frames (once per dead rank) on the connections it holds
-        self._engine.set_failed(dead, self._dead.get(dead, "reported"))
+        self._engine.set_failed(dead, how or self._dead.get(dead, "reported"))
 
     def announce_failure(self, reason: str = "") -> None:
         self._engine.set_failed(self.rank, "")

@@ -416,9 +416,9 @@ class ShmSocketTransport(SocketTransport):
                 self._mark_dead(dead, f"reported by rank {p}")
         return super().failed()
 
-    def _gossip(self, dead: int) -> None:
+    def _gossip(self, dead: int, how: str = "") -> None:
         # the TCP peers get a FAIL frame (SocketTransport); the local ones read our bell
-        super()._gossip(dead)
+        super()._gossip(dead, how)
         self._engine.set_failed(dead)
         self._engine.kick()  # a runner with TCP transfers outstanding asks check() now
 

@@ -270,6 +270,9 @@ class SocketTransport(Transport):
             if not 0 <= peer < self.world or peer == self.rank:
                 raise RuntimeFault(f"rank {self.rank}: no peer rank {peer} in a world of {self.world}")
             conn = self._conns[peer] = _Conn(peer)
+            # a connection opened after deaths were gossiped carries them first (else this
+            # rank's BYE, when it gives up, would be the first sign of trouble the peer sees)
+            conn.queue.extend(("fail", d) for d in sorted(self._forwarded) if d != peer)
             if self.rank < peer:  # the lower rank dials, from the writer thread
                 conn.writer = threading.Thread(target=self._writer, args=(conn, True), daemon=True,
                                                name=f"hcc-w{self.rank}-{peer}")
@@ -292,12 +295,17 @@ class SocketTransport(Transport):
         with self._cond:
             if self._closing or peer in self._dead:
                 return
-            self._dead[peer] = how
+        # the FAIL frames are queued before any waiter can see the death: a waiter that gives
+        # up on it closes, and its BYE must not overtake them
+        self._gossip(peer, how)
+        with self._cond:
+            if peer not in self._dead:
+                self._dead[peer] = how
             self._cond.notify_all()
-        self._gossip(peer)
 
-    def _gossip(self, dead: int) -> None:
-        """Tell every other connected peer that ``dead`` died (once per dead rank)."""
+    def _gossip(self, dead: int, how: str = "") -> None:
+        """Tell every other connected peer that ``dead`` died (once per dead rank; ``how``:
+        what this rank knows of it)."""
         with self._lock:
             if dead in self._forwarded or self._closing:
                 return
@@ -413,13 +421,14 @@ class SocketTransport(Transport):
                     if not 0 <= tag < self.world:
                         return self._protocol_error(conn, f"a FAIL frame names rank {tag}, outside a world "
                                                           f"of {self.world}")
+                    how = (f"reported by rank {peer}" if tag != peer else
+                           "it gave up and announced it (its input was refused, or its run failed)")
+                    self._gossip(tag, how)  # passed on before a waiter here can give up on it
                     with self._cond:
                         if tag not in self._dead and tag != self.rank:
-                            self._dead[tag] = (f"reported by rank {peer}" if tag != peer else
-                                               "it gave up and announced it (its input was refused, or its run failed)")
+                            self._dead[tag] = how
                         self._aborted[peer] = tag
                         self._cond.notify_all()
-                    self._gossip(tag)
                     continue
                 if kind != DATA:
                     return self._protocol_error(conn, f"unknown frame kind {kind}")

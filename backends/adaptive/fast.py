@@ -4,9 +4,11 @@ flattened program after all.
 Terms
 - late: a rank that waited :data:`LATE_WAIT_S` after its own arrival without seeing every
   other rank's declares the run late.
-- decision counter: one store key per run, ``fast/<run mod FAST_SLOTS>``, holding three
-  fields — arrivals (+1 each), late markers (+:data:`MARK`) and the decision (+:data:`DECIDE`
-  static, +2 :data:`DECIDE` adaptive) — that cannot carry into each other for n < 2**16.
+- decision counter: one store key per run, ``fast/<run mod FAST_SLOTS>``, holding four
+  fields — arrivals (+1 each), late markers (+:data:`MARK`), the static decision (a flag from
+  the n-th arrival, :data:`DECIDE`, and one from the first late marker, :data:`BACKUP`) and the
+  adaptive decision (+:data:`ADAPT` per rank that knows it) — that cannot carry into each other
+  for n < 2**16.
 
 With nobody late, arrival order cannot help, and the flattened program is the faster
 executor: the run costs 3 counter operations and the agreement log is not touched. The
@@ -25,7 +27,7 @@ import numpy as np
 from ..base import CollectiveTimeout, RuntimeFault
 from .flows import WAIT_SLICE
 
-__all__ = ["FastPath", "LATE_WAIT_S", "FAST_SLOTS", "StoreCounters", "fast_counters"]
+__all__ = ["FastPath", "LATE_WAIT_S", "FAST_SLOTS", "StoreCounters", "agree", "fast_counters"]
 
 # How long a rank waits, after its own arrival, for everyone else's before it declares the run
 # late (the fast path then gives way to the adaptive schedule). 8 processes released by one
@@ -33,8 +35,9 @@ __all__ = ["FastPath", "LATE_WAIT_S", "FAST_SLOTS", "StoreCounters", "fast_count
 # on-time runs static while costing a late run at most that before it adapts.
 LATE_WAIT_S = 0.03
 # the fast path's per-run counter (Run.decide): arrivals count in units, late markers in
-# MARK, the decision in DECIDE (fields that cannot carry into each other for n < 2**16)
-FAST_SLOTS, MARK, DECIDE = 64, 1 << 16, 1 << 32
+# MARK, the static decision as two flags (DECIDE, BACKUP), the adaptive one counted in ADAPT
+# (fields that cannot carry into each other for n < 2**16)
+FAST_SLOTS, MARK, DECIDE, BACKUP, ADAPT = 64, 1 << 16, 1 << 32, 1 << 33, 1 << 34
 
 
 class StoreCounters:
@@ -76,6 +79,38 @@ def fast_counters(session, comm):
     return counters
 
 
+def agree(counters, slot: int, n: int, rank: int, what: str, timeout: float, *,
+          gate=None, idle=lambda: None, late: float = LATE_WAIT_S) -> str:
+    """One rank's part of a run's static/adaptive decision on ``counters``' ``slot`` among
+    ``n`` ranks (:meth:`FastPath.decide` says how): ``"static"``, ``"adaptive"``, or
+    ``"ran"`` when ``gate(target, wait)`` (the native core's gated run) ran the static program
+    itself. A rank that waited ``late`` seconds declares the run late; ``idle`` is called
+    between waits from then on; past ``timeout`` seconds without a decision it raises
+    :class:`CollectiveTimeout` naming ``what``."""
+    t_arr = time.monotonic()
+    v = counters.add(slot, 1, wake=False)  # waiters wait for a decision, not for arrivals
+    if v % MARK == n:  # the last arrival: static unless someone declared the run late
+        counters.add(slot, DECIDE if v < MARK else ADAPT)
+    elif gate is not None and gate(DECIDE, max(1e-3, late)):
+        return "ran"
+    posted = False
+    while True:
+        waited = time.monotonic() - t_arr
+        value = counters.wait(slot, DECIDE, max(1e-3, late - waited) if not posted else WAIT_SLICE)
+        if value is not None:
+            return "static" if value < ADAPT else "adaptive"
+        if not posted:
+            posted = True
+            v = counters.add(slot, MARK, wake=False)
+            if v % MARK < n:
+                counters.add(slot, ADAPT)  # someone is missing, so the first marker saw it missing too
+            elif v // MARK % (DECIDE // MARK) == 1:
+                counters.add(slot, BACKUP)  # the first marker, and everyone had arrived before it
+        idle()
+        if waited > timeout:
+            raise CollectiveTimeout(rank, -1, f"{what}: waiting for the static/adaptive decision", timeout)
+
+
 class FastPath:
     """The fast path's part of a run (see the module docstring)."""
 
@@ -86,15 +121,19 @@ class FastPath:
 
         One counter per run (slot ``run mod 64`` of :func:`fast_counters`; rank 0 zeroes the slot 32 runs
         ahead, which every rank left long ago: a run's decision needs every rank's arrival,
-        so no rank is more than two runs ahead of another) holds three fields: arrivals
-        (+1 each), late markers (+:data:`MARK`, posted by a rank that waited
-        :data:`LATE_WAIT_S` after its own arrival), and the decision (+:data:`DECIDE` static,
-        +2 :data:`DECIDE` adaptive). ``add`` is linearizable and returns the new value, so
-        exactly one rank learns the outcome first: the n-th arrival when no marker preceded it
-        (static), or the first marker when some arrival was still missing (adaptive); it adds
-        the decision, every rank waits for it (server-side, or on the board inside the native
-        core's run of the program: ShmBoard.run_gated). Nobody
-        late: 3 counter operations, and the log is not touched."""
+        so no rank is more than two runs ahead of another) holds arrivals (+1 each), late
+        markers (+:data:`MARK`, posted by a rank that waited :data:`LATE_WAIT_S` after its own
+        arrival) and the decision. The run is static exactly when the n-th arrival precedes
+        the first marker. ``add`` is linearizable and returns the new value, so the ranks
+        whose own add shows that order add the decision, and every rank waits for it
+        (server-side, or on the board inside the native core's run of the program:
+        ShmBoard.run_gated): static is known to the n-th arrival (no marker yet: +:data:`DECIDE`)
+        and to the first marker (all had arrived: +:data:`BACKUP`); adaptive to the n-th
+        arrival (a marker came first) and to every marker that saw an arrival missing
+        (+:data:`ADAPT` each). Two ranks know either outcome, so a rank killed between its
+        arrival and its decision (the n-th arrival, say) leaves the others a decision, not a
+        wait until their deadline. Nobody late: 3 counter operations, and the log is not
+        touched."""
         self.fold()
         if self.view.dead:
             return False  # a rank is known dead: the adaptive path decides what that means
@@ -107,28 +146,11 @@ class FastPath:
         # the first send (ShmBoard.run_gated)
         gated = getattr(counters, "run_gated", None)
         ex = self.static_execution() if gated is not None else None
-        t_arr = time.monotonic()
-        v = counters.add(slot, 1, wake=False)  # waiters wait for a decision, not for arrivals
-        if v % MARK == self.n and v < MARK:
-            counters.add(slot, DECIDE)  # the last arrival, and nobody declared the run late
-        elif ex is not None and gated(ex, slot, DECIDE, max(1e-3, LATE_WAIT_S)):
-            self.ran_static = True  # decided static, and the program ran
-            return True
-        posted = False
-        while True:
-            waited = time.monotonic() - t_arr
-            value = counters.wait(slot, DECIDE, max(1e-3, LATE_WAIT_S - waited) if not posted else WAIT_SLICE)
-            if value is not None:
-                return value // DECIDE == 1
-            if not posted:
-                posted = True
-                v = counters.add(slot, MARK, wake=False)
-                if v % MARK < self.n and v // MARK % (DECIDE // MARK) == 1:
-                    counters.add(slot, 2 * DECIDE)  # the first marker, and someone is missing
-            self.report_deaths()
-            if waited > self.timeout:
-                raise CollectiveTimeout(self.rank, -1, f"adaptive run {self.run_id}: waiting for the "
-                                        "static/adaptive decision", self.timeout)
+        gate = (lambda target, wait: gated(ex, slot, target, wait)) if ex is not None else None
+        way = agree(counters, slot, self.n, self.rank, f"adaptive run {self.run_id}", self.timeout,
+                    gate=gate, idle=self.report_deaths)
+        self.ran_static = way == "ran"  # decided static, and the program ran behind the gate
+        return way != "adaptive"
 
     def static_execution(self):
         """This rank's flattened program over this run's buffers, ready to execute."""

@@ -285,3 +285,57 @@ def test_a_rank_that_gives_up_on_a_closed_peer_names_that_peer_to_the_others(pat
     assert errs == [None, None, None], errs
     assert res[0] == 1
     assert res[2][0] == 1, res[2]
+
+
+def test_a_death_is_queued_for_the_peers_before_any_waiter_can_see_it():
+    # a waiter that sees the death gives up and closes: its BYE must find the FAIL frames
+    # already queued ahead of it (else the peers blame the waiter that closed)
+    class Conn:
+        def __init__(self):
+            self.cv = threading.Condition()
+            self.queue = sockets.deque()
+
+    t = object.__new__(sockets.SocketTransport)
+    t._lock, t._forwarded, t._closing, t._dead = threading.Lock(), set(), False, {}
+    t._cond, t.rank, t.world = threading.Condition(t._lock), 3, 4
+    t._conns = {2: Conn()}
+    seen = []
+    gossip = t._gossip
+    t._gossip = lambda dead, how="": (seen.append(dead in t._dead), gossip(dead, how))
+    t._mark_dead(1, "connection lost")
+    assert seen == [False] and t._dead == {1: "connection lost"}
+    assert list(t._conns[2].queue) == [("fail", 1)]
+    # a connection opened afterwards carries the deaths already gossiped, the peer's own excepted
+    with t._lock:  # this rank is the highest: the peers dial it, no writer thread starts here
+        c0, c1 = t._get_conn(0), t._get_conn(1)
+    assert list(c0.queue) == [("fail", 1)] and list(c1.queue) == []
+
+
+def test_a_connection_opened_after_a_death_tells_the_peer_who_died():
+    """Rank 0 sees rank 1 close (its failure) before it has any connection to rank 2; it then
+    sends rank 2 one message and closes. Rank 2, left waiting on rank 0, must name rank 1."""
+    from conftest import ranks_in_threads
+
+    from hcc.backends.base import PeerFailed
+
+    def r0(c):
+        c.barrier("up", 10)
+        with pytest.raises(PeerFailed) as e:
+            c.wait_any([c.irecv(1, 1, memoryview(bytearray(4)))], 5)
+        c.wait_any([c.isend(2, 1, memoryview(bytearray(4)))], 5)  # the first frame to rank 2
+        return e.value.peer
+
+    def r1(c):
+        c.barrier("up", 10)
+        c.wait_any([c.isend(0, 2, memoryview(bytearray(4)))], 5)  # connected, then closes
+
+    def r2(c):
+        c.barrier("up", 10)
+        with pytest.raises(PeerFailed) as e:  # waiting on a message rank 0 never sends
+            c.wait_any([c.irecv(0, 2, memoryview(bytearray(4)))], 5)
+        return e.value.peer, str(e.value)
+
+    res, errs = ranks_in_threads((r0, r1, r2), timeout=5, shm="off")
+    assert errs == [None, None, None], errs
+    assert res[0] == 1
+    assert res[2][0] == 1, res[2]
