@@ -1155,7 +1155,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
                window: int, min_chunk: float = 1.0, rival=None,
-               rival_ops: int = 0) -> list[tuple[int, int]] | None:
+               rival_ops: int = 0, exact: bool = False) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -1169,7 +1169,11 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     ``rival``: a callable giving the predicted time of another plan of the same trees (the
     plain order of lower.lower_priced), asked only where the kept schedule replays exactly
     (:func:`_replays_exactly`) and its plan has at most ``rival_ops`` ops; where the rival is
-    faster, nothing is emitted and :class:`Outrun` is raised."""
+    faster, nothing is emitted and :class:`Outrun` is raised.
+
+    ``exact``: over switches, schedule with :meth:`_Timed.schedule_exact` even where every
+    rank has a link to another (EXACT_GATE names where it is used otherwise); the split
+    allreduce asks for it (compiler/splitpack.py SPLIT_EXACT)."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1212,7 +1216,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         except KeyError:  # a message's direction of a tree path is not a link
             return None
         gate = PORT_GATE and window > 1
-        if gate and EXACT_GATE and _has_relay(links, L.spec.ranks) and len(T.gated_ranks()) < L.n:
+        if gate and EXACT_GATE and _has_relay(links, L.spec.ranks) and (exact or len(T.gated_ranks()) < L.n):
             order = T.schedule_exact(window, wide=kind != "broadcast")
             T.relay, T.exact, T.gated = True, True, set()
         else:

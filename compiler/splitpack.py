@@ -30,6 +30,27 @@ when its cost under y is below 1 - z_r, an in-tree when below z_r (each a minimu
 arborescence of the rank closure, the in-tree on the reversed graph); it stops when none
 does (LP duality: optimal), when the floor is met, or after SPLIT_MAX_ROUNDS rounds. Trees
 under SPLIT_MIN_SHARE of the rate are dropped and the LP is solved again over the rest.
+
+Shallow trees (SPLIT_DEPTH_SLACK). The LP's optimum is degenerate, and the minimum
+arborescences it prices in are often chains: on DGX-1 fragments a job (an in-tree and its
+out-tree) was 5-8 levels deep, and every level is a chunk time of pipeline fill at each end
+of the schedule. :func:`pack_split` therefore probes depth caps from the roots' largest
+eccentricity up (the column generation as above with compiler/treepack_shallow.py's
+depth-bounded pricer, a route through switches one level) and keeps the first whose rate
+is within SPLIT_DEPTH_SLACK of the unbounded LP's: on the fragments, 2 levels each way at
+0.995-1.001 of its rate.
+
+Chunk-aware capacities (SPLIT_CHUNK_AWARE). The LP above spends every link's capacity on
+bytes, but with chunks of c bytes a message holds a link e for c / cap(e) + lat(e) + the
+per-message cost, so a 50 GB/s NVLink pair at 1.5 MiB chunks keeps 6 % of its time for
+messages, a 12 GB/s PCIe hop 2 %: the links the LP filled to the same bound finish at
+different times, and the schedule's rebalancing then loads some above it. :func:`split_plan`
+packs again for its chunk size over the capacities c / (c / cap(e) + lat(e) + per-message),
+so every link's reservations, messages included, fit the same time.
+
+Measured (DGX-1, allreduce, `hcc compile` bound / predicted at 256 MiB / 1 GiB, the split
+form alone): gpu[0..3] 0.869 / 0.902 -> 0.892 / 0.941; gpu[0,1,2,4,5,6] 0.792 / 0.882 ->
+0.896 / 0.930; gpu[1..7] 0.762 / 0.817 -> 0.836 / 0.893 (with SPLIT_EXACT, below).
 """
 from __future__ import annotations
 
@@ -52,6 +73,21 @@ SPLIT_MAX_ROUNDS = 200
 # trees under this share of the rate are dropped (each costs a message per chunk on its own):
 # the LP's optimum has many tiny columns on the fragments
 SPLIT_MIN_SHARE = 0.02
+# the shallowest depth cap whose LP rate is within this share of the unbounded LP's is kept
+# (module docstring). DGX-1 fragments, capacities net of 1 MiB messages, depth 2 against
+# unbounded: gpu[0..3] 0.922 / 0.921 of the bound, gpu[0,1,2,4,5,6] 0.921 / 0.926, gpu[1..7]
+# 0.903 / 0.904; depth 1 (stars through the PCIe switches) 0.84, 0.07, 0.06
+SPLIT_DEPTH_SLACK = 0.01
+# split_plan packs again for its chunk size over capacities net of the per-message hold
+# (module docstring); without it, on the fragments above, 0.894 / 0.935, 0.878 / 0.924,
+# 0.831 / 0.885 (with it 0.892 / 0.941, 0.896 / 0.930, 0.836 / 0.893)
+SPLIT_CHUNK_AWARE = True
+# split_plan's jobs are scheduled with schedule.lower_jobs(exact=True) over switches: a send
+# through a switch then starts at the last completion of its rank before its port frees
+# (the reservation waits, as in the simulator) instead of at the first one after (gated:
+# gpu[0..3] at 1 GiB, 2 MiB chunks, its PCIe ports idle with a message ready 3-9 % of the
+# time). Without it, on the fragments above: 0.893 / 0.936, 0.890 / 0.925, 0.834 / 0.885
+SPLIT_EXACT = True
 
 
 @dataclass(frozen=True)
@@ -90,9 +126,13 @@ def _solve(capn, cols, nroots):
     return master.weights(), y, z, master.objective()
 
 
-def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_MAX_ROUNDS) -> SplitPacking | None:
+def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_MAX_ROUNDS,
+               chunk_bytes: float = 0.0, per_msg: float = 0.0, depth: int | None = None) -> SplitPacking | None:
     """The split-tree packing of the module docstring; None for fewer than 2 ranks or when a
-    rank cannot reach another.
+    rank cannot reach another. ``chunk_bytes`` > 0: each link's capacity net of the
+    per-message hold of chunks that size (its latency + ``per_msg`` per message); ``depth``:
+    every tree at most that many levels (0: unbounded; None: the shallowest cap within
+    SPLIT_DEPTH_SLACK of the unbounded rate, see the module docstring).
 
     >>> from hcc.ir.topology import Link
     >>> ring = Topology("r", ("a", "b", "c"), links=tuple(Link(x, y, c) for x, y, c in
@@ -101,9 +141,13 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
     >>> round(p.rate, 6), round(p.bound, 6)   # the floor 2(n-1)M / (3 x 5 B/s) is met
     (3.75, 3.75)
     """
+    import numpy as np
+
     from .bounds import allreduce_floor
     from .switches import Indexed
     from .treepack import _Pricer, _to_tree
+    from .treepack_master import _depth
+    from .treepack_shallow import eccentricity
 
     ranks = tuple(ranks)
     n = len(ranks)
@@ -114,10 +158,62 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
     pf, pr = _Pricer(fwd), _Pricer(rev)
     if len(pf.cap) == 0:
         return None
-    scale = float(pf.cap.max())
-    capn = pf.cap / scale
+    cap = pf.cap
+    if chunk_bytes > 0:
+        g = topo.restricted(ranks).graph()
+        lat = np.array([g[fwd.vertices[a]][fwd.vertices[b]]["latency"] for a, b, _ in fwd.links])
+        cap = chunk_bytes / (chunk_bytes / cap + lat + per_msg)
+    scale = float(cap.max())
+    capn = cap / scale
     floor = allreduce_floor(topo, ranks, 1.0)
     bound = 1.0 / floor if floor > 0 else float("inf")
+
+    def packed(cap_depth: int):
+        got = _pack(pf, pr, n, capn, scale, bound, max_rounds, cap_depth)
+        if got is None:
+            return None
+        cols, w, objective, rounds = got
+        ins, outs = [], []
+        for (is_out, col), x in zip(cols, w):
+            if x <= 1e-12 * max(objective, 1e-30):
+                continue
+            if is_out:
+                outs.append((_to_tree(fwd, col, x * scale), col))
+            else:
+                ins.append((_to_tree(rev, col, x * scale), col))
+        levels = max((_depth(c) for _, c in ins + outs), default=0)
+        p = SplitPacking(tuple(t for t, _ in ins), tuple(t for t, _ in outs), sum(t.rate for t, _ in outs),
+                         bound, rounds)
+        return p, levels
+
+    if depth is not None:
+        got = packed(depth)
+        return got[0] if got else None
+    got = packed(0)
+    if got is None:
+        return None
+    full, levels = got
+    ecc = 0
+    for p in (pf, pr):
+        w0, _ = p.matrix(1.0 / capn)
+        for r in range(n):
+            e = eccentricity(w0, r)
+            if e is None:
+                return full
+            ecc = max(ecc, e)
+    for d in range(max(ecc, 1), levels):
+        got = packed(d)
+        if got is not None and got[0].rate >= (1 - SPLIT_DEPTH_SLACK) * full.rate:
+            return got[0]
+    return full
+
+
+def _pack(pf, pr, n: int, capn, scale: float, bound: float, max_rounds: int, depth: int):
+    """The column generation of :func:`pack_split` over link capacities ``capn`` (scaled by
+    ``scale``), every tree at most ``depth`` levels (0: unbounded): ``(columns as (is_out,
+    _Col), weights, objective, pricing rounds)``, or None when a rank cannot reach another."""
+    from .treepack_shallow import _col, bounded_parents
+
     cols: list[tuple[bool, Any]] = []
     keys: set = set()
 
@@ -129,10 +225,16 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
         cols.append((is_out, col))
         return True
 
+    def tree(p, mat, route, r):
+        if not depth:
+            return p.tree(mat, route, r)
+        par = bounded_parents(mat, r, depth)
+        return None if par is None else _col(p, route, par, r)
+
     for p, is_out in ((pf, True), (pr, False)):
         w0, route = p.matrix(1.0 / capn)
         for r in range(n):
-            col = p.tree(w0, route, r)
+            col = tree(p, w0, route, r)
             if col is None:
                 return None
             add(is_out, col)
@@ -145,7 +247,7 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
         for p, is_out in ((pf, True), (pr, False)):
             mat, route = p.matrix(y)
             for r in range(n):
-                col = p.tree(mat, route, r)
+                col = tree(p, mat, route, r)
                 if col is None:
                     return None
                 cost = sum(k * y[li] for li, k in col.usage)
@@ -160,15 +262,7 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
         w2, _, _, obj2 = _solve(capn, keep, n)
         if obj2 >= objective * (1 - 2 * SPLIT_MIN_SHARE):
             cols, w, objective = keep, w2, obj2
-    ins, outs = [], []
-    for (is_out, col), x in zip(cols, w):
-        if x <= 1e-12 * max(objective, 1e-30):
-            continue
-        if is_out:
-            outs.append(_to_tree(fwd, col, x * scale))
-        else:
-            ins.append(_to_tree(rev, col, x * scale))
-    return SplitPacking(tuple(ins), tuple(outs), sum(t.rate for t in outs), bound, rounds)
+    return cols, w, objective, rounds
 
 
 def split_jobs(ranks: Sequence[str], ins: Sequence[Any], outs: Sequence[Any]) -> list[tuple[int, int, float]]:
@@ -210,17 +304,28 @@ def split_jobs(ranks: Sequence[str], ins: Sequence[Any], outs: Sequence[Any]) ->
 def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
                port_window: int | None = None, min_chunk: float = 1.0) -> Plan:
     """The allreduce plan over ``packing``'s jobs, scheduled by compiler/schedule.py (each
-    job's share of the buffer proportional to its rate, rebalanced by finish time)."""
+    job's share of the buffer proportional to its rate, rebalanced by finish time). With
+    SPLIT_CHUNK_AWARE the trees are packed again for ``chunk_bytes`` chunks, no deeper than
+    ``packing``'s (module docstring), ``packing`` kept only where that packing fails."""
     from .cost import DEFAULT_MODEL
     from .lower import assemble, chunk_elems
     from .builder import _Lowering, split_by_rate
     from .schedule import PORT_WINDOW, lower_jobs
     from .trees import TreeShape
+    from ..ir.plan import DTYPE_SIZES
 
     if spec.kind != "allreduce":
         raise PlanError(f"split trees lower allreduce only, not {spec.kind}")
     ce = chunk_elems(chunk_bytes, spec.dtype)
     L = _Lowering(spec, ce)
+    per_msg = (model or DEFAULT_MODEL).per_message_s
+    if SPLIT_CHUNK_AWARE:
+        # at the depth cap of ``packing`` (pack_split chose it): probing again per chunk size
+        # tripled the packing's share of the compile
+        again = pack_split(topo, spec.ranks, chunk_bytes=ce * DTYPE_SIZES[spec.dtype], per_msg=per_msg,
+                           depth=_levels(packing))
+        if again is not None and again.outs:
+            packing = again
     ins = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(packing.ins)]
     outs = [TreeShape.of(t, spec.ranks, len(ins) + i) for i, t in enumerate(packing.outs)]
     jobs = split_jobs(spec.ranks, packing.ins, packing.outs)
@@ -230,8 +335,8 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     spans = split_by_rate(0, L.E, rates)
     got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
                      [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
-                     {0: list(range(len(jobs)))}, spans, topo, (model or DEFAULT_MODEL).per_message_s,
-                     port_window or PORT_WINDOW, min_chunk)
+                     {0: list(range(len(jobs)))}, spans, topo, per_msg,
+                     port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT)
     if got is None:
         raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {chunk_bytes} B "
                         f"chunks (a tree hop outside the collective's links, or too many messages)")
@@ -243,3 +348,24 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     shapes = ins + outs
     trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(shapes))
     return assemble(spec, topo, L.B, trees, "treepack-split", ce)
+
+
+def _levels(packing: SplitPacking) -> int:
+    """The deepest tree of ``packing`` in levels (a route through switches is one level).
+
+    >>> class T:
+    ...     def __init__(self, root, edges): self.root, self.edges = root, edges
+    >>> chain = T("a", [("a", "b", ("a", "b")), ("b", "c", ("b", "s", "c"))])
+    >>> _levels(SplitPacking((), (chain,), 1.0, 1.0, 0))
+    2
+    """
+    deepest = 0
+    for t in packing.trees:
+        parent = {c: p for p, c, _ in t.edges}
+        for v in parent:
+            d = 0
+            while v != t.root:
+                v = parent[v]
+                d += 1
+            deepest = max(deepest, d)
+    return deepest

@@ -99,7 +99,8 @@ def test_split_plan_verifies_and_runs_near_the_floor_on_random_graphs(seed):
     t = simulate(plan).time
     floor = allreduce_floor(topo, topo.vertices, s.size_bytes) + least_latency(topo, topo.vertices)
     assert t >= floor  # the floor is a bound of every plan
-    # here 0.937 / 0.955; RS+AG over the allgather packing, timed, 0.25 / 0.34 of the floor
+    # here 0.916 / 0.963 (0.937 / 0.955 before the shallow, chunk-aware packing); RS+AG over
+    # the allgather packing, timed, 0.25 / 0.34 of the floor
     assert floor / t >= 0.9
 
 
@@ -135,6 +136,57 @@ def test_gated_sends_make_the_schedule_time_the_simulated_time():
                     L.ce)
     verify(plan)
     assert simulate(plan).time == pytest.approx(L.timed_makespan, rel=1e-9)
+
+
+def test_split_packing_keeps_the_shallowest_depth_at_the_unbounded_rate():
+    # the unbounded LP prices in 4-level trees on the fragment; capped at 2 levels it keeps
+    # its rate (SPLIT_DEPTH_SLACK), capped at 1 (stars through the switches) it does not
+    topo = _fragment()
+    ranks = topo.nodes
+    full = splitpack.pack_split(topo, ranks, depth=0)
+    p = splitpack.pack_split(topo, ranks)
+    assert splitpack._levels(full) == 4 and splitpack._levels(p) == 2
+    assert p.rate >= full.rate * (1 - splitpack.SPLIT_DEPTH_SLACK)
+    star = splitpack.pack_split(topo, ranks, depth=1)
+    assert splitpack._levels(star) == 1 and star.rate < full.rate * (1 - splitpack.SPLIT_DEPTH_SLACK)
+
+
+def test_chunk_aware_split_packing_fits_every_links_messages():
+    # with chunks of c bytes a message holds link e for c / cap(e) + lat(e) + per-message:
+    # the packing's loads fit those holds, so its rate is below the byte-only LP's
+    topo = _fragment()
+    ranks = topo.nodes
+    c, per_msg = 1 << 20, 1e-6
+    p = splitpack.pack_split(topo, ranks, chunk_bytes=c, per_msg=per_msg)
+    lat = {(l.src, l.dst): l.latency for l in topo.links}
+    load = _loads([(t, True) for t in p.ins] + [(t, False) for t in p.outs], None)
+    caps = _caps(topo, ranks)
+    for h, x in load.items():
+        assert x / c * (c / caps[h] + lat[h] + per_msg) <= 1 + 1e-6, h
+    assert max(x / c * (c / caps[h] + lat[h] + per_msg) for h, x in load.items()) == pytest.approx(1, rel=1e-6)
+    assert p.rate < splitpack.pack_split(topo, ranks).rate
+
+
+def test_split_plan_replays_its_exact_schedule_over_switches(monkeypatch):
+    # SPLIT_EXACT: on a fragment whose every rank has an NVLink the split jobs still take
+    # the exact schedule, and the plan simulates to its makespan
+    from hcc.compiler import schedule
+
+    seen = []
+    exact = schedule._Timed.schedule_exact
+
+    def spy(self, *a, **k):
+        order = exact(self, *a, **k)
+        seen.append(self)
+        return order
+
+    monkeypatch.setattr(schedule._Timed, "schedule_exact", spy)
+    topo = _fragment()
+    s = spec("allreduce", topo.nodes, 64 << 20)
+    plan = splitpack.split_plan(s, topo, splitpack.pack_split(topo, topo.nodes), 1 << 20)
+    verify(plan)
+    assert seen
+    assert simulate(plan).time == pytest.approx(min(T.makespan for T in seen), rel=1e-9)
 
 
 def test_the_shared_master_holds_each_rank_to_what_it_reduced():
