@@ -43,8 +43,8 @@ The names (``Plan.algorithm`` tells which ran):
                      one received per rank and round (rounds.py): about log2(n) rounds of
                      fill where a chain takes n - 2; forced only (auto does not offer it)
     replay           reduce as the fastest broadcast over the transposed links run backwards
-                     in time (replay.py), up to replay.REPLAY_MAX_RANKS ranks, not over one
-                     switch unless named
+                     in time (replay.py), reduce-scatter as the fastest allgather the same
+                     way, up to replay.REPLAY_MAX_RANKS ranks, not over one switch unless named
     treepack-rsag    allreduce as reduce-scatter + allgather over the allgather packing
     treepack-bidir   allreduce as reduce-then-broadcast over trees packed to load their links
                      both ways (bidir.py, Blink's allreduce), up to bidir.BIDIR_MAX_RANKS ranks
@@ -380,9 +380,11 @@ def _plain(plan: Callable[[CollectiveSpec, Any, int], Plan]):
 
 
 def _lower_replay(u, spec, _) -> Builder | None:
-    """replay.replayed_reduce: the reduce's broadcast compiled and replayed backwards, one
-    plan at every chunk size asked (the broadcast's own compile chose its chunk)."""
-    if spec.kind != "reduce" or not 2 <= len(spec.ranks) <= REPLAY_MAX_RANKS or spec.compress != "none":
+    """replay.replayed_reduce: the reduce's broadcast (the reduce-scatter's allgather)
+    compiled and replayed backwards, one plan at every chunk size asked (the source's own
+    compile chose its chunk)."""
+    if (spec.kind not in ("reduce", "reduce_scatter") or not 2 <= len(spec.ranks) <= REPLAY_MAX_RANKS
+            or spec.compress != "none"):
         return None
     if spec.algorithm != "replay" and one_switch(u.topology, spec.ranks):
         # over one switch the trees reduced in place already run the broadcast backwards (the
@@ -390,7 +392,11 @@ def _lower_replay(u, spec, _) -> Builder | None:
         # slower (docs/design.md "A reduce as its broadcast backwards")
         return None
     try:
-        got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other)
+        # a reduce-scatter replays only the compiler's own allgathers: the baselines' (NCCL's
+        # rings) run backwards are the baselines' own reduce-scatters, priced already
+        got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other,
+                              (lambda plan: plan.algorithm not in BASELINES) if spec.kind == "reduce_scatter"
+                              else (lambda plan: True))
     except VerifyError:
         raise  # a wrong broadcast plan is a bug to report, not a form to skip
     except HccError:  # the broadcast does not compile here (a limit): no replayed form
@@ -447,7 +453,7 @@ REGISTRY: tuple[Algorithm, ...] = (
               pack=_pack_wide, pack_rate=_dbt_rate, treepack=True, chunked=True),
     # the reduce as the fastest broadcast run backwards (replay.py): after the broadcast forms,
     # whose reversals in place (reduce up the same trees) it is priced against
-    Algorithm("replay", frozenset({"reduce"}), _lower_replay),
+    Algorithm("replay", frozenset({"reduce", "reduce_scatter"}), _lower_replay),
     # forced only (docs/design.md "Rounds over one switch"): on the local runtime's star it
     # ran no faster than the trees or the ring, where the model predicts it ahead
     Algorithm("rounds", ROUNDS_KINDS, _lower_rounds, auto=False, chunked=True),

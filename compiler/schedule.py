@@ -138,6 +138,18 @@ INGRESS_GATE = True
 # link to another, PORT_GATE's plans replay their schedule already, and a little faster
 # (DGX-1 at 1 GB, 2 MiB: allreduce 0.895 against 0.883, reduce-scatter 0.890 against 0.887)
 EXACT_GATE = True
+# a job that only broadcasts (broadcast, allgather) over a tree two levels deep or more sends
+# the last chunk of its share as two half chunks (:func:`_tail_halved`). The plan's drain is
+# the last chunks crossing every level below the link where they were last held up behind
+# other trees' chunks, a chunk time per hop: halves cross them in half the time, for one more
+# message per tree and link. 1 x MI250 allgather at 1 GiB (44 trees 5-6 deep, every link
+# loaded to its packed rate): the best chunk's plan 0.912 -> 0.933 of the bound (and the
+# reduce-scatter replayed from it, compiler/replay.py, as much); broadcasts gain a little
+# (DGX-1 fragment 0.948 -> 0.951, the demo 0.770 -> 0.774). Jobs that reduce keep even
+# chunks: reduce-scatter's in-trees gained nothing (MI250 at 1 GiB: 0.900 either way), and
+# the allreduces lost a little (split trees on a DGX-1 fragment 0.843 -> 0.842, bidir on a
+# 4-rank mesh 0.912 -> 0.910)
+TAIL_HALVES = True
 # the smallest chunk of a thin tree, as a share of the chunk size (1: one size for every
 # tree; see _job_chunks): scaling chunks by tree rate lost on 2 x A100 allgather at 1 GB
 # (0.663 -> 0.584 at 4 MiB with 0.25) and on DGX-1 split allreduce, where the per-message
@@ -361,8 +373,10 @@ class _Timed:
         return c.freeze()
 
     def fill(self, spans: list[tuple[int, int]], sizes: list[int], weight: list[float], up: bool, down: bool,
-             chunks: "_Templates") -> None:
-        """Every job's messages, chunk by chunk (``sizes``: each job's chunk in elements),
+             chunks: "_Templates", tail: bool = False) -> None:
+        """Every job's messages, chunk by chunk (``sizes``: each job's chunk in elements;
+        with ``tail``, the last chunk of each job whose down tree is two levels deep or more
+        as two halves: :func:`_tail_halved`),
         as arrays (``self.a``); the per-message lists the Python loops read are made on
         demand (:meth:`lists`). Message ``m`` of chunk ``k`` of job ``t`` is number
         ``off_t + k x E_t + i`` for the ``i``-th message of the job's chunk template
@@ -374,8 +388,9 @@ class _Timed:
         itemsize, hop_s = self.itemsize, self.hop_s
         count: dict[tuple[str, int], int] = {}
         K = []
+        halved = self._halved(spans) if tail else [False] * len(spans)
         for t, (lo, hi) in enumerate(spans):
-            atoms = _even_chunks(lo, hi, sizes[t])
+            atoms = _tail_halved(lo, hi, sizes[t]) if halved[t] else _even_chunks(lo, hi, sizes[t])
             self.pieces.extend((t, a, b) for a, b in atoms)
             self.ubase[t], self.dbase[t] = count.get(("u", self.utree[t]), 0), count.get(("d", self.dtree[t]), 0)
             count[("u", self.utree[t])] = self.ubase[t] + len(atoms)
@@ -415,6 +430,16 @@ class _Timed:
         offs = (np.cumsum(Kv * E) - Kv * E).tolist()
         self.blocks = [(t, offs[t], chunks.by_job[t], K[t]) for t in range(len(K)) if K[t]]
         self._lists = False
+
+    def _halved(self, spans: list[tuple[int, int]]) -> list[bool]:
+        """Per job, whether its last chunk goes as two halves (TAIL_HALVES): where its down
+        tree forwards a chunk again (two levels deep or more) and other jobs carry data too.
+        A lone chain's last chunk follows the one before it hop by hop and is held up
+        nowhere: there the halves' extra message is all they add (a 4-hop chain broadcast of
+        4 MiB: 6.77 -> 6.80 ms at its best chunk)."""
+        live = sum(1 for lo, hi in spans if hi > lo)
+        return [live > 1 and hi > lo and self.shape_info[id(self.dsh[t])][1][self.dsh[t].root] >= 2
+                for t, (lo, hi) in enumerate(spans)]
 
     def lists(self) -> None:
         """The per-message lists (``src``, ``dst``, ``tree``, ``chunk``, ``lo``, ``hi``,
@@ -1067,6 +1092,23 @@ def _even_chunks(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     return out
 
 
+def _tail_halved(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` as :func:`_even_chunks` cuts it, except that a span of at least two
+    chunks sends its last ``ce`` elements as two half chunks (see TAIL_HALVES): every piece
+    still holds between half a chunk and a chunk (bounds.EVEN_CHUNK_RATIO).
+
+    >>> _tail_halved(0, 100, 30)
+    [(0, 24), (24, 47), (47, 70), (70, 85), (85, 100)]
+    >>> _tail_halved(0, 50, 30)
+    [(0, 25), (25, 50)]
+    """
+    half = ce // 2
+    if half < 1 or hi - lo < 2 * ce:
+        return _even_chunks(lo, hi, ce)
+    mid = hi - 2 * half
+    return _even_chunks(lo, mid, ce) + [(mid, mid + half), (mid + half, hi)]
+
+
 def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], min_chunk: float) -> list[int]:
     """Per job, its chunk in elements: ``ce`` scaled by its weight over the heaviest of its
     group, at least ``min_chunk x ce`` (1: every job cuts at ``ce``). A job of 1/J of the
@@ -1187,6 +1229,8 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     if messages > TIMED_MAX_MESSAGES:
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
+    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast
+    tail = TAIL_HALVES and down and not up
     best = None
     info = None
     njobs = len(ush)
@@ -1212,7 +1256,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         T.shape_info = info
         sizes = _job_chunks(L.ce, weight, groups, min_chunk)
         try:
-            T.fill(spans, sizes, weight, up, down, chunks)
+            T.fill(spans, sizes, weight, up, down, chunks, tail)
         except KeyError:  # a message's direction of a tree path is not a link
             return None
         gate = PORT_GATE and window > 1
