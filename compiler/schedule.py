@@ -156,15 +156,35 @@ TAIL_HALVES = True
 # cost of the thin trees' small chunks outweighs their shorter fill
 TREE_MIN_CHUNK = 1.0
 # rounds of share rebalancing after the first schedule (see _lower_timed), stopped early
-# once every tree finishes within REBALANCE_TOLERANCE of its group's mean
-REBALANCE_ROUNDS = 2
-REBALANCE_TOLERANCE = 0.01
+# once every tree finishes within REBALANCE_TOLERANCE of its group's mean. 1% left 27 us of
+# spread on a 2.7 ms broadcast, as much as the rounds gain: DGX-1 fragment gpu[0,1,2,4,5,6]
+# at 256 MiB 0.884 -> 0.889 of the bound with 8 rounds to 0.05%, gpu[1..7] 0.888 -> 0.891
+# (each extra round one more schedule; most stop after 3-5)
+REBALANCE_ROUNDS = 8
+REBALANCE_TOLERANCE = 0.0005
 # the schedule costs about 3x the plain lowering per message in Python (50-100 us per
 # message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
 # rebalancing; above TIMED_MAX_MESSAGES (a 1024-rank allgather has 1.5 M messages per chunk
 # round) the plain chunk-major order, so the timed lowering never dominates a compile
 TIMED_MAX_MESSAGES = 400_000
 REBALANCE_MAX_MESSAGES = 100_000
+# the drain tree (broadcast): a max-rate packing loads every link it uses to the bound, so its
+# deep trees cannot catch up on their fill, and at the end they drain for several chunk
+# times through their last hops while the root's links and others lie idle (DGX-1 fragment
+# gpu[0,1,2,4,5,6] at 256 MiB, 1.5 MiB chunks: the root's busiest link done at 2553 us, the
+# last chunk in at 2712). One more tree, built from the rebalanced schedule
+# (:func:`_drain_tree`: each rank fed by the neighbour that could forward a chunk to it
+# first once the schedule has last used the link), takes a small share at the lowest
+# priority (its keys come after every chunk of the packed trees), so its chunks go where a
+# port would otherwise idle, mostly during that drain; the shares are rebalanced again with
+# it, and it is kept only where the schedule gets faster by DRAIN_GAIN. DRAIN_SHARE scales
+# its starting rate (1.0: the bytes its narrowest edge can carry after its last use, spread
+# over the schedule); 0.5 and 1.5 were slower on the fragments, 2 kept none. Fragments
+# gpu[0,1,2,4,5,6] / gpu[1..7] at 256 MiB: 0.889 -> 0.896 / 0.891 -> 0.892, at 1 GiB
+# 0.941 -> 0.946 / 0.943 -> 0.944; the full DGX-1 at 256 MiB 0.836 -> 0.843
+DRAIN_TREE = True
+DRAIN_SHARE = 1.0
+DRAIN_GAIN = 1e-3
 
 
 def _msg_paths(topo: Topology, ranks: Sequence[str]):
@@ -307,6 +327,7 @@ class _Timed:
         self.key: list[float] = []
         self.itemsize = DTYPE_SIZES[L.spec.dtype]
         self.hop_s = HOP_SLACK
+        self.lag = None  # per job, seconds added to its keys (a drain tree's: DRAIN_TREE)
         self.upsend: dict[tuple[int, int, int], int] = {}
         self.upmsg: dict[tuple[int, int, int], int] = {}  # (job, chunk, sender) -> up message
         self.rootrecv: dict[tuple[int, int], list[int]] = {}
@@ -422,7 +443,7 @@ class _Timed:
         self.a = {
             "src": tab.src[tidx], "dst": tab.dst[tidx], "down": tab.down[tidx], "tree": job_r[row_m],
             "chunk": k_r[row_m], "lo": a_r[row_m], "hi": b_r[row_m],
-            "key": kk[row_m] - dl[row_m] * tab.hops[tidx],
+            "key": kk[row_m] - dl[row_m] * tab.hops[tidx] + (self.lag[job_r][row_m] if self.lag is not None else 0.0),
             "plen": pl, "plinks": tab.plinks[_gather(tab.pptr[tidx], pl)], "ndeps": tab.ndeps[tidx],
             "dcount": dc, "didx": tab.didx[_gather(tab.dptr[tidx], dc)] + np.repeat(row_start[row_m], dc),
         }
@@ -1193,44 +1214,81 @@ def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, in
                       TREE_MIN_CHUNK, rival, rival_ops)
 
 
-def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
-               dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
-               spans: list[tuple[int, int]], topo: Topology, per_msg: float,
-               window: int, min_chunk: float = 1.0, rival=None,
-               rival_ops: int = 0, exact: bool = False) -> list[tuple[int, int]] | None:
-    """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
-    spans used, or None (nothing emitted) when a tree path is not made of the collective's
-    links or the plan would exceed TIMED_MAX_MESSAGES.
+def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
+    """The drain tree of broadcast schedule ``T`` (see DRAIN_TREE) and its starting rate:
+    ``(TreeShape, bytes/s)``, or None where the ranks' direct links do not span them. Each
+    rank's parent is the one from which a chunk sent after ``T``'s last use of every link
+    arrives first (earliest arrival over the direct rank-to-rank links, a hop costing its
+    latency, the per-message cost and a chunk over its capacity); the rate is
+    ``share`` of the bytes its narrowest edge can carry between its last use and the
+    schedule's end, spread over the schedule."""
+    import heapq
 
-    The packing's rates ignore the per-message cost, which weighs more on some trees than
-    on others (a tree over the 10 GB/s, 3 us socket link of a DGX-1 loses 4% at 1 MiB
-    chunks, one over NVLink 9%), so the trees finish at different times. Up to
-    REBALANCE_ROUNDS times, each job's share is scaled by the mean finish time of its
-    group (the jobs sharing one block) over its own, and the fastest schedule is kept.
+    import numpy as np
 
-    ``rival``: a callable giving the predicted time of another plan of the same trees (the
-    plain order of lower.lower_priced), asked only where the kept schedule replays exactly
-    (:func:`_replays_exactly`) and its plan has at most ``rival_ops`` ops; where the rival is
-    faster, nothing is emitted and :class:`Outrun` is raised.
+    from .trees import PackedTree
 
-    ``exact``: over switches, schedule with :meth:`_Timed.schedule_exact` even where every
-    rank has a link to another (EXACT_GATE names where it is used otherwise); the split
-    allreduce asks for it (compiler/splitpack.py SPLIT_EXACT)."""
+    ranks = L.spec.ranks
+    n, a = L.n, T.a
+    if n < 2 or not T.nm:
+        return None
+    free = np.zeros(len(links.cap))  # per link, the end of the schedule's last message over it
+    np.maximum.at(free, a["plinks"], np.repeat(np.asarray(T.end, np.float64), a["plen"]))
+    rank_of = {v: i for i, v in enumerate(ranks)}
+    out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for e, (u, v) in enumerate(links.ends):
+        if u in rank_of and v in rank_of:
+            out[rank_of[u]].append((rank_of[v], e))
+    chunk = L.ce * T.itemsize
+    root = T.dsh[0].root
+    arrive = [float("inf")] * n
+    parent = [(-1, -1)] * n
+    arrive[root] = 0.0
+    heap = [(0.0, root)]
+    done = [False] * n
+    while heap:
+        t, u = heapq.heappop(heap)
+        if done[u]:
+            continue
+        done[u] = True
+        for v, e in out[u]:
+            got = max(t, free[e]) + links.lat[e] + per_msg + chunk / links.cap[e]
+            if not done[v] and got < arrive[v]:
+                arrive[v], parent[v] = got, (u, e)
+                heapq.heappush(heap, (got, v))
+    if not all(done):
+        return None
+    edges = [(ranks[parent[v][0]], ranks[v], (ranks[parent[v][0]], ranks[v])) for v in range(n) if v != root]
+    room = min(links.cap[parent[v][1]] * max(0.0, T.makespan - free[parent[v][1]]) for v in range(n) if v != root)
+    total = float(sum(T.rate))
+    rate = share * room / T.makespan
+    if not rate > total * 1e-6:
+        return None
+    tree = PackedTree(root=ranks[root], edges=tuple(edges), rate=rate)
+    return TreeShape.of(tree, ranks, len(T.dsh)), rate
+
+
+def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg: float, window: int,
+                min_chunk: float, rounds: int, up: bool, down: bool, lag=None, memo: bool = True, weight=None,
+                tail: bool = False, exact: bool = False):
+    """The fastest of up to ``rounds + 1`` schedules of the jobs, each job's share scaled
+    between rounds by its group's mean finish time over its own (see :func:`lower_jobs`):
+    ``(T, order, spans)``, or None when a tree path is not made of the collective's links.
+    ``lag``: per job, seconds added to its keys (None: none); ``memo``: keep the trees'
+    paths and templates for the next lowering of the same trees; ``weight``: the jobs'
+    starting shares (by default their rates; the first schedule then takes ``spans``);
+    ``tail``: the last chunks in halves (TAIL_HALVES); ``exact``: see :func:`lower_jobs`."""
     import numpy as np
 
     kind = L.spec.kind
-    links = _msg_paths(topo, L.spec.ranks)
-    up = kind in ("reduce", "reduce_scatter", "allreduce")
-    down = kind in ("broadcast", "allgather", "allreduce")
     bounds_of = {g: (min(spans[t][0] for t in ts), max(spans[t][1] for t in ts)) for g, ts in groups.items()}
-    weight = [r if r > 0 else 1.0 for r in rates]
-    per_chunk = (L.n - 1) * (int(up) + int(down))
-    messages = sum(-(-(hi - lo) // L.ce) for lo, hi in spans) * per_chunk
-    if messages > TIMED_MAX_MESSAGES:
-        return None
-    rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
-    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast
-    tail = TAIL_HALVES and down and not up
+    if weight is not None:
+        weight = list(weight)
+        for g, ts in groups.items():
+            for t, sp in zip(ts, split_by_rate(*bounds_of[g], [weight[t] for t in ts])):
+                spans[t] = sp
+    else:
+        weight = [r if r > 0 else 1.0 for r in rates]
     best = None
     info = None
     njobs = len(ush)
@@ -1243,17 +1301,18 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                     spans[t] = sp
         T = _Timed(L, ush, dsh, links, per_msg, utree, dtree, rates)
         if info is None:  # the trees' paths do not change with the shares or the chunk size
-            got = _memo_get(links, ush, dsh, up, down)
+            got = _memo_get(links, ush, dsh, up, down) if memo else None
             if got is None:
                 try:
                     T.prepare_paths()
                 except KeyError:
                     return None
                 got = (T.shape_info, _Templates(njobs))
-                if njobs * L.n <= MEMO_MAX_MESSAGES:
+                if memo and njobs * L.n <= MEMO_MAX_MESSAGES:
                     _memo_put(links, ush, dsh, up, down, got)
             info, chunks = got
         T.shape_info = info
+        T.lag = lag
         sizes = _job_chunks(L.ce, weight, groups, min_chunk)
         try:
             T.fill(spans, sizes, weight, up, down, chunks, tail)
@@ -1283,7 +1342,70 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
             moved = moved or max(finish[t] for t in live) > mean * (1 + REBALANCE_TOLERANCE)
         if not moved:
             break
+    return best
+
+
+def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
+               dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
+               spans: list[tuple[int, int]], topo: Topology, per_msg: float,
+               window: int, min_chunk: float = 1.0, rival=None,
+               rival_ops: int = 0, exact: bool = False) -> list[tuple[int, int]] | None:
+    """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
+    spans used, or None (nothing emitted) when a tree path is not made of the collective's
+    links or the plan would exceed TIMED_MAX_MESSAGES.
+
+    The packing's rates ignore the per-message cost, which weighs more on some trees than
+    on others (a tree over the 10 GB/s, 3 us socket link of a DGX-1 loses 4% at 1 MiB
+    chunks, one over NVLink 9%), so the trees finish at different times. Up to
+    REBALANCE_ROUNDS times, each job's share is scaled by the mean finish time of its
+    group (the jobs sharing one block) over its own, and the fastest schedule is kept
+    (:func:`_rebalanced`). A broadcast then tries one more, lowest-priority tree built from
+    that schedule (DRAIN_TREE); where it is kept, its shape is left in ``L.drain_shapes``
+    and its span is the last of those returned.
+
+    ``rival``: a callable giving the predicted time of another plan of the same trees (the
+    plain order of lower.lower_priced), asked only where the kept schedule replays exactly
+    (:func:`_replays_exactly`) and its plan has at most ``rival_ops`` ops; where the rival is
+    faster, nothing is emitted and :class:`Outrun` is raised.
+
+    ``exact``: over switches, schedule with :meth:`_Timed.schedule_exact` even where every
+    rank has a link to another (EXACT_GATE names where it is used otherwise); the split
+    allreduce asks for it (compiler/splitpack.py SPLIT_EXACT)."""
+    import numpy as np
+
+    kind = L.spec.kind
+    links = _msg_paths(topo, L.spec.ranks)
+    up = kind in ("reduce", "reduce_scatter", "allreduce")
+    down = kind in ("broadcast", "allgather", "allreduce")
+    per_chunk = (L.n - 1) * (int(up) + int(down))
+    messages = sum(-(-(hi - lo) // L.ce) for lo, hi in spans) * per_chunk
+    if messages > TIMED_MAX_MESSAGES:
+        return None
+    rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
+    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast
+    tail = TAIL_HALVES and down and not up
+    best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
+                       up, down, tail=tail, exact=exact)
+    if best is None:
+        return None
+    if DRAIN_TREE and kind == "broadcast" and rounds and len(groups) == 1 and not best[0].exact:
+        base, shares = best[0], [hi - lo for lo, hi in best[2]]  # the packed trees' rebalanced shares
+        scale = sum(rates) / max(1, sum(shares))
+        drain = _drain_tree(base, L, links, per_msg, DRAIN_SHARE)
+        if drain is not None:
+            shape, rate = drain
+            j = len(ush)
+            lag = np.zeros(j + 1)
+            lag[j] = base.makespan  # after every chunk of the packed trees, at every port
+            got = _rebalanced(L, ush + [shape], dsh + [shape], list(utree) + [j], list(dtree) + [j],
+                              list(rates) + [rate], {g: ts + [j] for g, ts in groups.items()}, spans + [(0, 0)],
+                              links, per_msg, window, min_chunk, rounds, up, down, lag, memo=False,
+                              weight=[x * scale for x in shares] + [rate], tail=tail, exact=exact)
+            if got is not None and got[0].makespan < base.makespan * (1 - DRAIN_GAIN):
+                best = got
+                L.drain_shapes = [shape]
     T, order, spans = best
+    gate = PORT_GATE and window > 1
     if rival is not None and _replays_exactly(T) and 2 * T.nm + (L.n + 2) * len(T.pieces) <= rival_ops:
         # the plan would simulate to T.makespan; where another plan of these trees is
         # already faster, emitting this one is wasted (lower.lower_priced would drop it)

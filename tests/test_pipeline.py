@@ -147,7 +147,7 @@ def test_the_selected_plan_is_priced_between_its_chunks_neighbours():
     from hcc.compiler.pipeline import REFINE
 
     topo = dgx1()
-    sp = spec("broadcast", topo, size=256 << 20)
+    sp = spec("broadcast", topo, size=128 << 20)
     u = compile_unit(program(topo, sp))
     got = u.chosen.choice
     times = dict(got.tried)
