@@ -245,15 +245,17 @@ class Lower:
         if not out:
             raise CompileError(f"{spec.name}: no algorithm could be lowered for a {spec.kind}")
         if kept is not None and not spec.chunk_bytes:
+            # the candidate Select would take and the runners-up within REFINE_RIVALS of it are
+            # refined, and Select takes the fastest after refinement (the others are slower
+            # than it was before)
             first = out[kept].choice.simulation.time
-            out[kept] = _refined(out[kept], builders, dropped, u)
-            # the runners-up within REFINE_RIVALS of it are refined too, and Select takes the
-            # fastest after refinement
-            for k, c in enumerate(out):
-                if k != kept and c.algorithm in eligible and c.choice.simulation.time <= first * REFINE_RIVALS:
-                    out[k] = _refined(c, builders, dropped, u)
-                    if _select_key(out[k]) < _select_key(out[kept]):
-                        kept = k
+            rivals = [k for k, c in enumerate(out)
+                      if k == kept or (c.algorithm in eligible and c.choice.simulation.time <= first * REFINE_RIVALS)]
+            for k in rivals:
+                out[k] = _refined(out[k], builders, dropped, u)
+            kept = min(rivals, key=lambda k: _select_key(out[k]))
+            for k in rivals:  # a refined plan holds programs again: held or emptied as after lowering
+                _hold(out, k, KEEP_SELECTED_OPS if k == kept else KEEP_PROGRAMS_OPS, dropped)
         if kept is not None and out[kept].algorithm in dropped:
             # the plan Select will take was too large to hold: lowered again, same chunk
             c = out[kept]
@@ -287,11 +289,13 @@ def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
     """``c``, or ``c``'s algorithm at the fastest of the chunk sizes :data:`REFINE` of its
     chunk where one of them is faster, up to :data:`REFINE_ROUNDS` times; baselines (their
     figures are reported as such), plans priced from op columns and plans above
-    LARGE_PLAN_OPS ops stay as they are."""
+    LARGE_PLAN_OPS ops (counted before their programs were emptied, ``dropped``) stay as
+    they are."""
     from .chunks import LARGE_PLAN_OPS
 
-    if (c.algorithm in BASELINES or c.algorithm in dropped or not registry.algorithm(c.algorithm).chunked
-            or _count(c.choice.plan, "ops") > LARGE_PLAN_OPS):
+    what, held = dropped.get(c.algorithm, ("ops", None))
+    if (c.algorithm in BASELINES or what != "ops" or not registry.algorithm(c.algorithm).chunked
+            or (_count(c.choice.plan, "ops") if held is None else held) > LARGE_PLAN_OPS):
         return c
     item = DTYPE_SIZES[u.spec.dtype]
     best = c.choice
@@ -422,16 +426,27 @@ def _keep_selected(out: list[Candidate], eligible: tuple[str, ...], kept: int | 
     if out[new].algorithm in eligible and (kept is None or _select_key(out[new]) < _select_key(out[kept])):
         kept, let_go = new, kept
     for k, most in ((let_go, KEEP_PROGRAMS_OPS), (kept, KEEP_SELECTED_OPS)):
-        if k is None or out[k].algorithm in dropped:
-            continue
-        c = out[k]
-        plan = c.choice.plan
-        ops = _count(plan, "ops")
-        if ops > most:
-            dropped[c.algorithm] = ("ops", ops)
-            hollow = replace(plan, programs=tuple(() for _ in plan.programs))
-            out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
+        if k is not None and out[k].algorithm not in dropped:
+            _hold(out, k, most, dropped)
     return kept
+
+
+def _hold(out: list[Candidate], k: int, most: int, dropped: dict[str, tuple[str, int]]) -> None:
+    """``out[k]`` keeps its programs up to ``most`` ops; above, they are emptied and the count
+    noted in ``dropped``. A plan without programs (emptied before, or priced from op columns)
+    is left as it is; one that holds programs again (refined at another chunk) is no longer
+    in ``dropped`` where it keeps them."""
+    c = out[k]
+    plan = c.choice.plan
+    if not any(plan.programs):
+        return
+    ops = _count(plan, "ops")
+    if ops > most:
+        dropped[c.algorithm] = ("ops", ops)
+        hollow = replace(plan, programs=tuple(() for _ in plan.programs))
+        out[k] = Candidate(c.algorithm, replace(c.choice, plan=hollow))
+    elif dropped.get(c.algorithm, ("", 0))[0] == "ops":
+        del dropped[c.algorithm]
 
 
 def _count(plan: Plan, what: str) -> int:

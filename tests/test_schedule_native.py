@@ -103,13 +103,21 @@ def test_lower_priced_returns_the_faster_order(monkeypatch, net, kind):
             super().__init__(*args)
 
     monkeypatch.setattr(schedule, "Outrun", Seen)
+    plain_wins = 0
     for chunk in (256 << 10, 1 << 20):
         times = [simulate(lower(s, topo, trees, chunk, schedule=o, model=model), model=model).time
                  for o in ("fifo", "timed")]
         plan, sim = lower_priced(s, topo, trees, chunk, model=model)
         assert sim.time == min(times)
         assert simulate(plan, model=model).time == sim.time
-    assert len(outrun) == (2 if (net, kind) == ("random", "allgather") else 0)
+        plain_wins += times[0] < times[1]
+    # the random graph's allgather replays its schedule exactly (one hop per message), so the
+    # timed plan is compared before it is written and dropped where the plain order wins
+    # (at 256 KiB); elsewhere both are written and simulated
+    if (net, kind) == ("random", "allgather"):
+        assert len(outrun) == plain_wins >= 1
+    else:
+        assert not outrun
 
 
 # -- the exact (switch) schedule: compiler/_simcore.c's ``exact`` against _schedule_exact_py --

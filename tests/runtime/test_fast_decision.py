@@ -15,7 +15,7 @@ from hcc.backends.rendezvous import StoreClient, StoreServer
 
 N = 4
 TIMEOUT = 5.0  # a decision missing for this long is the failure under test
-LATE = 0.3  # long enough that the test orders every arrival before the first late marker
+LATE = 1.0  # long enough that the test orders every arrival before the first late marker
 
 
 def _counters(server, rank):
@@ -92,4 +92,6 @@ def test_the_first_late_marker_killed_before_it_decides_leaves_an_adaptive_decis
             t.join(TIMEOUT + 5)
         assert got == {1: "adaptive", 2: "adaptive"}, got
         final = StoreClient(server.address, "tok", timeout=10).peek(f"job/fast/{slot}")
-        assert final // ADAPT == 2 and final % ADAPT < DECIDE  # both survivors' count, no static flag
+        # one adaptive count per survivor that declared the run late (the second may have seen
+        # the first's decision before its own wait ran out), no static flag
+        assert 1 <= final // ADAPT <= 2 and final % ADAPT < DECIDE
