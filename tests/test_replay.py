@@ -40,11 +40,12 @@ def program(body: str, src: str | None = None):
                     + "collective b = broadcast on t { " + body.split("op =")[0] + " }\n")
 
 
-def source_broadcast(prog):
-    """The broadcast of ``prog``'s ``b`` over the transposed topology (what replay compiles)."""
+def source_broadcast(prog, name: str = "b"):
+    """The plan of ``prog``'s ``name`` (its broadcast ``b`` by default, or its allgather ``a``)
+    over the transposed topology: what replay compiles and runs backwards."""
     tops = dict(prog.topologies)
     tops["t"] = transposed(prog.topologies["t"])
-    return compile_unit(replace(prog, topologies=tops), "b").plan
+    return compile_unit(replace(prog, topologies=tops), name).plan
 
 
 @pytest.mark.parametrize("root", [0, 3])
@@ -144,19 +145,13 @@ def scatter_program(body: str, src: str | None = None):
                     + "collective a = allgather on t { " + body.split("op =")[0] + " }\n")
 
 
-def source_allgather(prog):
-    tops = dict(prog.topologies)
-    tops["t"] = transposed(prog.topologies["t"])
-    return compile_unit(replace(prog, topologies=tops), "a").plan
-
-
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_replayed_reduce_scatter_verifies_and_computes(op):
     """A reduce-scatter as its allgather backwards: partial sums gather in tmp, each rank's own
     block lands in its out; every pacing verifies and computes what numpy computes."""
     prog = scatter_program(f"size = 4000 B  dtype = float64  chunk = 160 B  op = {op}  algorithm = treepack")
     spec = prog.collective("c")
-    a = source_allgather(prog)
+    a = source_broadcast(prog, "a")
     from hcc.compiler.replay import PACINGS
 
     for per_tree, window, gate in PACINGS:
@@ -171,7 +166,7 @@ def test_one_path_per_pair_replays_the_allgather_time_exactly():
     for seed in range(2):
         prog = scatter_program("size = 64 MiB  op = sum  algorithm = treepack", lopsided(6, seed))
         spec = prog.collective("c")
-        a = source_allgather(prog)
+        a = source_broadcast(prog, "a")
         plan = reversed_broadcast(spec, prog.topology_of(spec), a, DEFAULT_MODEL)
         assert simulate(plan).time == pytest.approx(simulate(a).time, rel=1e-9)
         assert simulate(plan).messages == simulate(a).messages
@@ -184,7 +179,7 @@ def test_auto_offers_the_reduce_scatter_replay_of_its_own_allgathers_only():
     its reverse is the rings' own reduce-scatter, priced already."""
     prog = scatter_program("size = 64 MiB  op = sum", lopsided(6, 1))
     u = compile_unit(prog, "c")
-    assert source_allgather(prog).algorithm == "treepack"
+    assert source_broadcast(prog, "a").algorithm == "treepack"
     times = {c.algorithm: c.predicted_s for c in u.candidates}
     assert u.plan.algorithm == "replay" and times["replay"] < times["treepack"]
     assert u.plan.figures.predicted_s == pytest.approx(min(times.values()))
