@@ -170,6 +170,8 @@ class _Lowering:
         self.ce = ce
         self.op = plan_op(spec.kind, spec.op)
         self.B = ProgramBuilder(self.n)
+        # trees a schedule added to the given ones (schedule.DRAIN_TREE), recorded in the plan
+        self.drain_shapes: list = []
 
     def block(self, j: int) -> tuple[int, int]:
         return block_range(self.E, self.n, j)

@@ -400,7 +400,7 @@ def lower(
 
             timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window, rival, rival_ops)
         spans = _lower_trees(L, shapes, per_root, proportional, window, timed)
-        shapes += getattr(L, "drain_shapes", [])  # the timed broadcast's drain tree (schedule.DRAIN_TREE)
+        shapes += L.drain_shapes  # the timed broadcast's drain tree (schedule.DRAIN_TREE)
         tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
     return assemble(spec, topo, L.B, tree_values, algorithm, ce)
 

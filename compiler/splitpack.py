@@ -94,13 +94,15 @@ SPLIT_EXACT = True
 class SplitPacking:
     """``ins`` / ``outs``: treepack.PackedTree values (in-trees in the reduce packing's
     convention: edges parent -> child, data flowing child -> parent); ``rate``: the allreduce
-    rate in bytes/s of the buffer (sum of the out-trees' rates); ``bound``: the floor's rate."""
+    rate in bytes/s of the buffer (sum of the out-trees' rates); ``bound``: the floor's rate;
+    ``depth``: the deepest tree's levels (a route through switches one level)."""
 
     ins: tuple
     outs: tuple
     rate: float
     bound: float
     rounds: int
+    depth: int = 0
 
     @property
     def trees(self) -> tuple:
@@ -182,17 +184,14 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
             else:
                 ins.append((_to_tree(rev, col, x * scale), col))
         levels = max((_depth(c) for _, c in ins + outs), default=0)
-        p = SplitPacking(tuple(t for t, _ in ins), tuple(t for t, _ in outs), sum(t.rate for t, _ in outs),
-                         bound, rounds)
-        return p, levels
+        return SplitPacking(tuple(t for t, _ in ins), tuple(t for t, _ in outs), sum(t.rate for t, _ in outs),
+                            bound, rounds, levels)
 
     if depth is not None:
-        got = packed(depth)
-        return got[0] if got else None
-    got = packed(0)
-    if got is None:
+        return packed(depth)
+    full = packed(0)
+    if full is None:
         return None
-    full, levels = got
     ecc = 0
     for p in (pf, pr):
         w0, _ = p.matrix(1.0 / capn)
@@ -201,12 +200,11 @@ def pack_split(topo: Topology, ranks: Sequence[str], *, max_rounds: int = SPLIT_
             if e is None:
                 return full
             ecc = max(ecc, e)
-    for d in range(max(ecc, 1), levels):
+    for d in range(max(ecc, 1), full.depth):
         got = packed(d)
-        if got is not None and got[0].rate >= (1 - SPLIT_DEPTH_SLACK) * full.rate:
-            return got[0]
+        if got is not None and got.rate >= (1 - SPLIT_DEPTH_SLACK) * full.rate:
+            return got
     return full
-
 
 def _pack(pf, pr, n: int, capn, scale: float, bound: float, max_rounds: int, depth: int):
     """The column generation of :func:`pack_split` over link capacities ``capn`` (scaled by
@@ -323,7 +321,7 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
         # at the depth cap of ``packing`` (pack_split chose it): probing again per chunk size
         # tripled the packing's share of the compile
         again = pack_split(topo, spec.ranks, chunk_bytes=ce * DTYPE_SIZES[spec.dtype], per_msg=per_msg,
-                           depth=_levels(packing))
+                           depth=packing.depth)
         if again is not None and again.outs:
             packing = again
     ins = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(packing.ins)]
@@ -349,23 +347,3 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(shapes))
     return assemble(spec, topo, L.B, trees, "treepack-split", ce)
 
-
-def _levels(packing: SplitPacking) -> int:
-    """The deepest tree of ``packing`` in levels (a route through switches is one level).
-
-    >>> class T:
-    ...     def __init__(self, root, edges): self.root, self.edges = root, edges
-    >>> chain = T("a", [("a", "b", ("a", "b")), ("b", "c", ("b", "s", "c"))])
-    >>> _levels(SplitPacking((), (chain,), 1.0, 1.0, 0))
-    2
-    """
-    deepest = 0
-    for t in packing.trees:
-        parent = {c: p for p, c, _ in t.edges}
-        for v in parent:
-            d = 0
-            while v != t.root:
-                v = parent[v]
-                d += 1
-            deepest = max(deepest, d)
-    return deepest
