@@ -62,6 +62,7 @@ from ..ir.topology import Topology
 from .builder import Spans, split_by_rate
 from .lower import ProgramBuilder, assemble, chunk_elems, plan_op
 from .routes import pieces, ring_order
+from .schedule import _tail_halved
 
 __all__ = ["Levels", "levels_forms", "levels_plan", "levels_priced", "plan_levels", "plan_packed", "rank_groups"]
 
@@ -115,6 +116,26 @@ STAR_PAIR_WINDOW = 2
 # One: a second scale gained little for a second lowering at every chunk size (2 x MI250
 # allreduce 256 MB: 0.756 at 1 MiB x 2 against 0.743 at 2 MiB x 1; allgather 0.800 / 0.827)
 PACKED_SCALES = (1,)
+# where a group's trees are stars, the packed form's lanes send the last chunk of a block of
+# two chunks or more as two halves (schedule._tail_halved), and a group forwards what a lane
+# brings in pieces that end where the lane's do: the group's last forwards, which wait for the
+# lane's last bytes, then carry half a chunk each, not a chunk (2 x A100 allgather 256 MB at
+# 8 MiB: the NIC's second chunk in at 678 us, then seven 8 MiB forwards through each NVSwitch
+# port, 210 us, where the port had idled since 632 us). With OWN_WHOLE, 2 x A100 allgather /
+# reduce-scatter / allreduce at 256 MB 0.897 / 0.870 / 0.877 -> 0.921 / 0.904 / 0.912 of the
+# bound, at 1 GB
+# 0.963 / 0.946 / 0.946 -> 0.971 / 0.957 / 0.962. Over an MI250 node's deeper trees the halves
+# traded 64 MB for the larger sizes (2 x MI250 allgather 0.690 / 0.819 / 0.858 -> 0.660 /
+# 0.818 / 0.865 at 64 MB / 256 MB / 1 GB) and are not taken there
+LANE_TAIL_HALVES = True
+# where a group's trees are stars, each rank sends its own block to each peer in one message,
+# except to the first peer, which takes it chunk by chunk: the two sends a rank has in flight
+# at the start (STAR_RANK_WINDOW) go to one port. Sent chunk by chunk to every peer in turn,
+# each port's first reservation went to a rank's second send, which waited for its first to
+# leave the rank's own port, so every port but one idled a message time at the start and the
+# sends collided after (2 x A100 allgather 256 MB: 0.872 -> 0.897 of the bound, 1 GB
+# 0.936 -> 0.963; a rank's seven own-block messages, not fourteen)
+OWN_WHOLE = True
 # the packed form is priced at chunk sizes down to size / this: below, its messages (a
 # group's 48 trees on an MI250 node, one message per tree edge per chunk) cost seconds per
 # size and it lost to larger chunks at every size tried (2 x MI250 256 MB: 0.76 at 1 MiB,
@@ -525,7 +546,8 @@ def _packed_transfers(L: Levels, E: int, n: int, ce: int, backward: bool = False
     sent: dict[int, list[int]] = {}
     got: dict[int, list[int]] = {}
     blocks = [block_range(E, n, r) for r in range(n)]
-    lane = [list(pieces(*blocks[r], ce)) for r in range(n)]
+    halves = LANE_TAIL_HALVES and L.stars
+    lane = [_tail_halved(*blocks[r], ce) if halves else list(pieces(*blocks[r], ce)) for r in range(n)]
     most = max(len(c) for c in lane)
     for q in (range(most - 1, -1, -1) if backward else range(most)):
         for s in range(1, G):
@@ -549,17 +571,27 @@ def _packed_transfers(L: Levels, E: int, n: int, ce: int, backward: bool = False
         for g in range(G):
             for i in range(m):
                 ts = L.inner[g][i]
-                a, b = blocks[groups[(g - s) % G][i]]
+                src = groups[(g - s) % G][i]
+                a, b = blocks[src]
+                # a lane's block in pieces that end where the lane's do (LANE_TAIL_HALVES)
+                cuts = sorted({a, b} | {y for _, y in lane[src]}) if s and halves else [a, b]
                 for t, (x, y) in zip(ts, split_by_rate(a, b, [L.trees[t].rate for t in ts])):
-                    jobs.append([(x0, x1, t) for x0, x1 in pieces(x, y, ci)])
+                    ends = [x] + [c for c in cuts if x < c < y] + [y]
+                    jobs.append([(x0, x1, t) for lo, hi in zip(ends, ends[1:]) for x0, x1 in pieces(lo, hi, ci)])
         stages.append(jobs)
     # the lanes' blocks piece by piece across the groups they come from, as the lanes bring
     # them (piece q of every group's block, then q + 1): block by block, a rank's next
     # forward (star groups pace a rank's sends together) waited for its block's next piece,
     # which the lanes bring only after every other group's piece q (4 x A100 allgather 256 MB
     # at 4 MiB: each rank's NVSwitch port idle 338-691 us, 0.78 of the bound)
-    for group in (stages[:1], stages[1:]):
+    for own, group in ((True, stages[:1]), (False, stages[1:])):
         jobs = [j for st in group for j in st]
+        if own and L.stars and OWN_WHOLE:  # peer by peer, the first peer's chunk by chunk
+            for j in (j for j in jobs if j):
+                t, first = j[0][2], (j[::-1] if backward else j)
+                for k, (p, c) in enumerate(edges[t]):
+                    out.extend((p, c, x0, x1, t) for x0, x1, _ in (first if k == 0 else [(j[0][0], j[-1][1], t)]))
+            continue
         most = max((len(j) for j in jobs), default=0)
         for q in (range(most - 1, -1, -1) if backward else range(most)):
             for j in jobs:
