@@ -94,6 +94,13 @@ from .trees import PackedTree
 # search prices only a few powers of two, 512 KiB and 1 MiB, around its 880 KiB optimum)
 CHUNK_STEP = 64 << 10
 
+# up to this many ranks wide_plan also prices the lane trees under the timed schedule
+# (lower.lower_priced: shares rebalanced by finish time, the last chunks in halves, a drain
+# tree) and keeps the faster: 2 x A100 broadcast / reduce at 256 MiB 0.876 / 0.862 -> 0.884 /
+# 0.887 of the bound, 4 x A100 0.826 / 0.812 -> 0.826 / 0.837. Past it the windowed plan
+# alone: the timed schedule of the 512-rank samples' trees would cost more than their compile
+WIDE_TIMED_MAX_RANKS = 64
+
 __all__ = ["CHUNK_STEP", "host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
 
 
@@ -290,8 +297,11 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
         # away from the links every tree's relays take there, whose sends of one chunk are
         # all ready at one instant (an in-host copy queued there first held the root's
         # third port back 40 us)
-        inner = _host_tree(net, inside[0], groups[0], gws[t][0], share, load, top_kids=1,
-                           avoid={a for m in mine for a in m.get(0, ())})
+        if not relay_root and lanes[0][t] != root and not has_direct_links(net, groups[0]):
+            inner = _port_first(net, inside[0], groups[0], root, lanes[0][t], share, load)
+        else:
+            inner = _host_tree(net, inside[0], groups[0], gws[t][0], share, load, top_kids=1,
+                               avoid={a for m in mine for a in m.get(0, ())})
         if inner is None:
             return None
         for u, v, p in inner:
@@ -307,6 +317,24 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
             return None
         out.append(PackedTree(r[root], tuple(edges), share))
     return out
+
+
+def _port_first(net: Routes, inside: set, group: Sequence[int], root: int, port: int, share: float,
+                load: dict) -> list[tuple[int, int, tuple[str, ...]]] | None:
+    """The root's host's part of the lane tree that leaves it from ``port``'s rank (not the
+    root), the host without direct links (an NVSwitch): the root's one child is that rank,
+    which spreads the tree to the rest (bcast_trees._host_tree, least-loaded first), so every
+    port's first chunk is one switch hop from the root. The least-loaded tree from the root
+    itself made all 8 trees of an A100 server one chain, whose port k started k hops late
+    (2 x A100 broadcast 256 MiB, with WIDE_TIMED: 0.884 -> 0.893 of the bound, reduce 0.887
+    -> 0.903). Edges parents first, each with its path; None where they do not connect."""
+    way = next((p for p in net.shortest_routes(root, port) if all(x in inside for x in p)), None)
+    rest = None if way is None else _host_tree(net, inside, [g for g in group if g != root], port, share, load)
+    if rest is None:
+        return None
+    for arc in zip(way, way[1:]):
+        load[arc] = load.get(arc, 0.0) + share
+    return [(root, port, way)] + rest
 
 
 def _levels(layout, hosts: int) -> list[int]:
@@ -572,13 +600,22 @@ def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *,
     """``treepack-wide``'s plan: the lane trees lowered as treepack-dbt's (receives windowed,
     bcast_trees.lower_dbt) at ``chunk_bytes``, or, where the program does not set the chunk,
     at no more than :func:`wide_chunk`'s, by the cross-host routes' links alone or by every
-    link the trees load (``inside``), whichever simulates faster where the two differ."""
+    link the trees load (``inside``); up to :data:`WIDE_TIMED_MAX_RANKS` ranks also under the
+    timed schedule at those sizes; whichever simulates fastest."""
     from .cost import DEFAULT_MODEL, simulate
+
+    from .lower import lower_priced
 
     model = model or DEFAULT_MODEL
     if getattr(spec, "chunk_bytes", 0):
-        return lower_dbt(spec, topo, trees, chunk_bytes, algorithm="treepack-wide")
-    caps = sorted({min(chunk_bytes, wide_chunk(spec, topo, trees, model.per_message_s, inside=x))
-                   for x in (False, True)})
+        caps = [chunk_bytes]
+    else:
+        caps = sorted({min(chunk_bytes, wide_chunk(spec, topo, trees, model.per_message_s, inside=x))
+                       for x in (False, True)})
     plans = [lower_dbt(spec, topo, trees, c, algorithm="treepack-wide") for c in caps]
-    return plans[0] if len(plans) == 1 else min(plans, key=lambda p: simulate(p, model=model).time)
+    if len(spec.ranks) > WIDE_TIMED_MAX_RANKS:
+        return plans[0] if len(plans) == 1 else min(plans, key=lambda p: simulate(p, model=model).time)
+    priced = [(p, simulate(p, model=model).time) for p in plans]
+    priced += [(p, sim.time) for p, sim in (lower_priced(spec, topo, trees, c, algorithm="treepack-wide",
+                                                         model=model) for c in caps)]
+    return min(priced, key=lambda x: x[1])[0]

@@ -23,7 +23,7 @@ from hcc.compiler.bcast_trees import chunk_for, dbt_pair, dbt_plan, dbt_trees, l
 from hcc.compiler.bcast_wide import host_depth, lane_layout, wide_chunk, wide_plan, wide_trees
 from hcc.compiler.cost import simulate
 from hcc.compiler.frontend import load_program
-from hcc.compiler.pipeline import resolve
+from hcc.compiler.pipeline import compile_one, resolve
 
 from test_lower import check_numeric
 
@@ -415,15 +415,50 @@ def test_chained_lanes_use_no_relays_and_spread_as_stars(name):
 def test_wide_plan_takes_the_faster_of_its_two_chunk_rules():
     """On NVSwitch hosts the rule that counts every loaded link asks for larger chunks than
     the cross-host routes alone (the switch ports' 2 us per message); wide_plan lowers at
-    whichever of the two simulates faster."""
+    each of the two, windowed (lower_dbt) and under the timed schedule (lower_priced), and
+    keeps whichever simulates fastest."""
+    from hcc.compiler.lower import lower_priced
+
     spec, topo = setup(RAILS4, "b", elems=32 << 20)
     trees = wide_trees(topo, spec.ranks, spec.root, stars=True, chains=True)
     cross, every = (wide_chunk(spec, topo, trees, 1e-6, inside=x) for x in (False, True))
     assert every > cross
     plan = wide_plan(spec, topo, trees, spec.size_bytes)
+    sizes = (cross, every, cross, every)
     times = [simulate(lower_dbt(spec, topo, trees, c, algorithm="treepack-wide")).time for c in (cross, every)]
-    assert plan.chunk_bytes == (cross, every)[times.index(min(times))]
+    times += [lower_priced(spec, topo, trees, c, algorithm="treepack-wide")[1].time for c in (cross, every)]
+    assert plan.chunk_bytes == sizes[times.index(min(times))]
     assert simulate(plan).time == pytest.approx(min(times), rel=1e-12)
+
+
+def test_nvswitch_root_host_feeds_each_port_first():
+    """Where the root's host has no direct links (an NVSwitch) and sends each lane from the
+    rank behind its port, that rank is the root's child in the lane's tree (one switch hop,
+    not a chain of the host's ranks), and the lane spreads from it. Two 8-GPU A100-like
+    servers at 256 MiB, as ``hcc compile`` plans them: the broadcast reaches 0.87 of the
+    max-flow bound and the reduce 0.88 (the windowed plans over the least-loaded chain:
+    0.856 and 0.842); the small plans verify and compute what numpy computes."""
+    two = rails_text(2, 8, "n0.g0", "n0.g0")
+    big = load_program(two.replace("size = 1 MiB", "size = 256 MiB"))
+    for name in ("b", "r"):
+        spec, topo = setup(two, name)
+        inward = spec.kind == "reduce"
+        trees = wide_trees(topo, spec.ranks, spec.root, inward=inward)
+        host = dict(topo.hosts)
+        root = spec.ranks[spec.root]
+        for t in trees:
+            out = [(p, c) for p, c, _ in t.edges if host[p] != host[c]]
+            port = out[0][0]
+            assert len(out) == 1 and host[port] == host[root]
+            if port != root:  # the root's one child: the rank behind the lane's port
+                assert [c for p, c, _ in t.edges if p == root] == [port]
+        plan = wide_plan(spec, topo, trees, 8 * 401)
+        plan.verify()
+        check_numeric(plan, seed=5)
+        compiled = compile_one(big, name)
+        assert compiled.algorithm == "treepack-wide"
+        eff = broadcast_bound(resolve(big, name), topo, most=15) / simulate(compiled).time
+        assert eff >= (0.88 if inward else 0.87)
 
 
 def test_wide_is_shallower_and_faster_than_the_binary_pairs():
