@@ -75,9 +75,10 @@ levels deep, 8 x 32 MiB lanes at 1 MiB chunks: 1.406 ms on each NIC (each messag
 1.63 ms simulated (0.826 of the bound; the heap 0.777).
 
 Where relaying out of the root narrows its links (an NVSwitch host: :func:`wide_trees`), the
-root's host stores each tree's data at the rank behind its port first. The in-host trees
-(bcast_trees._host_tree, least-loaded first) keep off the links the relays take: a relay and
-a copy of the same chunk on one link queue one behind the other.
+root's host stores each tree's data at the rank behind its port first: that rank is the
+root's one child and spreads the tree over the host (:func:`_port_first`). Elsewhere the
+in-host trees (bcast_trees._host_tree, least-loaded first) keep off the links the relays
+take: a relay and a copy of the same chunk on one link queue one behind the other.
 """
 from __future__ import annotations
 
@@ -96,10 +97,12 @@ CHUNK_STEP = 64 << 10
 
 # up to this many ranks wide_plan also prices the lane trees under the timed schedule
 # (lower.lower_priced: shares rebalanced by finish time, the last chunks in halves, a drain
-# tree) and keeps the faster: 2 x A100 broadcast / reduce at 256 MiB 0.876 / 0.862 -> 0.884 /
-# 0.887 of the bound, 4 x A100 0.826 / 0.812 -> 0.826 / 0.837. Past it the windowed plan
-# alone: the timed schedule of the 512-rank samples' trees would cost more than their compile
-WIDE_TIMED_MAX_RANKS = 64
+# tree) and keeps the faster, and an NVSwitch root host feeds each lane's port rank first
+# (:func:`_port_first`, which the windowed plan alone does not gain from: 4 x A100 broadcast
+# 256 MiB 0.826 -> 0.747): 2 x A100 broadcast / reduce at 256 MiB 0.876 / 0.862 -> 0.893 /
+# 0.903 of the bound. On 4 A100 servers (32 ranks) both together reached 0.829 / 0.848 from
+# 0.826 / 0.812, for 3-4 x the compile (the reduce at 1 GiB 15 -> 37 CPU s), and are not taken
+WIDE_TIMED_MAX_RANKS = 16
 
 __all__ = ["CHUNK_STEP", "host_depth", "lane_layout", "wide_chunk", "wide_plan", "wide_trees"]
 
@@ -297,7 +300,8 @@ def _lane_trees(topo, ranks, root: int, inward: bool, net: Routes, groups, lanes
         # away from the links every tree's relays take there, whose sends of one chunk are
         # all ready at one instant (an in-host copy queued there first held the root's
         # third port back 40 us)
-        if not relay_root and lanes[0][t] != root and not has_direct_links(net, groups[0]):
+        if (not relay_root and lanes[0][t] != root and len(ranks) <= WIDE_TIMED_MAX_RANKS
+                and not has_direct_links(net, groups[0])):
             inner = _port_first(net, inside[0], groups[0], root, lanes[0][t], share, load)
         else:
             inner = _host_tree(net, inside[0], groups[0], gws[t][0], share, load, top_kids=1,
@@ -327,7 +331,8 @@ def _port_first(net: Routes, inside: set, group: Sequence[int], root: int, port:
     port's first chunk is one switch hop from the root. The least-loaded tree from the root
     itself made all 8 trees of an A100 server one chain, whose port k started k hops late
     (2 x A100 broadcast 256 MiB, with WIDE_TIMED: 0.884 -> 0.893 of the bound, reduce 0.887
-    -> 0.903). Edges parents first, each with its path; None where they do not connect."""
+    -> 0.903; up to WIDE_TIMED_MAX_RANKS ranks). Edges parents first, each with its path;
+    None where they do not connect."""
     way = next((p for p in net.shortest_routes(root, port) if all(x in inside for x in p)), None)
     rest = None if way is None else _host_tree(net, inside, [g for g in group if g != root], port, share, load)
     if rest is None:
