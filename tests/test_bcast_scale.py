@@ -412,21 +412,27 @@ def test_chained_lanes_use_no_relays_and_spread_as_stars(name):
     assert simulate(plan).time >= bound * (1 - 1e-9)
 
 
-def test_wide_plan_takes_the_faster_of_its_two_chunk_rules():
-    """On NVSwitch hosts the rule that counts every loaded link asks for larger chunks than
-    the cross-host routes alone (the switch ports' 2 us per message); wide_plan lowers at
-    each of the two, windowed (lower_dbt) and under the timed schedule (lower_priced), and
-    keeps whichever simulates fastest."""
+@pytest.mark.parametrize("hosts", [4, 2])
+def test_wide_plan_takes_the_faster_of_its_two_chunk_rules(hosts):
+    """On four NVSwitch hosts the rule that counts every loaded link asks for larger chunks
+    than the cross-host routes alone (the switch ports' 2 us per message); wide_plan lowers
+    at each of the two, windowed (lower_dbt) and, up to WIDE_TIMED_MAX_RANKS ranks (two hosts
+    of 8, not four), under the timed schedule (lower_priced), and keeps whichever simulates
+    fastest."""
+    from hcc.compiler.bcast_wide import WIDE_TIMED_MAX_RANKS
     from hcc.compiler.lower import lower_priced
 
-    spec, topo = setup(RAILS4, "b", elems=32 << 20)
-    trees = wide_trees(topo, spec.ranks, spec.root, stars=True, chains=True)
+    spec, topo = setup(rails_text(hosts, 8, "n0.g0", f"n{hosts - 1}.g5"), "b", elems=32 << 20)
+    trees = wide_trees(topo, spec.ranks, spec.root, stars=True, chains=hosts > 2)
     cross, every = (wide_chunk(spec, topo, trees, 1e-6, inside=x) for x in (False, True))
-    assert every > cross
+    assert every > cross or hosts == 2  # two hosts: the rules agree
     plan = wide_plan(spec, topo, trees, spec.size_bytes)
-    sizes = (cross, every, cross, every)
-    times = [simulate(lower_dbt(spec, topo, trees, c, algorithm="treepack-wide")).time for c in (cross, every)]
-    times += [lower_priced(spec, topo, trees, c, algorithm="treepack-wide")[1].time for c in (cross, every)]
+    sizes = sorted({cross, every})
+    times = [simulate(lower_dbt(spec, topo, trees, c, algorithm="treepack-wide")).time for c in sizes]
+    if len(spec.ranks) <= WIDE_TIMED_MAX_RANKS:
+        times += [lower_priced(spec, topo, trees, c, algorithm="treepack-wide")[1].time for c in sizes]
+        sizes += sizes
+    assert (len(times) > len({cross, every})) == (hosts == 2)
     assert plan.chunk_bytes == sizes[times.index(min(times))]
     assert simulate(plan).time == pytest.approx(min(times), rel=1e-12)
 
