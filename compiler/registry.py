@@ -394,11 +394,9 @@ def _lower_replay(u, spec, _) -> Builder | None:
     try:
         # a reduce-scatter replays only the compiler's own allgathers: the baselines' (NCCL's
         # rings) run backwards are the baselines' own reduce-scatters, priced already
-        if spec.kind == "reduce_scatter":
-            got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other,
-                                  lambda plan: plan.algorithm not in BASELINES)
-        else:
-            got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other)
+        any_source = spec.kind != "reduce_scatter"
+        got = replayed_reduce(u.program, spec, u.topology, u.model, u.compile_other,
+                              lambda plan: any_source or plan.algorithm not in BASELINES)
     except VerifyError:
         raise  # a wrong broadcast plan is a bug to report, not a form to skip
     except HccError:  # the broadcast does not compile here (a limit): no replayed form
