@@ -371,10 +371,11 @@ def _lanes(net: Routes, topo, groups: list[list[int]]) -> list[list[int]] | None
 
 
 def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
-              algorithm: str = "treepack-dbt") -> Plan:
+              algorithm: str = "treepack-dbt", inside_window: int = 0) -> Plan:
     """Broadcast or reduce of ``spec`` over ``trees`` (out-trees, or in-trees for reduce),
     chunks round-robin over the trees, each tree edge's receives posted :data:`WINDOW`
-    chunks ahead (module docstring)."""
+    chunks ahead (module docstring); ``inside_window`` (0: the same) on the edges whose two
+    ranks share a host (bcast_wide.wide_plan's paced lanes)."""
     kind = spec.kind
     if kind not in ("broadcast", "reduce"):
         raise PlanError(f"treepack-dbt has no form for {kind!r}")
@@ -392,6 +393,13 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
     # child's edge (reduce), chunk by chunk: the window's gates
     got: list[dict] = [dict() for _ in shapes]
     pieces = [[(a + q * ce, min(b, a + (q + 1) * ce)) for q in range(-(-(b - a) // ce))] for a, b in spans]
+    host = dict(topo.hosts)
+    names = spec.ranks
+
+    def window(u: int, v: int) -> int:
+        same = inside_window and host.get(names[u], names[u]) == host.get(names[v], names[v])
+        return inside_window if same else WINDOW
+
     for k in range(max((len(p) for p in pieces), default=0)):
         for t, sh in enumerate(shapes):
             if k >= len(pieces[t]):
@@ -406,7 +414,8 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
                 for r in sh.order:
                     for c in sh.children[r]:
                         prev = hist.setdefault(c, [])
-                        gate = (prev[k - WINDOW],) if k >= WINDOW else ()
+                        w = window(r, c)
+                        gate = (prev[k - w],) if k >= w else ()
                         _, rv = B.message(r, c, inref if r == sh.root else out, out, send_deps=have[r],
                                           recv_deps=gate, tree=t, chunk=k)
                         prev.append(rv)
@@ -422,7 +431,8 @@ def lower_dbt(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int,
                 done = []
                 for c in kids:
                     prev = hist.setdefault(c, [])
-                    gate = (copy, prev[k - WINDOW]) if k >= WINDOW else (copy,)
+                    w = window(c, r)
+                    gate = (copy, prev[k - w]) if k >= w else (copy,)
                     cref, cdeps = ready[c]
                     _, rr = B.message(c, r, cref, out, send_deps=cdeps, recv_deps=gate, reduce=True,
                                       tree=t, chunk=k)

@@ -186,9 +186,12 @@ def _pack_wide(u):
         return None
     ways = [plain, wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=True)]
     hosts = len({u.topology.host_of(r) for r in u.spec.ranks})
-    if 3 <= hosts <= host_depth(u.topology, plain) + 2:  # chains one host level deeper at most
+    chains = 3 <= hosts <= host_depth(u.topology, plain) + 2  # chains one host level deeper at most
+    if chains:
         ways += [wide_trees(u.topology, u.spec.ranks, u.spec.root, inward=inward, stars=s, chains=True)
                  for s in (False, True)]
+    if not inward:  # the paced lanes (bcast_wide._paced) over stars from each port's rank
+        ways.append(wide_trees(u.topology, u.spec.ranks, u.spec.root, stars=True, chains=chains, root_stars=True))
     ways = [w for i, w in enumerate(ways) if w is not None and w not in ways[:i]]
     if len(ways) == 1:
         return plain
