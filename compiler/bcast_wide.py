@@ -94,10 +94,10 @@ next: the windowed plan over these trees 1.538 -> 1.494 ms (0.873 -> 0.899 of th
 The root reaches its eight lanes one after another, a chunk's hold on its port each, so the
 last lane starts 45 us after the first and ends as late. :func:`_paced` lowers the trees
 once more with each lane's share set from that plan's own completion times: its rate over
-its first cross-host edge, from its start, so that the lanes end together, or staggered in
-the order they start by half or one chunk's hold on the hosts' switch ports
-(:data:`PACED_STAGGER`: a lane's last chunk then spreads through ports its neighbours' have
-left), whichever simulates fastest. Two A100 servers at 256 MiB: 0.902 of the bound (the
+its first cross-host edge, from its start, so that the lanes end in the order they start,
+half or one chunk's hold on the hosts' switch ports apart (:data:`PACED_STAGGER`: a lane's
+last chunk then spreads through ports its neighbours have left; ended together, the eight
+last chunks queued at every port of the last host), whichever simulates fastest. Two A100 servers at 256 MiB: 0.902 of the bound (the
 timed schedule over the chains below each port: 0.893); four: 0.847 (0.826).
 """
 from __future__ import annotations
@@ -658,9 +658,9 @@ def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *,
     return min(priced, key=lambda x: x[1])[0]
 
 
-# paced lanes (module docstring): a lane's share scaled by how long its first cross-host
-# edge ran, its finish aimed at a stagger of this many times one chunk's hold on the
-# narrowest link inside the hosts (0: all together), each one more plan
+# paced lanes (module docstring): the lanes' shares set so that they end in the order they
+# start, this many times one chunk's hold on the narrowest link inside the hosts apart,
+# each one more plan (0, all together, was never the fastest on two or four A100 servers)
 PACED_STAGGER = (0.5, 1.0)
 
 
@@ -707,7 +707,7 @@ def _paced(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, model
     if len(seen) != len(trees) or any(len(v) < 2 for v in seen.values()):
         return out
     # each tree's rate over its first edges (from its first message's arrival to its last's)
-    # and its start; the shares that end them together, or staggered in start order
+    # and its start; the shares that end them staggered in start order
     weight = [t.rate for t in trees]
     rate, start = [], []
     for j in range(len(trees)):
