@@ -132,6 +132,18 @@ def forestcoll_child(label: str) -> None:
     print(time.process_time() - c0, time.perf_counter() - t0, len(gpus) * k / U * 1e9)
 
 
+# compiles compared with ForestColl's that take under SHORT_S CPU seconds (either side) are
+# timed REPEATS times and the least kept: a sub-second compile on this shared machine varies
+# by 2x between runs (ForestColl on one MI250 node: 0.52 and 0.94 s in two runs of the table)
+SHORT_S = 10.0
+REPEATS = 3
+
+
+def compared(label: str, kind: str, args) -> bool:
+    """Whether the row is timed beside ForestColl (the allgathers of its own topologies)."""
+    return kind == "allgather" and bool(args.forestcoll) and label.startswith(("a100", "mi250"))
+
+
 def time_forestcoll(label: str, timeout_s: float):
     """(CPU seconds, wall seconds, optimal algbw in B/s) of ForestColl on ``label``, run in a
     child process so a slow peer can be stopped at ``timeout_s`` (then None)."""
@@ -259,6 +271,12 @@ def run(args) -> list[dict]:
                 t0, c0 = time.perf_counter(), time.process_time()
                 plan = compile_unit(prog, c.name).plan
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if size == 256 * MiB and compared(label, c.kind, args) and cpu < SHORT_S:
+                    for _ in range(REPEATS - 1):  # a short compile: the least of REPEATS (below)
+                        clear_memos()
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        compile_unit(prog, c.name)
+                        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
                 f = plan.figures
                 tag = f"{size // MiB}MiB"
                 row[f"eff_{tag}"] = round(f.efficiency, 4)
@@ -293,8 +311,12 @@ def run(args) -> list[dict]:
                 print(f"  {label:12s} {c.name:22s} {tag:>8s} {plan.algorithm:16s} eff {f.efficiency:.3f} "
                       f"{wall:7.2f} s", file=sys.stderr, flush=True)
             row.update({"forestcoll_cpu_s": "", "hcc_over_forestcoll": "", "same_algbw": ""})
-            if c.kind == "allgather" and args.forestcoll and label.startswith(("a100", "mi250")):
+            if compared(label, c.kind, args):
                 fc = time_forestcoll(label, args.forestcoll_timeout) if FORESTCOLL.is_dir() else None
+                for _ in range(REPEATS - 1 if fc is not None and fc[0] < SHORT_S else 0):
+                    again = time_forestcoll(label, args.forestcoll_timeout)
+                    if again is not None:
+                        fc = min(fc, again)
                 if not FORESTCOLL.is_dir():
                     row["forestcoll_cpu_s"] = "absent"
                 elif fc is None:

@@ -278,6 +278,14 @@ REFINE = (3 / 4, 3 / 2)
 # rounds of REFINE, each around the chunk the last one found faster (DGX-1 broadcast 256 MiB:
 # 1 MiB from the search, 768 KiB, then 1152 KiB)
 REFINE_ROUNDS = 3
+# then, for an algorithm whose trees are packed again at each chunk size (registry
+# ``repacked``), around the chunk those rounds end at, these finer fractions, as many rounds:
+# the split trees of DGX-1 fragment 0,1,2,3's allreduce at 256 MiB run 0.893 of the bound at
+# 1 MiB, 0.876 at 768 KiB, 0.887 at 1.5 MiB and 0.906 at 1.25 MiB. For every chunked
+# algorithm it gained 0.3-1.5 points on a few more plans (2 x MI250 allgather 0.821 -> 0.836
+# at 256 MiB) but cost one MI250 node's allgather compile a third more, past 0.3 x
+# ForestColl's
+REFINE_FINE = (7 / 8, 5 / 4)
 # the chunk search's runners-up within this factor of the selected candidate's time (before
 # its refinement) are refined as well: the refinement alone can reorder them (hetero.hcl's
 # mesh allreduce: the split trees 4.176 ms at 1 MiB before bidir's 4.182 ms at 4 MiB, 4.169 ms
@@ -287,7 +295,8 @@ REFINE_RIVALS = 1.02
 
 def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
     """``c``, or ``c``'s algorithm at the fastest of the chunk sizes :data:`REFINE` of its
-    chunk where one of them is faster, up to :data:`REFINE_ROUNDS` times; baselines (their
+    chunk where one of them is faster, up to :data:`REFINE_ROUNDS` times, then (a
+    ``repacked`` algorithm) of :data:`REFINE_FINE` the same way; baselines (their
     figures are reported as such), plans priced from op columns and plans above
     LARGE_PLAN_OPS ops (counted before their programs were emptied, ``dropped``) stay as
     they are."""
@@ -300,19 +309,20 @@ def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
     item = DTYPE_SIZES[u.spec.dtype]
     best = c.choice
     tried = list(c.choice.tried)
-    for _ in range(REFINE_ROUNDS):
-        around = best.chunk_bytes
-        for f in REFINE:
-            size = int(around * f) // item * item
-            if size <= 0 or size >= u.spec.size_bytes or size in {x for x, _ in tried}:
-                continue
-            got = builders[c.algorithm](size)
-            plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
-            tried.append((size, sim.time))
-            if sim.time < best.simulation.time * (1 - 1e-9):
-                best = ChunkChoice(size, plan, sim, ())
-        if best.chunk_bytes == around:
-            break
+    for fracs in (REFINE, REFINE_FINE) if registry.algorithm(c.algorithm).repacked else (REFINE,):
+        for _ in range(REFINE_ROUNDS):
+            around = best.chunk_bytes
+            for f in fracs:
+                size = int(around * f) // item * item
+                if size <= 0 or size >= u.spec.size_bytes or size in {x for x, _ in tried}:
+                    continue
+                got = builders[c.algorithm](size)
+                plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
+                tried.append((size, sim.time))
+                if sim.time < best.simulation.time * (1 - 1e-9):
+                    best = ChunkChoice(size, plan, sim, ())
+            if best.chunk_bytes == around:
+                break
     return Candidate(c.algorithm, ChunkChoice(best.chunk_bytes, best.plan, best.simulation, tuple(tried)))
 
 

@@ -136,6 +136,9 @@ class Algorithm:
     chunked: bool = False
     # auto offers it (False: only where the program names it)
     auto: bool = True
+    # its trees are packed again at each chunk size, so its time is not smooth in the size:
+    # the plan selected is also priced at pipeline.REFINE_FINE of its chunk
+    repacked: bool = False
 
     def offered(self, spec: CollectiveSpec) -> bool:
         """``algorithm = auto`` may offer it for ``spec``."""
@@ -469,7 +472,8 @@ REGISTRY: tuple[Algorithm, ...] = (
               max_chunks=NEW_FORMS_MAX_CHUNKS, chunked=True),
     Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
               eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
-              pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True),
+              pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True,
+              repacked=True),
     # the largest ring allreduces priced from op columns (channels.ring_priced)
     Algorithm("ring", TREE_KINDS, lambda u, spec, _: lambda c: ring_priced(spec, u.topology, c, u.model),
               baseline=True),
