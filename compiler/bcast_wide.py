@@ -634,8 +634,9 @@ def wide_plan(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, *,
     """``treepack-wide``'s plan: the lane trees lowered as treepack-dbt's (receives windowed,
     bcast_trees.lower_dbt) at ``chunk_bytes``, or, where the program does not set the chunk,
     at no more than :func:`wide_chunk`'s, by the cross-host routes' links alone or by every
-    link the trees load (``inside``); up to :data:`WIDE_TIMED_MAX_RANKS` ranks also under the
-    timed schedule at those sizes; whichever simulates fastest."""
+    link the trees load (``inside``); also paced (:func:`_paced`) where a host's edges cross
+    its switch, and up to :data:`WIDE_TIMED_MAX_RANKS` ranks under the timed schedule, at
+    those sizes; whichever simulates fastest."""
     from .cost import DEFAULT_MODEL, simulate
 
     from .lower import lower_priced
@@ -721,8 +722,8 @@ def _paced(spec: Any, topo, trees: Sequence[PackedTree], chunk_bytes: int, model
     for frac in PACED_STAGGER:
         off = [frac * hold * (order[j] - mid) for j in range(len(trees))]
         end = (total + sum(r * (s - o) for r, s, o in zip(rate, start, off))) / sum(rate)
-        share = [max(r * (end + o - s), 0.0) for r, s, o in zip(rate, start, off)]
-        if min(share) <= 0:
+        share = [r * (end + o - s) for r, s, o in zip(rate, start, off)]
+        if min(share) <= 0:  # a lane that would start after the others end: not this stagger
             continue
         scale = sum(weight) / sum(share)
         moved = [PackedTree(t.root, t.edges, x * scale) for t, x in zip(trees, share)]
