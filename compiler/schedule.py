@@ -167,6 +167,13 @@ REBALANCE_TOLERANCE = 0.0005
 # its compile 0.17 CPU s with all 8, 0.14 with this stop, the same plan; with 2 the demo's
 # broadcast lost 0.815 -> 0.809)
 REBALANCE_STALL = 3
+# ... or, where the plan replays exactly and another order of the same trees is priced
+# beside it (lower.lower_priced: the plain order), after the first round that finds nothing
+# faster while that order is still ahead: the rounds then chase a plan that is dropped. Over
+# the 1042 such lowerings of benchmarks/auto_bench.py's cells no schedule behind the plain
+# order at its first fruitless round overtook it later; on one MI250 node's allgather (the
+# plain order ahead at every chunk size, the rounds past the first each slower) it halves
+# the rounds
 # the schedule costs about 3x the plain lowering per message in Python (50-100 us per
 # message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
 # rebalancing; above TIMED_MAX_MESSAGES (a 1024-rank allgather has 1.5 M messages per chunk
@@ -1275,14 +1282,16 @@ def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
 
 def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg: float, window: int,
                 min_chunk: float, rounds: int, up: bool, down: bool, lag=None, memo: bool = True, weight=None,
-                tail: bool = False, exact: bool = False):
+                tail: bool = False, exact: bool = False, rival=None, rival_ops: int = 0):
     """The fastest of up to ``rounds + 1`` schedules of the jobs, each job's share scaled
     between rounds by its group's mean finish time over its own (see :func:`lower_jobs`):
     ``(T, order, spans)``, or None when a tree path is not made of the collective's links.
     ``lag``: per job, seconds added to its keys (None: none); ``memo``: keep the trees'
     paths and templates for the next lowering of the same trees; ``weight``: the jobs'
     starting shares (by default their rates; the first schedule then takes ``spans``);
-    ``tail``: the last chunks in halves (TAIL_HALVES); ``exact``: see :func:`lower_jobs`."""
+    ``tail``: the last chunks in halves (TAIL_HALVES); ``exact``: see :func:`lower_jobs`;
+    ``rival``, ``rival_ops``: as :func:`lower_jobs` takes them, for the stop after
+    REBALANCE_STALL."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1335,7 +1344,7 @@ def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, link
             stall = 0
         else:
             stall += 1
-            if stall >= REBALANCE_STALL:
+            if stall >= REBALANCE_STALL or (rival is not None and _behind(best[0], L, rival, rival_ops)):
                 break
         finish_a = np.zeros(njobs)
         if T.nm:
@@ -1353,6 +1362,13 @@ def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, link
         if not moved:
             break
     return best
+
+
+def _behind(T: _Timed, L: _Lowering, rival, rival_ops: int) -> bool:
+    """Whether schedule ``T`` replays exactly (:func:`_replays_exactly`), its plan has at most
+    ``rival_ops`` ops and ``rival()`` (the other order's predicted time) is ahead of it."""
+    return (_replays_exactly(T) and 2 * T.nm + (L.n + 2) * len(T.pieces) <= rival_ops
+            and T.makespan > rival() * (1 + REPLAY_MARGIN))
 
 
 def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: Sequence[int],
@@ -1395,7 +1411,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast
     tail = TAIL_HALVES and down and not up
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
-                       up, down, tail=tail, exact=exact)
+                       up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops)
     if best is None:
         return None
     if DRAIN_TREE and kind == "broadcast" and rounds and len(groups) == 1 and not best[0].exact:
@@ -1416,12 +1432,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                 L.drain_shapes = [shape]
     T, order, spans = best
     gate = PORT_GATE and window > 1
-    if rival is not None and _replays_exactly(T) and 2 * T.nm + (L.n + 2) * len(T.pieces) <= rival_ops:
+    if rival is not None and _behind(T, L, rival, rival_ops):
         # the plan would simulate to T.makespan; where another plan of these trees is
         # already faster, emitting this one is wasted (lower.lower_priced would drop it)
-        other = rival()
-        if T.makespan > other * (1 + REPLAY_MARGIN):
-            raise Outrun(other)
+        raise Outrun(rival())
     if kind == "reduce_scatter":
         def dst_of(r: int, t: int, a: int, b: int) -> ChunkRef:
             j = ush[t].root

@@ -233,3 +233,53 @@ def test_native_exact_schedule_checks_its_indices(bad):
         return
     with pytest.raises(ValueError, match="exact: "):
         run()
+
+
+def _rounds(monkeypatch, topo, kind: str, chunk: int, rival) -> list[float]:
+    """The makespans of the timed lowering's rebalancing rounds over ``kind``'s packing on
+    ``topo`` (``rival``: lower_jobs' rival, a callable, or None)."""
+    ranks = topo.nodes
+    s = spec(kind, ranks, 16 << 20, 0 if kind == "broadcast" else -1)
+    trees = _packing(kind, topo, ranks).trees
+    seen: list[float] = []
+    real = schedule._Timed.schedule
+
+    def record(self, *args, **kw):
+        order = real(self, *args, **kw)
+        seen.append(self.makespan)
+        return order
+
+    monkeypatch.setattr(schedule._Timed, "schedule", record)
+    try:
+        lower(s, topo, trees, chunk, schedule="timed", model=CostModel(), rival=rival, rival_ops=1 << 40)
+    except schedule.Outrun:
+        pass
+    monkeypatch.undo()
+    return seen
+
+
+def _fruitless(seen: list[float]) -> int | None:
+    """The index of the first round that found nothing faster than the rounds before it."""
+    for i in range(1, len(seen)):
+        if seen[i] >= min(seen[:i]) * (1 - 1e-9):
+            return i
+    return None
+
+
+def test_a_schedule_behind_the_other_order_stops_rebalancing_at_its_first_fruitless_round(monkeypatch):
+    # REBALANCE_STALL: without a rival the rounds go on past a round that found nothing
+    # faster (up to REBALANCE_STALL of them in a row); with the other order ahead of every
+    # schedule (a rival of time 0) they stop at the first such round, and the timed plan is
+    # dropped unwritten
+    went_on = 0
+    for seed in (1, 2, 3, 5):
+        topo = random_graph(7, seed, latency=1e-6)
+        for chunk in (256 << 10, 1 << 20):
+            free = _rounds(monkeypatch, topo, "allgather", chunk, None)
+            behind = _rounds(monkeypatch, topo, "allgather", chunk, lambda: 0.0)
+            stop = _fruitless(behind)
+            if stop is not None:
+                assert len(behind) == stop + 1
+            assert behind == free[:len(behind)]  # the same rounds up to the stop
+            went_on += len(free) > len(behind)
+    assert went_on >= 1
