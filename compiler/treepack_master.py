@@ -47,6 +47,11 @@ _EXTRA_COLUMNS = 3
 # 4.2 at 32, 1.9-3.6 against 5.8-6.8 at 40; at 48 numpy wins)
 _LIST_EDMONDS_MAX = 40
 
+try:  # the same steps natively (compiler/_simcore.c's ``arborescence``): a tenth of the time
+    from ._simcore import arborescence as _arborescence
+except ImportError:  # not built (HCC_NO_NATIVE=1), or built before it had it: the Python code
+    _arborescence = None
+
 
 class PackError(ValueError):
     """No spanning tree exists (a rank unreachable from a root through the collective's
@@ -199,7 +204,19 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
     into it discounted by the cycle arc they would replace; recurse; expand. The Python
     loops run on lists (numpy scalar indexing made it most of a pack's time), the O(n^2)
     contraction on arrays; up to _LIST_EDMONDS_MAX vertices all of it on
-    lists (:func:`_edmonds_cols`)."""
+    lists (:func:`_edmonds_cols`); natively where that is built, the same steps and
+    tie-breaks (tests/test_treepack_master.py compares the three)."""
+    n = w.shape[0]
+    if _arborescence is not None:
+        par_out = np.empty(n, np.int64)
+        if not _arborescence(np.ascontiguousarray(w, dtype=np.float64), root, par_out):
+            return None
+        return par_out.tolist()
+    return _edmonds_py(w, root)
+
+
+def _edmonds_py(w: np.ndarray, root: int) -> list[int] | None:
+    """:func:`_edmonds` in Python (the reference of the native code)."""
     n = w.shape[0]
     if n <= _LIST_EDMONDS_MAX:
         return _edmonds_cols(w.T.tolist(), root)
@@ -221,7 +238,7 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
     order = np.argsort(g, kind="stable")
     starts = np.searchsorted(g[order], np.arange(gid))
     small = np.minimum.reduceat(np.minimum.reduceat(adj[order][:, order], starts, axis=0), starts, axis=1)
-    sub = _edmonds(small, group[root])
+    sub = _edmonds_py(small, group[root])
     if sub is None:
         return None
 
