@@ -237,18 +237,23 @@ class Spans:
         self.longest = [0] * n
 
     def add(self, r: int, a: int, b: int, op: int) -> None:
-        k = bisect.bisect_right(self.starts[r], a)
-        self.starts[r].insert(k, a)
-        self.items[r].insert(k, (a, b, op))
-        self.longest[r] = max(self.longest[r], b - a)
+        st = self.starts[r]
+        if not st or a >= st[-1]:  # in order, as a lowering mostly adds them: appended
+            st.append(a)
+            self.items[r].append((a, b, op))
+        else:
+            k = bisect.bisect_right(st, a)
+            st.insert(k, a)
+            self.items[r].insert(k, (a, b, op))
+        if b - a > self.longest[r]:
+            self.longest[r] = b - a
 
     def over(self, r: int, a: int, b: int) -> tuple[int, ...]:
-        st, it = self.starts[r], self.items[r]
+        """The ops of rank ``r`` whose range overlaps ``[a, b)``, sorted, each once."""
+        st = self.starts[r]
         k = bisect.bisect_left(st, a - self.longest[r] + 1)
-        got = []
-        while k < len(st) and st[k] < b:
-            x, y, op = it[k]
-            if y > a:
-                got.append(op)
-            k += 1
-        return tuple(sorted(set(got)))
+        end = bisect.bisect_left(st, b, k)  # the ranges starting before b
+        if end - k == 1:  # the common case (a lowering's ranges are mostly disjoint chunks)
+            y, op = self.items[r][k][1:]
+            return (op,) if y > a else ()
+        return tuple(sorted({op for _, y, op in self.items[r][k:end] if y > a}))

@@ -33,6 +33,33 @@ def best_time(spec, build: Callable[[int], "Plan | tuple[Plan, Simulation]"], *,
     return choose_chunk(build, spec_chunks(spec), model=model, patience=patience).simulation.time
 
 
+# the chunk size the search's refinement (pipeline._refined) lowers the selected plan around,
+# while it does (:class:`refining`)
+_AROUND: list[int | None] = [None]
+
+
+class refining:
+    """``with refining(chunk):`` the chunk search's refinement is lowering the selected plan's
+    algorithm at a size near ``chunk``, where the search priced it already; a builder that
+    prices several forms at every size may then price only those that came close at
+    ``chunk`` (levels.levels_priced). :func:`refined_around` reads it."""
+
+    def __init__(self, around: int):
+        self.around = around
+
+    def __enter__(self):
+        self.prev = _AROUND[0]
+        _AROUND[0] = self.around
+
+    def __exit__(self, *exc):
+        _AROUND[0] = self.prev
+
+
+def refined_around() -> int | None:
+    """The chunk size the refinement lowers around (:class:`refining`), else None."""
+    return _AROUND[0]
+
+
 def chunk_candidates(size_bytes: int, itemsize: int, smallest: int = 4096) -> tuple[int, ...]:
     """Chunk sizes to try, largest first: the whole buffer, then powers of two from
     ``size/2`` down to 4 KiB (below 4 KiB the per-message cost dominates every link

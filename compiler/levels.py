@@ -807,36 +807,81 @@ def levels_forms(topo: Topology, ranks: Sequence[str]) -> tuple[Levels, ...] | N
     return forms
 
 
+# the chunk search's refinement (chunks.refining) prices, of the variants levels_priced
+# priced at the chunk it refines around, those within this factor of the fastest there: 2 x
+# MI250 allreduce at 256 MiB priced 9 variants at each of the refinement's sizes, half its
+# compile (16.2 -> 11.8 CPU s, the same plan). With 1.02, as pipeline.REFINE_RIVALS refines
+# algorithms, 4 A100 servers' allgather at 64 MiB lost 0.787 -> 0.785 of the bound: the
+# packed form fastest at 1.5 MiB was 5.3 % behind at 1 MiB, where the search ended
+REFINE_VARIANTS = 1.1
+# levels_priced's variant times per (forms, collective, chunk), the newest last (at most
+# _PRICED_MAX entries)
+_priced: dict[tuple, tuple[Sequence[Levels], dict[tuple, float]]] = {}
+_PRICED_MAX = 64
+
+
 def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_bytes: int, *, model=None):
     """``(plan, simulation)`` of the fastest of ``forms`` at ``chunk_bytes`` (the packed forms
     only down to ``size / PACKED_MAX_CHUNKS``). An allreduce whose star groups' packed form
     is one of them is also priced as that form's reduce-scatter followed by the allgather of
     the form whose simulated allgather is fastest (4 A100 servers at 256 MB: 0.909 of the
-    bound, where either form alone reaches 0.892)."""
+    bound, where either form alone reaches 0.892). Inside the chunk search's refinement
+    around a chunk priced here already (chunks.refining), only the variants within
+    :data:`REFINE_VARIANTS` of the fastest there are priced."""
+    from .chunks import refined_around
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
     usable = [lay for lay in forms
               if not (lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and lay is not forms[0])]
+    at = {id(lay): j for j, lay in enumerate(forms)}  # a form's index in ``forms``
+    ident = (spec.name, spec.kind, spec.size_bytes, tuple(spec.ranks), spec.dtype, spec.op, id(topo), model)
+    around = refined_around()
+    known = _priced.get(ident + (around,)) if around is not None else None
+    allowed = None
+    if known is not None and known[0] is forms and known[1]:
+        least = min(known[1].values())
+        allowed = {k for k, t in known[1].items() if t <= least * REFINE_VARIANTS}
+    variants: list = []  # (form index in usable, replays, per_rank, allgather form index in usable)
     ends: dict[int, list[float]] = {}
-    if spec.kind != "allgather" and len(spec.ranks) <= BOTH_FORMS_MAX_RANKS:
+    if allowed is not None:
+        pos = {at[id(lay)]: i for i, lay in enumerate(usable)}
+        for fi, replays, per_rank, agj in sorted(allowed, key=lambda k: (k[0], k[1], k[2], -1 if k[3] is None else k[3])):
+            if fi in pos and (agj is None or agj in pos):
+                i = pos[fi]
+                if replays and i not in ends:
+                    got = allgather_ends(spec, topo, usable[i], chunk_bytes, model)
+                    if got is None:
+                        continue
+                    ends[i] = got
+                variants.append((i, replays, per_rank, None if agj is None else pos[agj]))
+    if not variants:  # not refining, or none of the close variants applies at this size
+        if spec.kind != "allgather" and len(spec.ranks) <= BOTH_FORMS_MAX_RANKS:
+            for i, lay in enumerate(usable):
+                got = allgather_ends(spec, topo, lay, chunk_bytes, model)
+                if got is not None:
+                    ends[i] = got
+        fastest = min(ends, key=lambda i: max(ends[i], default=0.0)) if ends else None
         for i, lay in enumerate(usable):
-            got = allgather_ends(spec, topo, lay, chunk_bytes, model)
-            if got is not None:
-                ends[i] = got
-    fastest = min(ends, key=lambda i: max(ends[i], default=0.0)) if ends else None
+            variants.append((i, False, False, None))
+            if i in ends:
+                variants.append((i, True, False, None))
+                if lay.stars:
+                    variants.append((i, True, True, None))
+                    if spec.kind == "allreduce" and fastest is not None and fastest != i:
+                        variants += [(i, True, r, fastest) for r in (False, True)]
+    times: dict[tuple, float] = {}
     best = None
-    for i, lay in enumerate(usable):
-        variants: list = [(None, False, None)]
-        if i in ends:
-            variants.append((ends[i], False, None))
-            if lay.stars:
-                variants.append((ends[i], True, None))
-                if spec.kind == "allreduce" and fastest is not None and fastest != i:
-                    variants += [(ends[i], r, usable[fastest]) for r in (False, True)]
-        for replay, per_rank, ag_layout in variants:
-            plan = levels_plan(spec, topo, lay, chunk_bytes, replay=replay, per_rank=per_rank, ag_layout=ag_layout)
-            sim = simulate(plan, model=model)
-            if best is None or sim.time < best[1].time:
-                best = (plan, sim)
+    for i, replays, per_rank, j in variants:
+        lay = usable[i]
+        plan = levels_plan(spec, topo, lay, chunk_bytes, replay=ends[i] if replays else None, per_rank=per_rank,
+                           ag_layout=None if j is None else usable[j])
+        sim = simulate(plan, model=model)
+        times[(at[id(lay)], replays, per_rank, None if j is None else at[id(usable[j])])] = sim.time
+        if best is None or sim.time < best[1].time:
+            best = (plan, sim)
+    _priced.pop(ident + (chunk_bytes,), None)
+    _priced[ident + (chunk_bytes,)] = (forms, times)
+    while len(_priced) > _PRICED_MAX:
+        del _priced[next(iter(_priced))]
     return best

@@ -48,7 +48,7 @@ from ..ir.plan import DTYPE_SIZES, Figures, Plan, Send
 from ..ir.topology import Topology
 from . import baselines, chunk_floor, progress, registry, tree_floor
 from .channels import columns_allowed
-from .chunks import ChunkChoice, choose_chunk, spec_chunks
+from .chunks import ChunkChoice, choose_chunk, refining, spec_chunks
 from .cost import DEFAULT_MODEL, CostModel, gc_paused, least_latency, simulate
 from .program import CollectiveSpec, Program
 from .registry import BASELINES, candidates_for
@@ -316,7 +316,8 @@ def _refined(c: Candidate, builders: dict, dropped: dict, u: Unit) -> Candidate:
                 size = int(around * f) // item * item
                 if size <= 0 or size >= u.spec.size_bytes or size in {x for x, _ in tried}:
                     continue
-                got = builders[c.algorithm](size)
+                with refining(around):
+                    got = builders[c.algorithm](size)
                 plan, sim = got if isinstance(got, tuple) else (got, simulate(got, model=u.model))
                 tried.append((size, sim.time))
                 if sim.time < best.simulation.time * (1 - 1e-9):

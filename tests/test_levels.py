@@ -469,3 +469,41 @@ def test_star_groups_send_own_blocks_whole_and_the_lanes_last_chunk_in_halves(mo
         monkeypatch.setattr(levels, "OWN_WHOLE", whole)
         eff[halves, whole] = bound / simulate(levels_plan(spec, topo, lay, 8 << 20)).time
     assert eff[True, True] >= 0.90 > max(eff[False, True], eff[True, False])
+
+
+def test_the_refinement_prices_only_the_variants_close_at_the_chunk_it_refines(monkeypatch):
+    """levels_priced inside the chunk search's refinement (chunks.refining): of the variants
+    it priced at the chunk refined around, only those within REFINE_VARIANTS of the fastest
+    there are priced at the sizes around it, and outside the refinement all of them again."""
+    from hcc.compiler import levels
+    from hcc.compiler.chunks import refining
+    from hcc.compiler.levels import levels_forms, levels_priced
+
+    spec, topo = load(SWITCHED, "size = 64 MiB", "allreduce", "op = sum")
+    forms = levels_forms(topo, spec.ranks)
+    built = []
+    real = levels.levels_plan
+
+    def counting(*args, **kw):
+        built.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(levels, "levels_plan", counting)
+    around, near = 1 << 20, 3 << 18
+    levels_priced(spec, topo, forms, around)
+    full = len(built)
+    times = levels._priced[next(k for k in reversed(levels._priced) if k[-1] == around)][1]
+    ratios = sorted(t / min(times.values()) for t in times.values())
+    assert full == len(times) >= 3 and ratios[-1] > 1.0
+    # a factor between the fastest variants and the slowest, so that some are left out
+    monkeypatch.setattr(levels, "REFINE_VARIANTS", (ratios[len(ratios) // 2] + ratios[-1]) / 2)
+    close = sum(r <= levels.REFINE_VARIANTS for r in ratios)
+    assert 1 <= close < full
+    built.clear()
+    with refining(around):
+        plan, sim = levels_priced(spec, topo, forms, near)
+    assert len(built) == close
+    built.clear()
+    again, sim_all = levels_priced(spec, topo, forms, near)
+    assert len(built) == full
+    assert sim.time >= sim_all.time  # a subset of the same variants
