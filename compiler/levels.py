@@ -832,54 +832,49 @@ def levels_priced(spec: Any, topo: Topology, forms: Sequence[Levels], chunk_byte
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
-    usable = [lay for lay in forms
-              if not (lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and lay is not forms[0])]
-    at = {id(lay): j for j, lay in enumerate(forms)}  # a form's index in ``forms``
-    ident = (spec.name, spec.kind, spec.size_bytes, tuple(spec.ranks), spec.dtype, spec.op, id(topo), model)
+    # a variant: (form, replays its allgather backwards, paced per rank, the form the
+    # allreduce gathers over or None), forms by their index in ``forms``
+    usable = [j for j, lay in enumerate(forms)
+              if not (lay.inner and chunk_bytes * PACKED_MAX_CHUNKS < spec.size_bytes and j > 0)]
+    ident = (spec.name, spec.kind, spec.size_bytes, tuple(spec.ranks), spec.dtype, spec.op, model)
     around = refined_around()
     known = _priced.get(ident + (around,)) if around is not None else None
-    allowed = None
+    variants: list[tuple] = []
     if known is not None and known[0] is forms and known[1]:
         least = min(known[1].values())
-        allowed = {k for k, t in known[1].items() if t <= least * REFINE_VARIANTS}
-    variants: list = []  # (form index in usable, replays, per_rank, allgather form index in usable)
-    ends: dict[int, list[float]] = {}
-    if allowed is not None:
-        pos = {at[id(lay)]: i for i, lay in enumerate(usable)}
-        for fi, replays, per_rank, agj in sorted(allowed, key=lambda k: (k[0], k[1], k[2], -1 if k[3] is None else k[3])):
-            if fi in pos and (agj is None or agj in pos):
-                i = pos[fi]
-                if replays and i not in ends:
-                    got = allgather_ends(spec, topo, usable[i], chunk_bytes, model)
-                    if got is None:
-                        continue
-                    ends[i] = got
-                variants.append((i, replays, per_rank, None if agj is None else pos[agj]))
+        variants = [k for k, t in known[1].items()
+                    if t <= least * REFINE_VARIANTS and k[0] in usable and (k[3] is None or k[3] in usable)]
+    ends: dict[int, list[float] | None] = {}
     if not variants:  # not refining, or none of the close variants applies at this size
         if spec.kind != "allgather" and len(spec.ranks) <= BOTH_FORMS_MAX_RANKS:
-            for i, lay in enumerate(usable):
-                got = allgather_ends(spec, topo, lay, chunk_bytes, model)
-                if got is not None:
-                    ends[i] = got
-        fastest = min(ends, key=lambda i: max(ends[i], default=0.0)) if ends else None
-        for i, lay in enumerate(usable):
-            variants.append((i, False, False, None))
-            if i in ends:
-                variants.append((i, True, False, None))
-                if lay.stars:
-                    variants.append((i, True, True, None))
-                    if spec.kind == "allreduce" and fastest is not None and fastest != i:
-                        variants += [(i, True, r, fastest) for r in (False, True)]
+            ends = {j: allgather_ends(spec, topo, forms[j], chunk_bytes, model) for j in usable}
+            ends = {j: e for j, e in ends.items() if e is not None}
+        fastest = min(ends, key=lambda j: max(ends[j], default=0.0)) if ends else None
+        for j in usable:
+            variants.append((j, False, False, None))
+            if j in ends:
+                variants.append((j, True, False, None))
+                if forms[j].stars:
+                    variants.append((j, True, True, None))
+                    if spec.kind == "allreduce" and fastest is not None and fastest != j:
+                        variants += [(j, True, r, fastest) for r in (False, True)]
     times: dict[tuple, float] = {}
     best = None
-    for i, replays, per_rank, j in variants:
-        lay = usable[i]
-        plan = levels_plan(spec, topo, lay, chunk_bytes, replay=ends[i] if replays else None, per_rank=per_rank,
-                           ag_layout=None if j is None else usable[j])
+    for key in variants:
+        j, replays, per_rank, ag = key
+        if replays and j not in ends:  # refining: the allgather ends of the forms it replays
+            ends[j] = allgather_ends(spec, topo, forms[j], chunk_bytes, model)
+        if replays and ends[j] is None:
+            continue
+        plan = levels_plan(spec, topo, forms[j], chunk_bytes, replay=ends[j] if replays else None,
+                           per_rank=per_rank, ag_layout=None if ag is None else forms[ag])
         sim = simulate(plan, model=model)
-        times[(at[id(lay)], replays, per_rank, None if j is None else at[id(usable[j])])] = sim.time
+        times[key] = sim.time
         if best is None or sim.time < best[1].time:
             best = (plan, sim)
+    if best is None:  # every close variant's replay failed at this size: all of them
+        _priced.pop(ident + (around,), None)
+        return levels_priced(spec, topo, forms, chunk_bytes, model=model)
     _priced.pop(ident + (chunk_bytes,), None)
     _priced[ident + (chunk_bytes,)] = (forms, times)
     while len(_priced) > _PRICED_MAX:

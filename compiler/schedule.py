@@ -166,14 +166,14 @@ REBALANCE_TOLERANCE = 0.0005
 # allgather never settles within the tolerance, and its rounds past the first found nothing:
 # its compile 0.17 CPU s with all 8, 0.14 with this stop, the same plan; with 2 the demo's
 # broadcast lost 0.815 -> 0.809)
+# Or, where the plan replays exactly and another order of the same trees is priced beside it
+# (lower.lower_priced: the plain order), after the first round that finds nothing faster
+# while that order is still ahead (:func:`_behind`): the rounds then chase a plan that is
+# dropped. Over the 1042 such lowerings of benchmarks/auto_bench.py's cells no schedule
+# behind the plain order at its first fruitless round overtook it later; on one MI250
+# node's allgather (the plain order ahead at every chunk size, the rounds past the first
+# each slower) it halves the rounds
 REBALANCE_STALL = 3
-# ... or, where the plan replays exactly and another order of the same trees is priced
-# beside it (lower.lower_priced: the plain order), after the first round that finds nothing
-# faster while that order is still ahead: the rounds then chase a plan that is dropped. Over
-# the 1042 such lowerings of benchmarks/auto_bench.py's cells no schedule behind the plain
-# order at its first fruitless round overtook it later; on one MI250 node's allgather (the
-# plain order ahead at every chunk size, the rounds past the first each slower) it halves
-# the rounds
 # the schedule costs about 3x the plain lowering per message in Python (50-100 us per
 # message on this loaded 2-core machine): above REBALANCE_MAX_MESSAGES one schedule, no
 # rebalancing; above TIMED_MAX_MESSAGES (a 1024-rank allgather has 1.5 M messages per chunk

@@ -205,7 +205,7 @@ def _edmonds(w: np.ndarray, root: int) -> list[int] | None:
     loops run on lists (numpy scalar indexing made it most of a pack's time), the O(n^2)
     contraction on arrays; up to _LIST_EDMONDS_MAX vertices all of it on
     lists (:func:`_edmonds_cols`); natively where that is built, the same steps and
-    tie-breaks (tests/test_treepack_master.py compares the three)."""
+    tie-breaks (tests/test_treepack_edmonds.py compares the three)."""
     n = w.shape[0]
     if _arborescence is not None:
         par_out = np.empty(n, np.int64)
