@@ -16,3 +16,19 @@ __all__ = ["HccError"]
 
 class HccError(Exception):
     """Base of every error hcc raises on purpose (bad input, bad plan, failed run)."""
+
+    def __reduce__(self):
+        """Pickle as the same error with the same message and attributes. The default
+        (``type(self)(*self.args)``) calls ``__init__`` with the rendered message alone, which
+        fails or garbles for the subclasses whose constructors take other arguments
+        (SourceError's span, PeerFailed's ranks): an error raised in a worker process, a Ray
+        task or a multiprocessing pool then reached the caller as a pickling failure."""
+        return _rebuilt, (type(self), self.args, self.__dict__.copy())
+
+
+def _rebuilt(cls: type, args: tuple, state: dict) -> HccError:
+    """The error of :meth:`HccError.__reduce__`: made without its ``__init__``, as it was."""
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err

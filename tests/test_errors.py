@@ -445,3 +445,33 @@ def test_a_misspelled_form_gets_a_caret_and_the_listed_names():
                  "unknown algorithm 'treepack_levelz' (did you mean treepack_levels?)")
     assert "treepack_rsag" in e.hint
 
+
+
+def _load_in_worker(src: str):
+    return load_program(src)
+
+
+def test_errors_cross_a_process_boundary_whole():
+    """An error raised in another process (a multiprocessing pool, a Ray task) is pickled back
+    to the caller: it must arrive as the same error, with its span, rendering and attributes,
+    not as a pickling failure (the default rebuilds it from its message alone)."""
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    from hcc.backends.base import BackendUnavailable, CollectiveTimeout, PeerFailed, RankFailed
+    from hcc.backends.launch import RunFailed
+    from hcc.ir.errors import PlanError, VerifyError
+
+    src = "topology t {\n  node a[\n}\n"
+    with pytest.raises(SourceError) as here:
+        load_program(src)
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(SourceError) as there:
+            pool.submit(_load_in_worker, src).result(timeout=120)
+    assert there.value.render() == here.value.render()
+    assert (there.value.span, there.value.hint) == (here.value.span, here.value.hint)
+    for err in (PlanError("no trees", "plan.json"), VerifyError("deadlock", "plan.json", 3, 7),
+                PeerFailed(0, 2, "reset"), CollectiveTimeout(1, 0, "recv", 2.5), RankFailed(3, by=1),
+                BackendUnavailable("mpi", "mpi4py", "mpi"), RunFailed("sockets", {1: "boom"})):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
