@@ -81,6 +81,10 @@ __all__ = [
 
 # the allreduce floor's groups: a least cut per group up to this many groups (2 max-flows each)
 _GROUP_FLOWS = 128
+# ... and every partition of the ranks up to this many ranks (:func:`_partition_cuts`: 2^n - 2
+# max-flows per direction and a dynamic program over 3^n pairs of subsets; 8 ranks, one DGX-1,
+# about 0.1 s)
+_PARTITION_MAX_RANKS = 8
 # exhaustive alltoall cut enumeration up to 2^16 = 65536 subsets (about 0.1 s with numpy)
 _ALLTOALL_EXACT_VERTICES = 16
 
@@ -253,7 +257,8 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     because the ranks on either side of any cut S need the other side's M bytes of partial
     reduction (two hosts joined by one slow link: the slow link carries at least M); and the
     same gossip count over groups of ranks (:func:`_group_cuts`: 2(k-1) M over the links into,
-    or out of, k groups — hosts, or the components of the faster links).
+    or out of, k groups — every partition up to 8 ranks, else hosts or the components of the
+    faster links).
 
     design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
     schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
@@ -327,7 +332,9 @@ def floor_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tupl
 
 @_memoised(maxsize=8)
 def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
-    """The allreduce floor's group term, per partition of :func:`floor_groups` and direction.
+    """The allreduce floor's group term, per partition of :func:`floor_groups` and direction,
+    and up to _PARTITION_MAX_RANKS ranks the partition of every one that binds most
+    (:func:`_partition_cuts`).
 
     Only ranks add; switches forward. Contract each group to one vertex that knows what any of
     its ranks knows: an allreduce becomes one-way gossip among k vertices (every group ends
@@ -343,7 +350,7 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     net = _Net(topo, ranks)
     everything = set(range(len(net.vertices)))
     n = len(ranks)
-    out = []
+    out = list(_partition_cuts(net)) if 2 < n <= _PARTITION_MAX_RANKS else []
     for name, sets in floor_groups(topo, ranks):
         k = len(sets)
         for direction in ("in", "out"):
@@ -372,6 +379,81 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     return tuple(out)
 
 
+
+
+def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
+    """The group term over every partition of the ranks into k >= 2 groups, per direction: the
+    partition of most ``2(k-1) / sum_g B(T_g)``, where T_g is the least cut between the group's
+    ranks and the other ranks, switches on either side (the other ranks' vertices are all that
+    T_g must miss: an element a group receives enters T_g over some link whatever the other
+    groups' sets, so the T_g need not be disjoint, and a link entering two of them counts in
+    each). The hosts and link classes of :func:`floor_groups` are a few of these partitions,
+    with T_g inside each group's own vertices; on DGX-1 allocations the partitions they miss
+    bind: gpu[0..5]'s four GPUs under one PCIe switch as one group and the other two alone,
+    71.0 GB/s against the 77.2 GB/s of every rank's links, which the split packing reaches
+    (69.9 GB/s two levels deep), where the floor had left it at 0.905."""
+    n = len(net.ranks)
+    full = (1 << n) - 1
+    out = []
+    for direction in ("in", "out"):
+        cap = [0] * (full + 1)
+        side: list[frozenset[int]] = [frozenset()] * (full + 1)
+        for mask in range(1, full):
+            own = {net.rank_idx[i] for i in range(n) if mask >> i & 1}
+            rest = {net.rank_idx[i] for i in range(n) if not mask >> i & 1}
+            if direction == "in":
+                f = net.solved_cut_between(rest, own)
+                t = frozenset(range(len(net.vertices))) - set(f.get_source_side_min_cut())
+            else:
+                f = net.solved_cut_between(own, rest)
+                t = frozenset(f.get_source_side_min_cut()) - {len(net.vertices)}
+            cap[mask], side[mask] = f.optimal_flow(), t
+        # least[k][S]: the least sum of cap over partitions of S into k groups (the group
+        # holding S's lowest rank first), with that first group
+        least = [dict() for _ in range(n + 1)]
+        first: list[dict[int, int]] = [dict() for _ in range(n + 1)]
+        for mask in range(1, full):
+            least[1][mask], first[1][mask] = cap[mask], mask
+        for k in range(2, n + 1):
+            for mask in range(1, full + 1):
+                low = mask & -mask
+                rest_bits = mask ^ low
+                sub = rest_bits
+                best = None
+                while True:  # every group g of mask holding its lowest rank, g != mask
+                    g = sub | low
+                    if g != mask:
+                        tail = least[k - 1].get(mask ^ g)
+                        if tail is not None and (best is None or cap[g] + tail < best[0]):
+                            best = (cap[g] + tail, g)
+                    if sub == 0:
+                        break
+                    sub = (sub - 1) & rest_bits
+                if best is not None:
+                    least[k][mask], first[k][mask] = best
+        k = max((k for k in range(2, n + 1) if least[k].get(full)), key=lambda k: (k - 1) / least[k][full],
+                default=None)
+        if k is None:
+            continue
+        groups, mask = [], full
+        for j in range(k, 0, -1):
+            g = first[j][mask]
+            groups.append(g)
+            mask ^= g
+        inside: set[int] = set()
+        arcs: list[tuple[str, str]] = []
+        for g in groups:
+            t = side[g]
+            inside |= t
+            arcs += sorted((net.vertices[a], net.vertices[b]) for a, b, _ in net.arcs
+                           if ((b in t and a not in t) if direction == "in" else (a in t and b not in t)))
+        names = " | ".join("+".join(net.ranks[i] for i in range(n) if g >> i & 1) for g in groups)
+        way = "entering" if direction == "in" else "leaving"
+        out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs),
+                       sum(cap[g] for g in groups) / net.scale, n, 2.0 * (k - 1), direction,
+                       f"every element crosses between the {k} groups {names} 2(k-1) = {2 * (k - 1)} "
+                       f"times, each over a link {way} a group"))
+    return tuple(out)
 
 
 def _rooted_gather_time(topo, ranks, root, size_bytes, reverse) -> float:

@@ -1,7 +1,8 @@
 """The allreduce floor's group term (compiler/bounds.py ``_group_cuts``): 2(k-1) M over the
 links into (out of) k groups of ranks. Checked against an independent computation with
-networkx (its own partitions and minimum cuts), and against every plan the compiler prices on
-random multi-host networks: no candidate may beat it."""
+networkx (its own partitions and minimum cuts: every partition up to 8 ranks), and against
+every plan the compiler prices on random multi-host networks and on random graphs with
+switches: no candidate may beat it, and no split packing's rate may pass it."""
 from __future__ import annotations
 
 import networkx as nx
@@ -79,12 +80,51 @@ def nx_partitions(topo: Topology) -> list[list[set[str]]]:
     return [[s for s in p if s & ranks] for p in parts if len([s for s in p if s & ranks]) >= 2]
 
 
+def nx_set_partitions(items: list) -> list[list[list]]:
+    if not items:
+        return [[]]
+    head, out = items[0], []
+    for p in nx_set_partitions(items[1:]):
+        out += [p[:i] + [[head] + p[i]] + p[i + 1:] for i in range(len(p))] + [[[head]] + p]
+    return out
+
+
+def nx_every_partition_time(topo: Topology) -> float:
+    """max over every partition of the ranks into k >= 2 groups and both directions of
+    2(k-1) M / sum over groups of the least cut between the group's ranks and the other ranks
+    (switches on either side), by networkx."""
+    g = topo.graph()
+    ranks = list(topo.nodes)
+    cut: dict[tuple[frozenset, str], float] = {}
+    worst = 0.0
+    for part in nx_set_partitions(ranks):
+        if len(part) < 2:
+            continue
+        for direction in ("in", "out"):
+            total = 0.0
+            for grp in part:
+                key = (frozenset(grp), direction)
+                if key not in cut:
+                    h = g.copy()
+                    for r in ranks:
+                        inside = r in grp
+                        if direction == "in":
+                            h.add_edge("SRC", r) if not inside else h.add_edge(r, "DST")
+                        else:
+                            h.add_edge("SRC", r) if inside else h.add_edge(r, "DST")
+                    cut[key] = nx.minimum_cut_value(h, "SRC", "DST", capacity="capacity")
+                total += cut[key]
+            worst = max(worst, 2 * (len(part) - 1) * M / total)
+    return worst
+
+
 def nx_group_time(topo: Topology) -> float:
     """max over partitions and directions of 2(k-1) M / sum over groups of the least cut
-    between the group's ranks and everything outside its vertex set, by networkx."""
+    between the group's ranks and everything outside its vertex set, by networkx; up to 8
+    ranks, also over every partition (:func:`nx_every_partition_time`)."""
     g = topo.graph()
     ranks = set(topo.nodes)
-    worst = 0.0
+    worst = nx_every_partition_time(topo) if 2 < len(ranks) <= 8 else 0.0
     for part in nx_partitions(topo):
         k = len(part)
         for direction in ("in", "out"):
@@ -113,6 +153,7 @@ def test_group_term_is_the_networkx_figure(topo):
         caps = {(l.src, l.dst): 0.0 for l in topo.links}
         for l in topo.links:
             caps[(l.src, l.dst)] += l.capacity
+        # a link entering (leaving) two groups' sets is named once per group
         assert c.capacity_Bps == pytest.approx(sum(caps[a] for a in c.links), rel=1e-12)
 
 
@@ -163,3 +204,51 @@ def test_hosts_on_a_fabric_need_twice_the_allgather_bound():
     group = max(bounds._group_cuts(topo, ranks), key=lambda c: c.time(M))
     assert "4 groups (hosts)" in group.what
     assert len(group.links) == 16 and all("ib" in a for a in group.links)
+
+
+@st.composite
+def switched(draw) -> Topology:
+    """3-6 ranks with random direct links of 5-50 GB/s each way (not always both ways) and
+    one or two switches that some ranks hang from at 2-12 GB/s: DGX-1-like allocations, where
+    groups of ranks under one switch bind the floor."""
+    n = draw(st.integers(3, 6))
+    nodes = tuple(f"r{i}" for i in range(n))
+    switches = ("s0", "s1")[: draw(st.integers(1, 2))]
+    links = []
+    for a in range(n):
+        for b in range(a + 1, n):
+            if draw(st.integers(0, 2)):
+                up, down = draw(st.sampled_from([5, 25, 50])), draw(st.sampled_from([5, 25, 50]))
+                links += [Link(nodes[a], nodes[b], up * GB, 1e-6), Link(nodes[b], nodes[a], down * GB, 1e-6)]
+    for i, r in enumerate(nodes):
+        sw = switches[i % len(switches)]
+        c = draw(st.sampled_from([2, 12])) * GB
+        links += [Link(r, sw, c, 2e-6), Link(sw, r, c, 2e-6)]
+    if len(switches) == 2:
+        links += [Link("s0", "s1", 10 * GB, 3e-6), Link("s1", "s0", 10 * GB, 3e-6)]
+    return Topology("sw", nodes, switches, tuple(links))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=switched())
+def test_every_partition_on_switched_graphs_is_the_networkx_figure(topo):
+    # the hosts and link classes are partitions too, with sets no smaller: every partition's
+    # figure is the whole group term
+    got = max(c.time(M) for c in bounds._group_cuts(topo, topo.nodes))
+    assert got == pytest.approx(nx_every_partition_time(topo), rel=1e-9)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=switched(), size=st.sampled_from([1 << 20, 3 << 20]))
+def test_no_priced_allreduce_nor_split_packing_beats_the_floor_on_switched_graphs(topo, size):
+    from hcc.compiler.splitpack import pack_split
+
+    size -= size % (4 * len(topo.nodes))
+    floor = bounds.allreduce_floor(topo, topo.nodes, size)
+    packing = pack_split(topo, topo.nodes)
+    if packing is not None:
+        assert packing.rate <= size / floor * (1 + 1e-9)  # the LP's steady rate, no fill at all
+    unit = compile_unit(Program("<test>", {topo.name: topo}, (spec(topo, size),)))
+    for c in unit.candidates:
+        assert c.predicted_s >= floor * (1 - 1e-9), c.algorithm
+    unit.plan.verify()
