@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import time
 from pathlib import Path
 
 import hcc
-from hcc.ir.files import atomic_write_text
+from bench_util import write_csv
 from schedule_bench import KINDS, topologies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,11 +108,7 @@ def main(argv=None) -> int:
     if rows:
         if args.append and Path(args.output).exists():
             rows = merged(list(csv.DictReader(Path(args.output).open())), rows)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-        atomic_write_text(args.output, buf.getvalue())
+        write_csv(args.output, FIELDS, rows)
         print(f"wrote {args.output}")
     return 0
 

@@ -7,6 +7,8 @@ Terms
   (:func:`close_topology`).
 - *option table*: a script's command-line options as ``(flags, keywords)`` pairs for
   ``argparse.ArgumentParser.add_argument`` (:func:`parser`).
+- *results file*: a CSV under benchmarks/results, written whole or not at all
+  (:func:`write_csv`).
 """
 from __future__ import annotations
 
@@ -44,3 +46,18 @@ def parser(description: str, options: Iterable[tuple[tuple[str, ...], dict]]) ->
     for flags, kw in options:
         ap.add_argument(*flags, **kw)
     return ap
+
+
+def write_csv(path, fields: Sequence[str], rows: Iterable[dict]) -> None:
+    """``rows`` as CSV with the header ``fields``, replacing ``path`` whole (a run stopped
+    midway leaves the previous file)."""
+    import csv
+    import io
+
+    from hcc.ir.files import atomic_write_text
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())

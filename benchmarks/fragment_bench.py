@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import itertools
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from auto_bench import compile_one
+from bench_util import write_csv
 from schedule_bench import KINDS
 
-from hcc.ir.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fragments.csv"
@@ -139,11 +138,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{row['ranks']:40s} {row['kind']:15s} {row['size']:>7s} {row['algorithm']:18s} "
                   f"{row['efficiency']:.3f}", flush=True)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS)
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(args.output, buf.getvalue())
+    write_csv(args.output, FIELDS, rows)
     print(f"wrote {args.output}")
     print(summary(Path(args.output)))
     return 0
