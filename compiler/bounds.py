@@ -83,7 +83,7 @@ __all__ = [
 _GROUP_FLOWS = 128
 # ... and every partition of the ranks up to this many ranks (:func:`_partition_cuts`: 2^n - 2
 # max-flows per direction and a dynamic program over 3^n pairs of subsets; 8 ranks, one DGX-1,
-# about 0.1 s)
+# well under 0.1 s)
 _PARTITION_MAX_RANKS = 8
 # exhaustive alltoall cut enumeration up to 2^16 = 65536 subsets (about 0.1 s with numpy)
 _ALLTOALL_EXACT_VERTICES = 16
@@ -377,8 +377,6 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
                            f"every element crosses between the {k} groups ({name}) 2(k-1) = {2 * (k - 1)} "
                            f"times, each over a link {way} a group"))
     return tuple(out)
-
-
 
 
 def _partition_cuts(net: _Net) -> tuple[Cut, ...]:

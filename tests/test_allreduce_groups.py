@@ -252,3 +252,23 @@ def test_no_priced_allreduce_nor_split_packing_beats_the_floor_on_switched_graph
     for c in unit.candidates:
         assert c.predicted_s >= floor * (1 - 1e-9), c.algorithm
     unit.plan.verify()
+
+
+def test_a_dgx1_allocation_whose_pcie_group_binds_is_reached_by_the_split_packing():
+    # gpu[0,1,3,4,7]: the three GPUs under pcie0 as one group and gpu4, gpu7 alone need 4 M over
+    # the links into the three groups' sets, 234 GB/s in all (58.5 GB/s of allreduce), where
+    # every rank's own links gave 62 GB/s; the split packing's LP reaches exactly that
+    from pathlib import Path
+
+    import hcc
+    from hcc.compiler.pipeline import resolve
+    from hcc.compiler.splitpack import pack_split
+
+    src = (Path(__file__).resolve().parents[1] / "samples" / "dgx1.hcl").read_text().split("\ncollective")[0]
+    program = hcc.load(src + "\ncollective c = allreduce on dgx1 { ranks = gpu[0,1,3,4,7]  size = 1 GB  op = sum }\n")
+    s = resolve(program, "c")
+    topo = program.topology_of(s).restricted(s.ranks)
+    floor = bounds.allreduce_floor(topo, s.ranks, M)
+    assert floor == pytest.approx(nx_every_partition_time(topo), rel=1e-9)
+    assert M / floor == pytest.approx(58.5 * GB, rel=1e-9)
+    assert pack_split(topo, s.ranks).rate == pytest.approx(M / floor, rel=1e-6)
