@@ -99,17 +99,20 @@ def summary(path: Path) -> str:
         ok = all(float(by[s]["efficiency"]) >= t for s, t in TARGETS.items() if s in by)
         by_n.setdefault(len(ranks.split()), []).append((ok, int(next(iter(by.values()))["members"]), ranks))
         if not ok:
-            misses.append((min(float(by[s]["efficiency"]) / t for s, t in TARGETS.items() if s in by), ranks, kind, by))
+            worst = min(float(by[s]["efficiency"]) / t for s, t in TARGETS.items() if s in by)
+            misses.append((worst, ranks, kind, by))
     for n, got in sorted(by_n.items()):
         members = {r: m for _, m, r in got}
+        met = sum(m for ok, m, _ in got if ok)
         out.append(f"| {n} | {len(members)} | {sum(members.values())} | {len(got)} | "
-                   f"{sum(ok for ok, _, _ in got)} | {sum(m for ok, m, _ in got if ok)} of {sum(m for _, m, _ in got)} |")
+                   f"{sum(ok for ok, _, _ in got)} | {met} of {sum(m for _, m, _ in got)} |")
     out += ["", "| allocation | kind | algorithm @256MiB | packing / bound | "
             + " | ".join(f"eff@{s}" for s in SIZES) + " |", "|---|---|---|---|" + "---|" * len(SIZES)]
     for _, ranks, kind, by in sorted(misses, key=lambda m: m[0]):
         effs = " | ".join(f"{float(by[s]['efficiency']):.3f}" if s in by else "" for s in SIZES)
         at = by.get("256MiB", next(iter(by.values())))
-        out.append(f"| {ranks.replace('gpu', '')} | {kind} | {at['algorithm']} | {float(at['pack_share']) or float('nan'):.3f} | {effs} |")
+        share = f"{float(at['pack_share']):.3f}" if float(at["pack_share"]) else "-"
+        out.append(f"| {ranks.replace('gpu', '')} | {kind} | {at['algorithm']} | {share} | {effs} |")
     return "\n".join(out)
 
 

@@ -360,15 +360,9 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
                 group = {net.index[v] for v in s}
                 own = {net.index[r] for r in ranks if r in s}
                 rest = everything - group
-                if k > _GROUP_FLOWS:
-                    t = group
-                elif direction == "in":
-                    t = everything - net_min_cut_side(net, rest, own)[1]
-                else:
-                    t = net_min_cut_side(net, own, rest)[1]
+                t = group if k > _GROUP_FLOWS else _group_side(net, own, rest, direction)[1]
                 inside |= t
-                arcs |= {(a, b) for a, b, _ in net.arcs
-                         if ((b in t and a not in t) if direction == "in" else (a in t and b not in t))}
+                arcs |= set(_crossing(net, t, direction))
             cap = sum(c for a, b, c in net.arcs if (a, b) in arcs) / net.scale
             way = "entering" if direction == "in" else "leaving"
             out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)),
@@ -377,6 +371,22 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
                            f"every element crosses between the {k} groups ({name}) 2(k-1) = {2 * (k - 1)} "
                            f"times, each over a link {way} a group"))
     return tuple(out)
+
+
+def _group_side(net: _Net, own: set[int], rest: set[int], direction: str) -> tuple[int, set[int]]:
+    """The least cut (scaled capacity) between the vertices ``own`` and ``rest`` and its side
+    holding ``own``: the links into it (``direction`` "in") or out of it ("out")."""
+    if direction == "in":
+        cap, side = net_min_cut_side(net, rest, own)
+        return cap, set(range(len(net.vertices))) - side
+    return net_min_cut_side(net, own, rest)
+
+
+def _crossing(net: _Net, t: set[int], direction: str) -> list[tuple[int, int]]:
+    """The arcs entering the vertex set ``t`` (``direction`` "in") or leaving it ("out")."""
+    if direction == "in":
+        return [(a, b) for a, b, _ in net.arcs if b in t and a not in t]
+    return [(a, b) for a, b, _ in net.arcs if a in t and b not in t]
 
 
 def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
@@ -395,17 +405,11 @@ def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
     out = []
     for direction in ("in", "out"):
         cap = [0] * (full + 1)
-        side: list[frozenset[int]] = [frozenset()] * (full + 1)
+        side: list[set[int]] = [set()] * (full + 1)
         for mask in range(1, full):
             own = {net.rank_idx[i] for i in range(n) if mask >> i & 1}
             rest = {net.rank_idx[i] for i in range(n) if not mask >> i & 1}
-            if direction == "in":
-                f = net.solved_cut_between(rest, own)
-                t = frozenset(range(len(net.vertices))) - set(f.get_source_side_min_cut())
-            else:
-                f = net.solved_cut_between(own, rest)
-                t = frozenset(f.get_source_side_min_cut()) - {len(net.vertices)}
-            cap[mask], side[mask] = f.optimal_flow(), t
+            cap[mask], side[mask] = _group_side(net, own, rest, direction)
         # least[k][S]: the least sum of cap over partitions of S into k groups (the group
         # holding S's lowest rank first), with that first group
         least = [dict() for _ in range(n + 1)]
@@ -443,8 +447,7 @@ def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
         for g in groups:
             t = side[g]
             inside |= t
-            arcs += sorted((net.vertices[a], net.vertices[b]) for a, b, _ in net.arcs
-                           if ((b in t and a not in t) if direction == "in" else (a in t and b not in t)))
+            arcs += sorted((net.vertices[a], net.vertices[b]) for a, b in _crossing(net, t, direction))
         names = " | ".join("+".join(net.ranks[i] for i in range(n) if g >> i & 1) for g in groups)
         way = "entering" if direction == "in" else "leaving"
         out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs),

@@ -28,7 +28,6 @@ class HccError(Exception):
 
 def _rebuilt(cls: type, args: tuple, state: dict) -> HccError:
     """The error of :meth:`HccError.__reduce__`: made without its ``__init__``, as it was."""
-    err = cls.__new__(cls, *args)
-    err.args = args
+    err = cls.__new__(cls, *args)  # BaseException.__new__ keeps args
     err.__dict__.update(state)
     return err
