@@ -53,6 +53,7 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Sequence
 
 import numpy as np
 
@@ -85,6 +86,11 @@ _GROUP_FLOWS = 128
 # max-flows per direction and a dynamic program over 3^n pairs of subsets; 8 ranks, one DGX-1,
 # well under 0.1 s)
 _PARTITION_MAX_RANKS = 8
+# ... and past that, up to this many ranks, a local search over partitions from the hosts' and
+# link classes' (:func:`_partition_search`), pricing at most this many distinct groups per
+# direction (a count, so the bound depends on the input only; 2 MI250 nodes, 32 ranks: 733)
+_PARTITION_SEARCH_RANKS = 64
+_PARTITION_SEARCH_GROUPS = 4096
 # exhaustive alltoall cut enumeration up to 2^16 = 65536 subsets (about 0.1 s with numpy)
 _ALLTOALL_EXACT_VERTICES = 16
 
@@ -257,8 +263,8 @@ def allreduce_floor(topo: Topology, ranks: tuple[str, ...], size: float) -> floa
     because the ranks on either side of any cut S need the other side's M bytes of partial
     reduction (two hosts joined by one slow link: the slow link carries at least M); and the
     same gossip count over groups of ranks (:func:`_group_cuts`: 2(k-1) M over the links into,
-    or out of, k groups — every partition up to 8 ranks, else hosts or the components of the
-    faster links).
+    or out of, k groups — every partition up to 8 ranks, else hosts, the components of the
+    faster links and, up to 64 ranks, a local search from them).
 
     design.md's "twice the allgather bound" is the bound of reduce-scatter + allgather
     schedules; Blink's reduce+broadcast trees can beat it (3 ranks with a 2 GB/s rank and two
@@ -334,7 +340,8 @@ def floor_groups(topo: Topology, ranks: tuple[str, ...]) -> list[tuple[str, tupl
 def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     """The allreduce floor's group term, per partition of :func:`floor_groups` and direction,
     and up to _PARTITION_MAX_RANKS ranks the partition of every one that binds most
-    (:func:`_partition_cuts`).
+    (:func:`_partition_cuts`), past that up to _PARTITION_SEARCH_RANKS the one a local search
+    from those partitions and from every rank alone stops at (:func:`_partition_search`).
 
     Only ranks add; switches forward. Contract each group to one vertex that knows what any of
     its ranks knows: an allreduce becomes one-way gossip among k vertices (every group ends
@@ -350,8 +357,16 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     net = _Net(topo, ranks)
     everything = set(range(len(net.vertices)))
     n = len(ranks)
-    out = list(_partition_cuts(net)) if 2 < n <= _PARTITION_MAX_RANKS else []
-    for name, sets in floor_groups(topo, ranks):
+    named = floor_groups(topo, ranks)
+    if 2 < n <= _PARTITION_MAX_RANKS:
+        out = list(_partition_cuts(net))
+    elif n <= _PARTITION_SEARCH_RANKS:
+        pos = {r: i for i, r in enumerate(ranks)}
+        starts = [[sum(1 << pos[r] for r in s if r in pos) for s in sets] for _, sets in named]
+        out = list(_partition_search(net, [[1 << i for i in range(n)]] + starts))
+    else:
+        out = []
+    for name, sets in named:
         k = len(sets)
         for direction in ("in", "out"):
             arcs: set[tuple[int, int]] = set()
@@ -442,18 +457,88 @@ def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
             g = first[j][mask]
             groups.append(g)
             mask ^= g
-        inside: set[int] = set()
-        arcs: list[tuple[str, str]] = []
-        for g in groups:
-            t = side[g]
-            inside |= t
-            arcs += sorted((net.vertices[a], net.vertices[b]) for a, b in _crossing(net, t, direction))
-        names = " | ".join("+".join(net.ranks[i] for i in range(n) if g >> i & 1) for g in groups)
-        way = "entering" if direction == "in" else "leaving"
-        out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs),
-                       sum(cap[g] for g in groups) / net.scale, n, 2.0 * (k - 1), direction,
-                       f"every element crosses between the {k} groups {names} 2(k-1) = {2 * (k - 1)} "
-                       f"times, each over a link {way} a group"))
+        out.append(_partition_cut(net, groups, {g: (cap[g], side[g]) for g in groups}, direction))
+    return tuple(out)
+
+
+def _partition_cut(net: _Net, groups: Sequence[int], priced: dict[int, tuple[int, set[int]]],
+                   direction: str) -> Cut:
+    """The group term's Cut for the partition ``groups`` (rank bit masks), each group's least
+    cut and its side in ``priced``."""
+    n, k = len(net.ranks), len(groups)
+    inside: set[int] = set()
+    arcs: list[tuple[str, str]] = []
+    for g in groups:
+        t = priced[g][1]
+        inside |= t
+        arcs += sorted((net.vertices[a], net.vertices[b]) for a, b in _crossing(net, t, direction))
+    names = " | ".join("+".join(net.ranks[i] for i in range(n) if g >> i & 1) for g in groups)
+    way = "entering" if direction == "in" else "leaving"
+    return Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs),
+               sum(priced[g][0] for g in groups) / net.scale, n, 2.0 * (k - 1), direction,
+               f"every element crosses between the {k} groups {names} 2(k-1) = {2 * (k - 1)} "
+               f"times, each over a link {way} a group")
+
+
+def _partition_search(net: _Net, starts: Sequence[Sequence[int]]) -> tuple[Cut, ...]:
+    """The group term of :func:`_partition_cuts` where every partition is too many: per
+    direction, from the best of ``starts`` (partitions as rank bit masks; those of fewer than
+    two groups are skipped), steepest ascent of ``(k-1) / sum_g B(T_g)`` over the partitions
+    one move away — a rank to another group or alone, two groups merged — until no move
+    gains or _PARTITION_SEARCH_GROUPS groups have been priced. Every partition is a valid
+    term, so the one it stops at is a bound however far from the best it is. One MI250 node:
+    its six GCD pairs and one group of four (175.0 GB/s of allreduce, where its hosts' and
+    link classes' partitions gave 178.6); on random graphs of up to 8 ranks the floor with this
+    term in place of :func:`_partition_cuts` was the same on all of 300
+    (tests/test_allreduce_groups.py checks a sample)."""
+    n = len(net.ranks)
+    out = []
+    for direction in ("in", "out"):
+        priced: dict[int, tuple[int, set[int]]] = {}
+
+        def cap(g: int) -> int:
+            if g not in priced:
+                own = {net.rank_idx[i] for i in range(n) if g >> i & 1}
+                rest = {net.rank_idx[i] for i in range(n) if not g >> i & 1}
+                priced[g] = _group_side(net, own, rest, direction)
+            return priced[g][0]
+
+        def worth(groups: list[int]) -> float:
+            total = sum(cap(g) for g in groups)
+            return (len(groups) - 1) / total if total > 0 else math.inf
+
+        tried = [list(p) for p in starts if len([g for g in p if g]) >= 2]
+        if not tried:
+            continue
+        best = max(([g for g in p if g] for p in tried), key=worth)
+        value = worth(best)
+        while len(priced) < _PARTITION_SEARCH_GROUPS and value < math.inf:
+            step = None
+            k = len(best)
+            for gi, g in enumerate(best):
+                for i in range(n):
+                    bit = 1 << i
+                    if not g & bit:
+                        continue
+                    for hi in range(k + 1):  # k: alone
+                        if hi == gi or (hi == k and g == bit):
+                            continue
+                        if len(priced) >= _PARTITION_SEARCH_GROUPS:
+                            break
+                        moved = [h | bit if j == hi else h ^ bit if j == gi else h for j, h in enumerate(best)]
+                        moved = [h for h in moved if h] + ([bit] if hi == k else [])
+                        if len(moved) >= 2 and (v := worth(moved)) > value * (1 + 1e-12):
+                            step, value = moved, v
+            for a in range(k):
+                for b in range(a + 1, k):
+                    merged = [h for j, h in enumerate(best) if j not in (a, b)] + [best[a] | best[b]]
+                    if len(merged) >= 2 and (v := worth(merged)) > value * (1 + 1e-12):
+                        step, value = merged, v
+            if step is None:
+                break
+            best = step
+        if value < math.inf:
+            out.append(_partition_cut(net, best, priced, direction))
     return tuple(out)
 
 
