@@ -42,7 +42,7 @@ from hcc.compiler.chunks import choose_chunk, chunk_candidates
 from hcc.compiler.cost import DEFAULT_MODEL
 from hcc.compiler.lower import lower
 from hcc.compiler.pipeline import Bounds, Pack, Unit, run_passes
-from hcc.compiler.splitpack import split_plan
+from hcc.compiler.splitpack import split_priced
 from hcc.ir.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,7 +186,7 @@ def measure(u: Unit, kind: str, size: int) -> dict:
     split = ""
     sp = u.packing("split") if kind == "allreduce" else None
     if sp is not None:
-        ch = choose_chunk(lambda c: split_plan(spec, u.topology, sp, c, model=u.model), cands, model=u.model,
+        ch = choose_chunk(lambda c: split_priced(spec, u.topology, sp, c, model=u.model), cands, model=u.model,
                           patience=2)
         split = round(b.bound_s / ch.simulation.time, 3)
     mb = msg_bound(u, kind, size, row["timed"].chunk_bytes)

@@ -79,7 +79,7 @@ from .ringfill import RINGFILL_MAX_RANKS, ringfill_builder, ringfill_packing
 from .replay import REPLAY_MAX_RANKS, replayed_reduce
 from .ringpack import RINGS_MAX_RANKS, ring_packing, rings_plan
 from .rounds import ROUNDS_KINDS, ROUNDS_MAX_RANKS, one_switch, rounds_plan
-from .splitpack import SPLIT_MAX_RANKS, pack_split, split_plan
+from .splitpack import SPLIT_MAX_RANKS, pack_split, split_priced
 
 __all__ = ["Algorithm", "BASELINES", "REGISTRY", "algorithm", "candidates_for"]
 
@@ -470,7 +470,7 @@ REGISTRY: tuple[Algorithm, ...] = (
               eligible=_allreduce_upto(BIDIR_MAX_RANKS), role="bidir", pack=_packed(bidir_packing),
               pack_rate=_bidir_rate, steady_rate=_capped(_bidir_rate), treepack=True,
               max_chunks=NEW_FORMS_MAX_CHUNKS, chunked=True),
-    Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_plan, model=True),
+    Algorithm("treepack-split", frozenset({"allreduce"}), _over(split_priced, model=True),
               eligible=_allreduce_upto(SPLIT_MAX_RANKS), role="split", pack=_packed(pack_split),
               pack_rate=_split_rate, steady_rate=_capped(_split_rate), treepack=True, chunked=True,
               repacked=True),

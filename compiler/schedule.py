@@ -1375,7 +1375,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
                window: int, min_chunk: float = 1.0, rival=None,
-               rival_ops: int = 0, exact: bool = False) -> list[tuple[int, int]] | None:
+               rival_ops: int = 0, exact: bool = False, halves: bool | None = None) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -1396,7 +1396,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
 
     ``exact``: over switches, schedule with :meth:`_Timed.schedule_exact` even where every
     rank has a link to another (EXACT_GATE names where it is used otherwise); the split
-    allreduce asks for it (compiler/splitpack.py SPLIT_EXACT)."""
+    allreduce asks for it (compiler/splitpack.py SPLIT_EXACT).
+
+    ``halves``: whether each job's last chunk goes as two halves (TAIL_HALVES, where its
+    down tree is two levels deep or more); None: where the jobs only broadcast."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1408,8 +1411,8 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     if messages > TIMED_MAX_MESSAGES:
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
-    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast
-    tail = TAIL_HALVES and down and not up
+    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast, unless asked
+    tail = TAIL_HALVES and down and (not up if halves is None else halves)
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
                        up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops)
     if best is None:

@@ -61,7 +61,7 @@ from ..ir.errors import PlanError
 from ..ir.plan import Plan
 from ..ir.topology import Topology
 
-__all__ = ["SPLIT_MAX_RANKS", "SplitPacking", "pack_split", "split_jobs", "split_plan"]
+__all__ = ["SPLIT_MAX_RANKS", "SplitPacking", "pack_split", "split_jobs", "split_plan", "split_priced"]
 
 # the pipeline offers the split allreduce up to this many ranks: at 16 (1 x MI250, 2 x A100,
 # 1 GB) its packing and chunk search added 12 s to the compile and reached 0.75 / 0.63 of the
@@ -88,6 +88,12 @@ SPLIT_CHUNK_AWARE = True
 # gpu[0..3] at 1 GiB, 2 MiB chunks, its PCIe ports idle with a message ready 3-9 % of the
 # time). Without it, on the fragments above: 0.893 / 0.936, 0.890 / 0.925, 0.834 / 0.885
 SPLIT_EXACT = True
+# split_priced lowers the jobs with their last chunks whole and in halves (compiler/schedule.py
+# TAIL_HALVES) and keeps the faster by simulation: halves shorten the drain of a job's last
+# chunk up its in-tree and down its out-tree, and cost a message more per job. DGX-1 fragments
+# at 1 GiB, halves alone: gpu[0..3] 0.941 -> 0.949, gpu[1..7] 0.893 -> 0.907, but gpu[0..3]
+# at 64 MiB 0.836 -> 0.814; the schedule's own makespan does not always pick the faster plan
+SPLIT_HALVES = True
 
 
 @dataclass(frozen=True)
@@ -300,11 +306,12 @@ def split_jobs(ranks: Sequence[str], ins: Sequence[Any], outs: Sequence[Any]) ->
 
 
 def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
-               port_window: int | None = None, min_chunk: float = 1.0) -> Plan:
+               port_window: int | None = None, min_chunk: float = 1.0, halves: bool = False) -> Plan:
     """The allreduce plan over ``packing``'s jobs, scheduled by compiler/schedule.py (each
     job's share of the buffer proportional to its rate, rebalanced by finish time). With
     SPLIT_CHUNK_AWARE the trees are packed again for ``chunk_bytes`` chunks, no deeper than
-    ``packing``'s (module docstring), ``packing`` kept only where that packing fails."""
+    ``packing``'s (module docstring), ``packing`` kept only where that packing fails.
+    ``halves``: each job's last chunk as two halves (compiler/schedule.py TAIL_HALVES)."""
     from .cost import DEFAULT_MODEL
     from .lower import assemble, chunk_elems
     from .builder import _Lowering, split_by_rate
@@ -315,7 +322,6 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     if spec.kind != "allreduce":
         raise PlanError(f"split trees lower allreduce only, not {spec.kind}")
     ce = chunk_elems(chunk_bytes, spec.dtype)
-    L = _Lowering(spec, ce)
     per_msg = (model or DEFAULT_MODEL).per_message_s
     if SPLIT_CHUNK_AWARE:
         # at the depth cap of ``packing`` (pack_split chose it): probing again per chunk size
@@ -330,20 +336,38 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     if not jobs:
         raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
     rates = [x for _, _, x in jobs]
-    spans = split_by_rate(0, L.E, rates)
-    got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
-                     [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
-                     {0: list(range(len(jobs)))}, spans, topo, per_msg,
-                     port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT)
-    if got is None:
-        raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {chunk_bytes} B "
-                        f"chunks (a tree hop outside the collective's links, or too many messages)")
-    cover: dict[int, tuple[int, int]] = {}
-    for (i, o, _), (a, b) in zip(jobs, got):
-        for t in (i, len(ins) + o):
-            lo, hi = cover.get(t, (b, a))
-            cover[t] = (min(lo, a), max(hi, b))
-    shapes = ins + outs
-    trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(shapes))
-    return assemble(spec, topo, L.B, trees, "treepack-split", ce)
+
+    def lowered(halves: bool) -> Plan:
+        L = _Lowering(spec, ce)
+        got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
+                         [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
+                         {0: list(range(len(jobs)))}, split_by_rate(0, L.E, rates), topo, per_msg,
+                         port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT, halves=halves)
+        if got is None:
+            raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {chunk_bytes} B "
+                            f"chunks (a tree hop outside the collective's links, or too many messages)")
+        cover: dict[int, tuple[int, int]] = {}
+        for (i, o, _), (a, b) in zip(jobs, got):
+            for t in (i, len(ins) + o):
+                lo, hi = cover.get(t, (b, a))
+                cover[t] = (min(lo, a), max(hi, b))
+        shapes = ins + outs
+        trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(shapes))
+        return assemble(spec, topo, L.B, trees, "treepack-split", ce)
+
+    return lowered(halves)
+
+
+def split_priced(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
+                 port_window: int | None = None, min_chunk: float = 1.0) -> tuple[Plan, Any]:
+    """The faster of :func:`split_plan` with and without the last chunks in halves, with its
+    simulation (SPLIT_HALVES)."""
+    from .cost import DEFAULT_MODEL, simulate
+
+    got = []
+    for halves in (False, True) if SPLIT_HALVES else (False,):
+        plan = split_plan(spec, topo, packing, chunk_bytes, model=model, port_window=port_window,
+                          min_chunk=min_chunk, halves=halves)
+        got.append((plan, simulate(plan, model=model or DEFAULT_MODEL)))
+    return min(got, key=lambda x: x[1].time)
 

@@ -243,3 +243,34 @@ def test_the_shared_master_holds_each_rank_to_what_it_reduced():
     assert alone.objective() == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError):
         _Master(capn, [0]).add(in_a, out=False)  # in-trees only in a balance master
+
+
+def test_split_priced_keeps_the_faster_of_whole_and_halved_last_chunks():
+    # SPLIT_HALVES: both plans verify, the halved one cuts no message below half a chunk that
+    # the whole one does not (a job's share under a chunk goes whole in both: the messages
+    # stay in the class the latency-aware bound holds for), it sends more messages (a half
+    # more per job of two chunks or more), and split_priced returns the faster with its own
+    # simulation
+    from hcc.compiler.lower import chunk_elems
+    from hcc.ir.plan import Send
+
+    topo = _fragment()
+    s = spec("allreduce", topo.nodes, 256 << 20)
+    packing = splitpack.pack_split(topo, topo.nodes)
+    chunk = 1 << 20
+    ce = chunk_elems(chunk, s.dtype)
+    plans = {h: splitpack.split_plan(s, topo, packing, chunk, halves=h) for h in (False, True)}
+    sends = {}
+    for h, plan in plans.items():
+        verify(plan)
+        sizes = [op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)]
+        assert max(sizes) <= ce
+        sends[h] = sizes
+    small = {h: sum(1 for b in sizes if b < ce // 2) for h, sizes in sends.items()}
+    assert small[True] == small[False]
+    assert len(sends[True]) > len(sends[False])
+    assert sends[True].count(ce // 2) > sends[False].count(ce // 2)
+    plan, sim = splitpack.split_priced(s, topo, packing, chunk)
+    times = {h: simulate(p).time for h, p in plans.items()}
+    assert sim.time == pytest.approx(simulate(plan).time, rel=1e-12)
+    assert sim.time == pytest.approx(min(times.values()), rel=1e-12)
