@@ -187,7 +187,7 @@ def measure(u: Unit, kind: str, size: int) -> dict:
     sp = u.packing("split") if kind == "allreduce" else None
     if sp is not None:
         ch = choose_chunk(lambda c: split_priced(spec, u.topology, sp, c, model=u.model), cands, model=u.model,
-                          patience=2)
+                          patience=2, fitted=False)
         split = round(b.bound_s / ch.simulation.time, 3)
     mb = msg_bound(u, kind, size, row["timed"].chunk_bytes)
     return {

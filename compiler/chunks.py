@@ -168,6 +168,7 @@ def choose_chunk(
     model: CostModel = DEFAULT_MODEL,
     patience: int = 1,
     incumbent: float = float("inf"),
+    fitted: bool = True,
 ) -> ChunkChoice:
     """Lower at each candidate chunk size, largest first, and keep the fastest predicted.
     ``build(c)`` returns the plan, or ``(plan, simulation)`` when it simulated it already.
@@ -186,7 +187,12 @@ def choose_chunk(
     ``incumbent``: the predicted time of the best plan another algorithm already has. The
     search stops when this schedule cannot catch up with it: once the curve is smooth, it is
     still :data:`HOPELESS` times slower (a heuristic: the 128-rank fat tree's one-chain
-    allreduce tree went from 5.2 s to 114 ms over 9 costly candidates against a 41 ms ring)."""
+    allreduce tree went from 5.2 s to 114 ms over 9 costly candidates against a 41 ms ring).
+
+    ``fitted``: whether the fitted curve may stop the search (not for plans whose trees are
+    packed again at each size, registry's ``repacked``: their time is not that curve's; DGX-1
+    gpu[0,1,2,3,4,5,7]'s split allreduce at 1 GiB, 18.4 / 16.8 / 16.5 ms at 16 / 8 / 4 MiB,
+    was stopped there by a fit that put 2 MiB above 16.9 ms; it takes 15.1)."""
     if not candidates:
         raise ValueError("no chunk size candidates")
     best: ChunkChoice | None = None
@@ -201,7 +207,7 @@ def choose_chunk(
             est = first_ops * ceiling / c
             if est > MAX_SEARCH_OPS:
                 break
-            guess = _extrapolate(tried, c, ceiling)
+            guess = _extrapolate(tried, c, ceiling) if fitted else None
             if guess is not None and guess > best.simulation.time * (1 + PREDICT_MARGIN):
                 break  # the smooth curve already turned up: skip the costliest plan of all
         built = build(c)

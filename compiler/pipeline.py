@@ -236,7 +236,7 @@ class Lower:
                 if alg in baselines.FIXED_LOADS and len(mine) > 1 and spec.compress == "none":
                     build, mine = _fixed_loads(build, mine, u, best if prune else float("inf"))
                 choice = choose_chunk(build, mine, model=u.model, incumbent=best if prune else float("inf"),
-                                      patience=patience)
+                                      patience=patience, fitted=not registry.algorithm(alg).repacked)
             out.append(Candidate(alg, choice))
             best = min(best, choice.simulation.time)
             if _columns_only(choice):  # priced from op columns (channels.rings_priced): no ops held
