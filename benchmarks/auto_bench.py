@@ -29,8 +29,8 @@ SIZES = ("64MiB", "256MiB", "1GiB")
 FIELDS = ("topology", "kind", "size", "algorithm", "efficiency", "predicted_s", "bound_s", "cpu_s")
 
 
-def compile_one(src: str, topo: str, ranks: str | None, kind: str, size: str):
-    extra = f" ranks = {ranks}\n" if ranks else ""
+def compile_one(src: str, topo: str, ranks: str | None, kind: str, size: str, root: str | None = None):
+    extra = (f" ranks = {ranks}\n" if ranks else "") + (f" root = {root}\n" if root else "")
     op = " op = sum\n" if kind in ("reduce", "allreduce", "reduce_scatter") else ""
     program = hcc.load(src + f"\ncollective c = {kind} on {topo} {{\n size = {size}\n{extra}{op}}}\n")
     t0 = time.process_time()
