@@ -192,7 +192,7 @@ def choose_chunk(
     ``fitted``: whether the fitted curve may stop the search (not for plans whose trees are
     packed again at each size, registry's ``repacked``: their time is not that curve's; DGX-1
     gpu[0,1,2,3,4,5,7]'s split allreduce at 1 GiB, 18.4 / 16.8 / 16.5 ms at 16 / 8 / 4 MiB,
-    was stopped there by a fit that put 2 MiB above 16.9 ms; it takes 15.1)."""
+    was stopped there by a fit that put 2 MiB above 16.9 ms; it takes 14.7)."""
     if not candidates:
         raise ValueError("no chunk size candidates")
     best: ChunkChoice | None = None
