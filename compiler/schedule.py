@@ -406,10 +406,11 @@ class _Timed:
         return c.freeze()
 
     def fill(self, spans: list[tuple[int, int]], sizes: list[int], weight: list[float], up: bool, down: bool,
-             chunks: "_Templates", tail: bool = False) -> None:
+             chunks: "_Templates", tail: bool | str = False) -> None:
         """Every job's messages, chunk by chunk (``sizes``: each job's chunk in elements;
         with ``tail``, the last chunk of each job whose down tree is two levels deep or more
-        as two halves: :func:`_tail_halved`),
+        as two halves: :func:`_tail_halved`; with ``tail = "ends"`` its first chunk too:
+        :func:`_ends_halved`),
         as arrays (``self.a``); the per-message lists the Python loops read are made on
         demand (:meth:`lists`). Message ``m`` of chunk ``k`` of job ``t`` is number
         ``off_t + k x E_t + i`` for the ``i``-th message of the job's chunk template
@@ -423,7 +424,8 @@ class _Timed:
         K = []
         halved = self._halved(spans) if tail else [False] * len(spans)
         for t, (lo, hi) in enumerate(spans):
-            atoms = _tail_halved(lo, hi, sizes[t]) if halved[t] else _even_chunks(lo, hi, sizes[t])
+            cut = (_ends_halved if tail == "ends" else _tail_halved) if halved[t] else _even_chunks
+            atoms = cut(lo, hi, sizes[t])
             self.pieces.extend((t, a, b) for a, b in atoms)
             self.ubase[t], self.dbase[t] = count.get(("u", self.utree[t]), 0), count.get(("d", self.dtree[t]), 0)
             count[("u", self.utree[t])] = self.ubase[t] + len(atoms)
@@ -1142,6 +1144,23 @@ def _tail_halved(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     return _even_chunks(lo, mid, ce) + [(mid, mid + half), (mid + half, hi)]
 
 
+def _ends_halved(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` as :func:`_tail_halved` cuts it, except that a span of at least three
+    chunks also sends its first ``ce`` elements as two half chunks: every piece still holds
+    between half a chunk and a chunk.
+
+    >>> _ends_halved(0, 100, 30)
+    [(0, 15), (15, 30), (30, 50), (50, 70), (70, 85), (85, 100)]
+    >>> _ends_halved(0, 80, 30)
+    [(0, 25), (25, 50), (50, 65), (65, 80)]
+    """
+    half = ce // 2
+    if half < 1 or hi - lo < 3 * ce:
+        return _tail_halved(lo, hi, ce)
+    head, mid = lo + 2 * half, hi - 2 * half
+    return [(lo, lo + half), (lo + half, head)] + _even_chunks(head, mid, ce) + [(mid, mid + half), (mid + half, hi)]
+
+
 def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], min_chunk: float) -> list[int]:
     """Per job, its chunk in elements: ``ce`` scaled by its weight over the heaviest of its
     group, at least ``min_chunk x ce`` (1: every job cuts at ``ce``). A job of 1/J of the
@@ -1282,14 +1301,15 @@ def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
 
 def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg: float, window: int,
                 min_chunk: float, rounds: int, up: bool, down: bool, lag=None, memo: bool = True, weight=None,
-                tail: bool = False, exact: bool = False, rival=None, rival_ops: int = 0):
+                tail: bool | str = False, exact: bool = False, rival=None, rival_ops: int = 0):
     """The fastest of up to ``rounds + 1`` schedules of the jobs, each job's share scaled
     between rounds by its group's mean finish time over its own (see :func:`lower_jobs`):
     ``(T, order, spans)``, or None when a tree path is not made of the collective's links.
     ``lag``: per job, seconds added to its keys (None: none); ``memo``: keep the trees'
     paths and templates for the next lowering of the same trees; ``weight``: the jobs'
     starting shares (by default their rates; the first schedule then takes ``spans``);
-    ``tail``: the last chunks in halves (TAIL_HALVES); ``exact``: see :func:`lower_jobs`;
+    ``tail``: the last chunks in halves (TAIL_HALVES), "ends" the first too; ``exact``: see
+    :func:`lower_jobs`;
     ``rival``, ``rival_ops``: as :func:`lower_jobs` takes them, for the stop after
     REBALANCE_STALL."""
     import numpy as np
@@ -1375,7 +1395,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
                window: int, min_chunk: float = 1.0, rival=None,
-               rival_ops: int = 0, exact: bool = False, halves: bool | None = None) -> list[tuple[int, int]] | None:
+               rival_ops: int = 0, exact: bool = False, halves: str | None = None) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -1398,8 +1418,9 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     rank has a link to another (EXACT_GATE names where it is used otherwise); the split
     allreduce asks for it (compiler/splitpack.py SPLIT_EXACT).
 
-    ``halves``: whether each job's last chunk goes as two halves (TAIL_HALVES, where its
-    down tree is two levels deep or more); None: where the jobs only broadcast."""
+    ``halves``: which of each job's chunks go as two halves where its down tree is two
+    levels deep or more (TAIL_HALVES): "none", "last", or "ends" (the first and the last);
+    None: the last where the jobs only broadcast."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1412,7 +1433,9 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
     # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast, unless asked
-    tail = TAIL_HALVES and down and (not up if halves is None else halves)
+    tail: bool | str = TAIL_HALVES and down and (not up if halves is None else halves != "none")
+    if tail and halves == "ends":
+        tail = "ends"
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
                        up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops)
     if best is None:

@@ -88,12 +88,15 @@ SPLIT_CHUNK_AWARE = True
 # gpu[0..3] at 1 GiB, 2 MiB chunks, its PCIe ports idle with a message ready 3-9 % of the
 # time). Without it, on the fragments above: 0.893 / 0.936, 0.890 / 0.925, 0.834 / 0.885
 SPLIT_EXACT = True
-# split_priced lowers the jobs with their last chunks whole and in halves (compiler/schedule.py
-# TAIL_HALVES) and keeps the faster by simulation: halves shorten the drain of a job's last
-# chunk up its in-tree and down its out-tree, and cost a message more per job. DGX-1 fragments
-# at 1 GiB, halves alone: gpu[0..3] 0.941 -> 0.949, gpu[1..7] 0.893 -> 0.907, but gpu[0..3]
-# at 64 MiB 0.836 -> 0.814; the schedule's own makespan does not always pick the faster plan
-SPLIT_HALVES = True
+# split_priced lowers the jobs with each job's chunks whole, its last chunk in halves and its
+# first and last in halves (compiler/schedule.py TAIL_HALVES), and keeps the fastest by
+# simulation: halves shorten the drain of a job's last chunk up its in-tree and down its
+# out-tree (and the first, the wait before its root can broadcast), and cost a message more
+# per job each. DGX-1 fragments at 1 GiB, the last in halves alone: gpu[0..3] 0.941 -> 0.949,
+# gpu[1..7] 0.893 -> 0.907, but gpu[0..3] at 64 MiB 0.836 -> 0.814; both ends alone:
+# gpu[0,1,2,5,6,7] 0.948 -> 0.950, gpu[0..3] 0.949 -> 0.947. The schedule's own makespan
+# does not always pick the faster plan
+SPLIT_HALVES = ("none", "last", "ends")
 
 
 @dataclass(frozen=True)
@@ -306,12 +309,13 @@ def split_jobs(ranks: Sequence[str], ins: Sequence[Any], outs: Sequence[Any]) ->
 
 
 def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
-               port_window: int | None = None, min_chunk: float = 1.0, halves: bool = False) -> Plan:
+               port_window: int | None = None, min_chunk: float = 1.0, halves: str = "none") -> Plan:
     """The allreduce plan over ``packing``'s jobs, scheduled by compiler/schedule.py (each
     job's share of the buffer proportional to its rate, rebalanced by finish time). With
     SPLIT_CHUNK_AWARE the trees are packed again for ``chunk_bytes`` chunks, no deeper than
     ``packing``'s (module docstring), ``packing`` kept only where that packing fails.
-    ``halves``: each job's last chunk as two halves (compiler/schedule.py TAIL_HALVES)."""
+    ``halves``: "none", "last" (each job's last chunk as two halves) or "ends" (its first
+    and last): compiler/schedule.py TAIL_HALVES."""
     from .cost import DEFAULT_MODEL
     from .lower import assemble, chunk_elems
     from .builder import _Lowering, split_by_rate
@@ -337,7 +341,7 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
         raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
     rates = [x for _, _, x in jobs]
 
-    def lowered(halves: bool) -> Plan:
+    def lowered(halves: str) -> Plan:
         L = _Lowering(spec, ce)
         got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
                          [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
@@ -360,12 +364,12 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
 
 def split_priced(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
                  port_window: int | None = None, min_chunk: float = 1.0) -> tuple[Plan, Any]:
-    """The faster of :func:`split_plan` with and without the last chunks in halves, with its
-    simulation (SPLIT_HALVES)."""
+    """The fastest of :func:`split_plan` with each form of SPLIT_HALVES, with its
+    simulation."""
     from .cost import DEFAULT_MODEL, simulate
 
     got = []
-    for halves in (False, True) if SPLIT_HALVES else (False,):
+    for halves in SPLIT_HALVES or ("none",):
         plan = split_plan(spec, topo, packing, chunk_bytes, model=model, port_window=port_window,
                           min_chunk=min_chunk, halves=halves)
         got.append((plan, simulate(plan, model=model or DEFAULT_MODEL)))

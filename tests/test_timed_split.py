@@ -5,6 +5,8 @@ timing."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hcc.compiler import splitpack
 from hcc.compiler.bounds import allreduce_floor
@@ -245,12 +247,10 @@ def test_the_shared_master_holds_each_rank_to_what_it_reduced():
         _Master(capn, [0]).add(in_a, out=False)  # in-trees only in a balance master
 
 
-def test_split_priced_keeps_the_faster_of_whole_and_halved_last_chunks():
-    # SPLIT_HALVES: both plans verify, the halved one cuts no message below half a chunk that
-    # the whole one does not (a job's share under a chunk goes whole in both: the messages
-    # stay in the class the latency-aware bound holds for), it sends more messages (a half
-    # more per job of two chunks or more), and split_priced returns the faster with its own
-    # simulation
+def test_split_priced_keeps_the_fastest_of_whole_and_halved_chunks():
+    # SPLIT_HALVES: every form verifies, each halving sends more messages (a half more per
+    # job, at each end halved; how a share is cut: the next test), and split_priced returns
+    # the fastest with its own simulation
     from hcc.compiler.lower import chunk_elems
     from hcc.ir.plan import Send
 
@@ -259,21 +259,38 @@ def test_split_priced_keeps_the_faster_of_whole_and_halved_last_chunks():
     packing = splitpack.pack_split(topo, topo.nodes)
     chunk = 1 << 20
     ce = chunk_elems(chunk, s.dtype)
-    plans = {h: splitpack.split_plan(s, topo, packing, chunk, halves=h) for h in (False, True)}
+    assert splitpack.SPLIT_HALVES == ("none", "last", "ends")
+    plans = {h: splitpack.split_plan(s, topo, packing, chunk, halves=h) for h in splitpack.SPLIT_HALVES}
     sends = {}
     for h, plan in plans.items():
         verify(plan)
         sizes = [op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)]
         assert max(sizes) <= ce
         sends[h] = sizes
-    small = {h: sum(1 for b in sizes if b < ce // 2) for h, sizes in sends.items()}
-    assert small[True] == small[False]
-    assert len(sends[True]) > len(sends[False])
-    assert sends[True].count(ce // 2) > sends[False].count(ce // 2)
+    assert len(sends["none"]) < len(sends["last"]) < len(sends["ends"])
+    assert sends["none"].count(ce // 2) < sends["last"].count(ce // 2) < sends["ends"].count(ce // 2)
     plan, sim = splitpack.split_priced(s, topo, packing, chunk)
     times = {h: simulate(p).time for h, p in plans.items()}
     assert sim.time == pytest.approx(simulate(plan).time, rel=1e-12)
     assert sim.time == pytest.approx(min(times.values()), rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lo=st.integers(0, 10_000), n=st.integers(1, 5_000), ce=st.integers(2, 700))
+def test_halved_chunks_cover_the_share_in_pieces_of_half_a_chunk_to_a_chunk(lo, n, ce):
+    # how a job's share is cut, whole or with its last (both) chunks in halves: contiguous
+    # pieces covering it, none above a chunk, and none under half a chunk unless the whole
+    # share is (the class of plans the latency-aware bound holds for)
+    from hcc.compiler.schedule import _ends_halved, _even_chunks, _tail_halved
+
+    for cut in (_even_chunks, _tail_halved, _ends_halved):
+        pieces = cut(lo, lo + n, ce)
+        assert pieces[0][0] == lo and pieces[-1][1] == lo + n
+        assert all(a == b for (_, a), (b, _) in zip(pieces, pieces[1:]))
+        assert all(0 < b - a <= ce for a, b in pieces)
+        if n >= ce:
+            assert all(b - a >= ce // 2 for a, b in pieces), cut.__name__
+    assert len(_ends_halved(lo, lo + n, ce)) >= len(_tail_halved(lo, lo + n, ce)) >= len(_even_chunks(lo, lo + n, ce))
 
 
 def test_the_chunk_search_of_repacked_trees_is_not_stopped_by_the_fitted_curve():
