@@ -367,24 +367,14 @@ def _group_cuts(topo: Topology, ranks: tuple[str, ...]) -> tuple[Cut, ...]:
     else:
         out = []
     for name, sets in named:
-        k = len(sets)
         for direction in ("in", "out"):
-            arcs: set[tuple[int, int]] = set()
-            inside: set[int] = set()
+            sides = []
             for s in sets:
                 group = {net.index[v] for v in s}
                 own = {net.index[r] for r in ranks if r in s}
-                rest = everything - group
-                t = group if k > _GROUP_FLOWS else _group_side(net, own, rest, direction)[1]
-                inside |= t
-                arcs |= set(_crossing(net, t, direction))
-            cap = sum(c for a, b, c in net.arcs if (a, b) in arcs) / net.scale
-            way = "entering" if direction == "in" else "leaving"
-            out.append(Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)),
-                           tuple(sorted((net.vertices[a], net.vertices[b]) for a, b in arcs)), cap, n,
-                           2.0 * (k - 1), direction,
-                           f"every element crosses between the {k} groups ({name}) 2(k-1) = {2 * (k - 1)} "
-                           f"times, each over a link {way} a group"))
+                sides.append(group if len(sets) > _GROUP_FLOWS else _group_side(net, own, everything - group,
+                                                                                   direction)[1])
+            out.append(_partition_cut(net, sides, direction, f"({name})"))
     return tuple(out)
 
 
@@ -457,27 +447,32 @@ def _partition_cuts(net: _Net) -> tuple[Cut, ...]:
             g = first[j][mask]
             groups.append(g)
             mask ^= g
-        out.append(_partition_cut(net, groups, {g: (cap[g], side[g]) for g in groups}, direction))
+        out.append(_partition_cut(net, [side[g] for g in groups], direction, _mask_names(net, groups)))
     return tuple(out)
 
 
-def _partition_cut(net: _Net, groups: Sequence[int], priced: dict[int, tuple[int, set[int]]],
-                   direction: str) -> Cut:
-    """The group term's Cut for the partition ``groups`` (rank bit masks), each group's least
-    cut and its side in ``priced``."""
-    n, k = len(net.ranks), len(groups)
+def _partition_cut(net: _Net, sides: Sequence[set[int]], direction: str, label: str) -> Cut:
+    """The group term's Cut for a partition whose groups' vertex sets are ``sides``: the links
+    entering (``direction`` "in") or leaving each set, a link entering two sets counted in
+    both; ``label`` names the groups in its text."""
+    k = len(sides)
     inside: set[int] = set()
-    arcs: list[tuple[str, str]] = []
-    for g in groups:
-        t = priced[g][1]
+    crossing: list[tuple[int, int]] = []
+    for t in sides:
         inside |= t
-        arcs += sorted((net.vertices[a], net.vertices[b]) for a, b in _crossing(net, t, direction))
-    names = " | ".join("+".join(net.ranks[i] for i in range(n) if g >> i & 1) for g in groups)
+        crossing += sorted(_crossing(net, t, direction))
+    capacity = {(a, b): c for a, b, c in net.arcs}
     way = "entering" if direction == "in" else "leaving"
-    return Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)), tuple(arcs),
-               sum(priced[g][0] for g in groups) / net.scale, n, 2.0 * (k - 1), direction,
-               f"every element crosses between the {k} groups {names} 2(k-1) = {2 * (k - 1)} "
+    return Cut("allreduce-groups", tuple(sorted(net.vertices[i] for i in inside)),
+               tuple((net.vertices[a], net.vertices[b]) for a, b in crossing),
+               sum(capacity[x] for x in crossing) / net.scale, len(net.ranks), 2.0 * (k - 1), direction,
+               f"every element crosses between the {k} groups {label} 2(k-1) = {2 * (k - 1)} "
                f"times, each over a link {way} a group")
+
+
+def _mask_names(net: _Net, groups: Sequence[int]) -> str:
+    """Groups of ranks given as bit masks, as "a+b | c"."""
+    return " | ".join("+".join(net.ranks[i] for i in range(len(net.ranks)) if g >> i & 1) for g in groups)
 
 
 def _partition_search(net: _Net, starts: Sequence[Sequence[int]]) -> tuple[Cut, ...]:
@@ -538,7 +533,7 @@ def _partition_search(net: _Net, starts: Sequence[Sequence[int]]) -> tuple[Cut, 
                 break
             best = step
         if value < math.inf:
-            out.append(_partition_cut(net, best, priced, direction))
+            out.append(_partition_cut(net, [priced[g][1] for g in best], direction, _mask_names(net, best)))
     return tuple(out)
 
 

@@ -1432,10 +1432,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     if messages > TIMED_MAX_MESSAGES:
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
-    # the last chunk in halves (TAIL_HALVES) where the jobs only broadcast, unless asked
-    tail: bool | str = TAIL_HALVES and down and (not up if halves is None else halves != "none")
-    if tail and halves == "ends":
-        tail = "ends"
+    # which chunks go in halves (TAIL_HALVES): unless asked, the last where the jobs only broadcast
+    tail: bool | str = False
+    if TAIL_HALVES and down:
+        tail = (not up) if halves is None else {"none": False, "last": True, "ends": "ends"}[halves]
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
                        up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops)
     if best is None:

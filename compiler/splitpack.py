@@ -316,62 +316,85 @@ def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: in
     ``packing``'s (module docstring), ``packing`` kept only where that packing fails.
     ``halves``: "none", "last" (each job's last chunk as two halves) or "ends" (its first
     and last): compiler/schedule.py TAIL_HALVES."""
-    from .cost import DEFAULT_MODEL
-    from .lower import assemble, chunk_elems
-    from .builder import _Lowering, split_by_rate
-    from .schedule import PORT_WINDOW, lower_jobs
-    from .trees import TreeShape
-    from ..ir.plan import DTYPE_SIZES
+    jobs = _SplitJobs.at(spec, topo, packing, chunk_bytes, model)
+    return jobs.lower(port_window, min_chunk, halves)
 
-    if spec.kind != "allreduce":
-        raise PlanError(f"split trees lower allreduce only, not {spec.kind}")
-    ce = chunk_elems(chunk_bytes, spec.dtype)
-    per_msg = (model or DEFAULT_MODEL).per_message_s
-    if SPLIT_CHUNK_AWARE:
-        # at the depth cap of ``packing`` (pack_split chose it): probing again per chunk size
-        # tripled the packing's share of the compile
-        again = pack_split(topo, spec.ranks, chunk_bytes=ce * DTYPE_SIZES[spec.dtype], per_msg=per_msg,
-                           depth=packing.depth)
-        if again is not None and again.outs:
-            packing = again
-    ins = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(packing.ins)]
-    outs = [TreeShape.of(t, spec.ranks, len(ins) + i) for i, t in enumerate(packing.outs)]
-    jobs = split_jobs(spec.ranks, packing.ins, packing.outs)
-    if not jobs:
-        raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
-    rates = [x for _, _, x in jobs]
 
-    def lowered(halves: str) -> Plan:
-        L = _Lowering(spec, ce)
+def split_priced(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
+                 port_window: int | None = None, min_chunk: float = 1.0) -> tuple[Plan, Any]:
+    """The fastest of :func:`split_plan`'s plans with each form of SPLIT_HALVES, with its
+    simulation (the trees packed once for the chunk size, every form lowered over them)."""
+    from .cost import DEFAULT_MODEL, simulate
+
+    jobs = _SplitJobs.at(spec, topo, packing, chunk_bytes, model)
+    got = []
+    for halves in SPLIT_HALVES or ("none",):
+        plan = jobs.lower(port_window, min_chunk, halves)
+        got.append((plan, simulate(plan, model=model or DEFAULT_MODEL)))
+    return min(got, key=lambda x: x[1].time)
+
+
+@dataclass(frozen=True)
+class _SplitJobs:
+    """The split allreduce's jobs at one chunk size, ready to lower: the collective, its
+    topology, the chunk in bytes and in elements, the per-message cost, the in- and out-tree shapes and
+    the jobs (in-tree, out-tree, rate) of :func:`split_jobs`."""
+
+    spec: Any
+    topo: Topology
+    chunk_bytes: int
+    ce: int
+    per_msg: float
+    ins: list
+    outs: list
+    jobs: list
+
+    @staticmethod
+    def at(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, model: Any) -> "_SplitJobs":
+        """The jobs over ``packing``, packed again for ``chunk_bytes`` chunks (SPLIT_CHUNK_AWARE)."""
+        from .cost import DEFAULT_MODEL
+        from .lower import chunk_elems
+        from .trees import TreeShape
+        from ..ir.plan import DTYPE_SIZES
+
+        if spec.kind != "allreduce":
+            raise PlanError(f"split trees lower allreduce only, not {spec.kind}")
+        ce = chunk_elems(chunk_bytes, spec.dtype)
+        per_msg = (model or DEFAULT_MODEL).per_message_s
+        if SPLIT_CHUNK_AWARE:
+            # at the depth cap of ``packing`` (pack_split chose it): probing again per chunk size
+            # tripled the packing's share of the compile
+            again = pack_split(topo, spec.ranks, chunk_bytes=ce * DTYPE_SIZES[spec.dtype], per_msg=per_msg,
+                               depth=packing.depth)
+            if again is not None and again.outs:
+                packing = again
+        ins = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(packing.ins)]
+        outs = [TreeShape.of(t, spec.ranks, len(ins) + i) for i, t in enumerate(packing.outs)]
+        jobs = split_jobs(spec.ranks, packing.ins, packing.outs)
+        if not jobs:
+            raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
+        return _SplitJobs(spec, topo, chunk_bytes, ce, per_msg, ins, outs, jobs)
+
+    def lower(self, port_window: int | None, min_chunk: float, halves: str) -> Plan:
+        """The plan of these jobs, their chunks cut as ``halves`` says (:func:`split_plan`)."""
+        from .builder import _Lowering, split_by_rate
+        from .lower import assemble
+        from .schedule import PORT_WINDOW, lower_jobs
+
+        spec, ins, outs, jobs = self.spec, self.ins, self.outs, self.jobs
+        rates = [x for _, _, x in jobs]
+        L = _Lowering(spec, self.ce)
         got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
                          [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
-                         {0: list(range(len(jobs)))}, split_by_rate(0, L.E, rates), topo, per_msg,
+                         {0: list(range(len(jobs)))}, split_by_rate(0, L.E, rates), self.topo, self.per_msg,
                          port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT, halves=halves)
         if got is None:
-            raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {chunk_bytes} B "
+            raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {self.chunk_bytes} B "
                             f"chunks (a tree hop outside the collective's links, or too many messages)")
         cover: dict[int, tuple[int, int]] = {}
         for (i, o, _), (a, b) in zip(jobs, got):
             for t in (i, len(ins) + o):
                 lo, hi = cover.get(t, (b, a))
                 cover[t] = (min(lo, a), max(hi, b))
-        shapes = ins + outs
-        trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(shapes))
-        return assemble(spec, topo, L.B, trees, "treepack-split", ce)
-
-    return lowered(halves)
-
-
-def split_priced(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
-                 port_window: int | None = None, min_chunk: float = 1.0) -> tuple[Plan, Any]:
-    """The fastest of :func:`split_plan` with each form of SPLIT_HALVES, with its
-    simulation."""
-    from .cost import DEFAULT_MODEL, simulate
-
-    got = []
-    for halves in SPLIT_HALVES or ("none",):
-        plan = split_plan(spec, topo, packing, chunk_bytes, model=model, port_window=port_window,
-                          min_chunk=min_chunk, halves=halves)
-        got.append((plan, simulate(plan, model=model or DEFAULT_MODEL)))
-    return min(got, key=lambda x: x[1].time)
-
+        trees = tuple(sh.to_tree(t, cover.get(t, (0, 0))) for t, sh in enumerate(ins + outs))
+        return assemble(spec, self.topo, L.B, trees, "treepack-split", self.ce)
