@@ -1,4 +1,4 @@
-"""hcc.compiler.packing_choice — of an allgather's shallow and deep packings, the faster schedule.
+"""hcc.compiler.packing_choice — of a packing's shallow and deep forms, the faster schedule.
 
 Terms
 - *deep packing*: pack_allgather's first phase alone (``shallow=False``): the LP optimum over
@@ -22,6 +22,16 @@ faster is kept. Elsewhere the shallow packing is kept without pricing: pricing b
 everywhere a route crosses a switch doubled the allgather compile CPU on two A100 servers
 (2.0-2.5 s -> 4.0-4.4 s, where ForestColl takes 12.3 s) and added 0.7 s on DGX-1, for no
 change of plan at 1 GB on either.
+
+Broadcast and reduce (:func:`faster_broadcast_packing`, up to BROADCAST_CHOICE_MAX_RANKS
+ranks): the LP's trees at the cut rate are as deep as its vertex solution makes them (DGX-1:
+chains 7 deep), and CP-SAT's fewest trees, built from the LP's edges, as deep as they come
+out. The depth-bounded phase finds the same rate over shallower trees, and CP-SAT then keeps
+its fewest trees within a depth cap: the phase's depth D and one level less. Shallower is
+not always faster here (a rank with more children sends more copies in a row, and the
+trees the cap leaves may share links unevenly), so the candidates are priced as above and
+the fastest is kept. DGX-1's broadcast at 256 MiB / 1 GiB: 0.843 / 0.916 of the bound over
+the deep trees, 0.855 / 0.922 at the phase's depth 5, 0.866 / 0.926 at depth 4.
 """
 from __future__ import annotations
 
@@ -30,7 +40,13 @@ from typing import Any
 
 from .chunks import best_time
 
-__all__ = ["faster_allgather_packing", "one_uplink_ranks", "stars_through_switch"]
+__all__ = ["BROADCAST_CHOICE_MAX_RANKS", "faster_allgather_packing", "faster_broadcast_packing", "one_uplink_ranks",
+           "stars_through_switch"]
+
+# broadcast and reduce packings are chosen by price up to this many ranks (CP-SAT's few-trees
+# search, which the depth caps steer, runs up to treepack_few._FEW_MAX_RANKS = 16); past it
+# the LP's trees are kept without pricing others
+BROADCAST_CHOICE_MAX_RANKS = 16
 
 # chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
@@ -90,3 +106,46 @@ def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:
     if t_deep < t_shallow:
         return replace(deep, method=f"{deep.method} (faster than {shallow.method})")
     return shallow
+
+
+def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str = "treepack") -> Any:
+    """The broadcast packing from ``root`` (in-trees to it with ``reverse``: a reduce's) of
+    unit ``u`` whose schedule under ``algorithm``'s lowering is predicted fastest, of the
+    deep one and the depth-capped ones (module docstring): the deep one where it is a single
+    tree, past BROADCAST_CHOICE_MAX_RANKS ranks or where no shallower packing keeps its rate;
+    ties keep the earlier of deep, depth D, depth D - 1. A depth-capped packing kept says so
+    in its ``method``."""
+    from . import treepack
+
+    topo, ranks = u.topology, u.spec.ranks
+    deep = treepack.pack_broadcast(topo, ranks, root, reverse=reverse)
+    if len(ranks) > BROADCAST_CHOICE_MAX_RANKS or len(deep.trees) < 2:
+        return deep
+    shallow = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=-1)
+    if shallow is None:
+        return deep
+    found = max(tree_depth(t) for t in shallow.trees)
+    forms = [deep, shallow]
+    if found > 2:
+        lower = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=found - 1)
+        if lower is not None:
+            forms.append(lower)
+    seen, timed = set(), []
+    for p in forms:
+        key = tuple(sorted((t.edges, round(t.rate)) for t in p.trees))
+        if key in seen:
+            continue
+        seen.add(key)
+        timed.append((_priced(u, p, algorithm), len(timed), p))
+    best = min(timed, key=lambda x: (x[0], x[1]))[2]
+    if best is deep:
+        return deep
+    return replace(best, method=f"{best.method} (faster than {deep.method})")
+
+
+def tree_depth(tree: Any) -> int:
+    """Levels of a PackedTree below its root (a route through switches is one level)."""
+    level = {tree.root: 0}
+    for parent, child, _ in tree.edges:  # parents come before their children
+        level[child] = level[parent] + 1
+    return max(level.values())

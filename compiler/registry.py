@@ -73,7 +73,7 @@ from .chunks import best_time
 from .hier import hier_plan, two_level_cut
 from .levels import LEVEL_KINDS, levels_forms, levels_priced
 from .lower_relax import relax_plan
-from .packing_choice import faster_allgather_packing
+from .packing_choice import faster_allgather_packing, faster_broadcast_packing
 from .program import CollectiveSpec
 from .ringfill import RINGFILL_MAX_RANKS, ringfill_builder, ringfill_packing
 from .replay import REPLAY_MAX_RANKS, replayed_reduce
@@ -159,9 +159,12 @@ def _pack_trees(u):
 
     spec, topo, ranks = u.spec, u.topology, u.spec.ranks
     kind = spec.kind
-    if kind in ("broadcast", "scatter"):
+    if kind in ("broadcast", "reduce"):
+        # the deep or a depth-capped packing, whichever schedules fastest (packing_choice.py)
+        return faster_broadcast_packing(u, _root(spec), reverse=kind == "reduce")
+    if kind == "scatter":
         return treepack.pack_broadcast(topo, ranks, _root(spec))
-    if kind in ("reduce", "gather"):
+    if kind == "gather":
         return treepack.pack_broadcast(topo, ranks, _root(spec), reverse=True)
     if kind in ("allgather", "reduce_scatter"):
         # the shallow or the deep packing, whichever schedules faster (packing_choice.py)

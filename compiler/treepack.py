@@ -97,7 +97,7 @@ from . import bounds
 from .switches import Indexed
 from .treepack_few import _FEW_ALLGATHER_BUDGET_S, _FEW_BROADCAST_BUDGET_S, _FEW_MAX_ALLGATHER_RANKS, _few_trees
 from .treepack_few import _quanta  # noqa: F401  (re-exported: tests check the quanta)
-from .treepack_master import PackError, _Col, _colgen, _Pricer, min_arborescence
+from .treepack_master import PackError, _Col, _colgen, _depth, _Pricer, min_arborescence
 from .treepack_shallow import shallow_packing
 from .treepack_seeds import _btree_columns, _ring_columns, _seed_columns
 from .treepack_symmetry import _SYMMETRY_MIN_RANKS, _colgen_symmetric, _host_symmetry, _rank_symmetry, _translate
@@ -198,23 +198,30 @@ def clear_cache() -> None:
 
 def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, few_trees: bool = True,
                    tolerance: float = 0.0, time_limit: float = _WALL_SAFETY_S,
-                   few_trees_time: float = _FEW_BROADCAST_BUDGET_S) -> Packing:
+                   few_trees_time: float = _FEW_BROADCAST_BUDGET_S, depth: int = 0) -> Packing | None:
     """Pack out-trees rooted at ``root`` (in-trees for reduce with ``reverse=True``) spanning
     ``ranks``, maximising the total rate; then, with ``few_trees``, CP-SAT searches (for at
     most ``few_trees_time`` deterministic seconds, so results do not depend on machine load)
     for the fewest trees keeping rate >= (1 - tolerance) x the LP optimum. ``time_limit``
     (wall-clock seconds) is only a safety net over the whole call.
 
+    ``depth``: 0, trees of any depth. Otherwise, up to _SHALLOW_PHASE_MAX_RANKS ranks, the
+    same LP rate over trees of bounded depth (None where none was found): -1, the
+    depth-bounded second phase's (treepack_shallow.py; ``method`` says "shallow(depth D)"),
+    and CP-SAT's few trees no deeper; D > 0, that phase's columns and CP-SAT's few trees at
+    most D levels deep (else the phase's own trees where they are no deeper).
+
     Results are memoised per arguments (Topology and Packing are frozen values): broadcast,
     scatter, reduce and gather of one program often ask for the same packing, and the same
     question then gets the same trees."""
-    args = (topo, tuple(ranks), root, reverse, few_trees, float(tolerance), float(time_limit), float(few_trees_time))
+    args = (topo, tuple(ranks), root, reverse, few_trees, float(tolerance), float(time_limit), float(few_trees_time),
+            int(depth))
     return _memo(_pack_broadcast, args)
 
 
 @functools.lru_cache(maxsize=64)
 def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: bool, few_trees: bool,
-                    tolerance: float, time_limit: float, few_trees_time: float) -> Packing:
+                    tolerance: float, time_limit: float, few_trees_time: float, depth: int) -> Packing | None:
     t0 = time.perf_counter()
     if root not in ranks:
         raise PackError(f"root {root!r} is not one of the ranks")
@@ -232,15 +239,29 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
     rounds = _LARGE_BROADCAST_ROUNDS if len(ranks) > _LARGE_BROADCAST_RANKS else 0
     weights, cols, obj, scale, stop = _colgen(ix, pricer, [r], deadline, bound, seeds, rounds)
     lp_rate = obj * scale
-    pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_rate * 1e-12]
     method = f"colgen({stop})" if stop else "colgen"
+    cap = found = None  # the depth bound of the trees and the second phase's depth (depth != 0)
+    if depth:
+        if len(ranks) > _SHALLOW_PHASE_MAX_RANKS or obj <= 0 or stop:
+            return None
+        got = shallow_packing(ix, pricer, [r], cols, weights, obj, scale, _SHALLOW_PHASE_PRICINGS)  # one root: a pricing a round
+        if got is None:
+            return None
+        weights, cols, _, found = got
+        cap = found if depth < 0 else depth
+        method += f"+shallow(depth {found})"
+    pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_rate * 1e-12]
     lp_trees = len(pairs)
     if few_trees and lp_trees > 1:
         got, note = _few_trees(ix, pricer, [r], cols, weights, (1.0 - tolerance) * lp_rate, None,
-                               deadline, scale, few_trees_time)
+                               deadline, scale, few_trees_time, cap)
         if got is not None:
             pairs = got
+            if cap is not None:
+                note += f"+shallow(depth {found})" + (f"+depth <= {cap}" if depth > 0 else "")
         method = note if got is not None else f"{method}+{note}"
+    if cap is not None and max(_depth(c) for c, _ in pairs) > cap:
+        return None
     pairs = _fit(pricer, pairs)
     rate = sum(w for _, w in pairs)
     trees = tuple(_to_tree(ix, c, w) for c, w in pairs)

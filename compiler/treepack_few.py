@@ -103,6 +103,9 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
     if len(roots) > 1 and len(cand) > _FEW_MAX_ALLGATHER_EDGES:
         return None, f"lp(cpsat skipped: {len(cand)} candidate edges)"
     reason = "lp(cpsat found no fewer trees)"
+    # a broadcast's depth-capped search (treepack.pack_broadcast's ``depth``) wants trees no
+    # deeper than the cap, as few as it finds: as many as the LP's are kept too
+    capped = max_depth is not None and len(roots) == 1
     spent = 0.0  # deterministic seconds used by earlier quanta
     for q in quanta:
         remaining = deadline - time.perf_counter()
@@ -121,7 +124,7 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
         loads: dict[int, list] = {}
         for r in roots:
             edges = [e for e in cand if e[1] != r]
-            k_r = min(lp_count[r] if len(roots) > 1 else lp_count[r] - 1, _FEW_MAX_SLOTS)
+            k_r = min(lp_count[r] if len(roots) > 1 or capped else lp_count[r] - 1, _FEW_MAX_SLOTS)
             # hint: the root's heaviest LP trees, weights rounded to quanta (not feasible in
             # general, but it steers the first solution: on DGX-1 with PCIe switches and a
             # 1 GB/s quantum, CP-SAT found none within 1 s without it)
@@ -198,7 +201,7 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
                 reason = "lp(cpsat out of budget)"
             continue
         count = sum(solver.Value(s[1]) for s in slots)
-        if count >= used_lp:
+        if count > used_lp or (count == used_lp and not capped):
             return None, reason
         status = "optimal" if st == cp_model.OPTIMAL else "best within budget"
         out = []

@@ -1,20 +1,27 @@
-"""The choice between an allgather's shallow and deep packings (compiler/packing_choice.py):
-on one switch (samples/nvswitch.hcl) the compiled allgather is at least as fast as the deep
+"""The choice between a packing's shallow and deep forms (compiler/packing_choice.py): on one
+switch (samples/nvswitch.hcl) the compiled allgather is at least as fast as the deep
 packing's own timed plan, found by an independent chunk search here, though the shallow
 packing (its 1-level stars) alone is slower; over direct links the shallow packing is kept
-without pricing."""
+without pricing. Broadcast and reduce: the depth-capped packings keep the cut rate (networkx's
+max-flows) within their cap, and DGX-1's compiled broadcast beats the deep trees' best timed
+plan."""
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 import hcc
 from hcc.compiler import treepack
 from hcc.compiler.cost import DEFAULT_MODEL, simulate
 from hcc.compiler.lower import lower
-from hcc.compiler.packing_choice import faster_allgather_packing, one_uplink_ranks, stars_through_switch
+from hcc.compiler.packing_choice import (faster_allgather_packing, faster_broadcast_packing, one_uplink_ranks,
+                                        stars_through_switch, tree_depth)
 from hcc.compiler.pipeline import Pack, Unit, run_passes
 
+from test_bounds import dgx1, nx_broadcast, random_topology, ring
+from test_treepack import check_packing
 from test_treepack_shallow import depth_of as depth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +101,62 @@ def test_one_uplink_ranks_by_hand():
                        "collective ag = allgather on t { size = 1 MB }\n")
     spec = program.collectives[0]
     assert one_uplink_ranks(program.topology_of(spec), spec.ranks) == frozenset({"a", "b"})
+
+
+DEPTH_CASES = {
+    "dgx1": (dgx1(), "gpu0"),
+    "rand6": (random_topology(6, 6), "v0"),
+    "rand7_switch": (random_topology(7, 7, switch=True), "v0"),
+    "rand8": (random_topology(8, 8), "v0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPTH_CASES))
+def test_depth_capped_broadcast_packings_keep_the_cut_rate(name):
+    topo, root = DEPTH_CASES[name]
+    ranks = topo.nodes
+    treepack.clear_cache()
+    capped = 0
+    for reverse in (False, True):
+        want = nx_broadcast(topo, ranks, root, reverse=reverse)  # independent max-flow
+        deep = treepack.pack_broadcast(topo, ranks, root, reverse=reverse)
+        assert deep.rate == pytest.approx(want, rel=1e-6)
+        shallow = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=-1)
+        if shallow is None:  # no shallower packing at the rate: the deep one is all there is
+            continue
+        found = int(shallow.method.split("shallow(depth ")[1].split(")")[0])
+        for cap, p in ((found, shallow), (found - 1, treepack.pack_broadcast(topo, ranks, root, reverse=reverse,
+                                                                             depth=found - 1))):
+            if p is None:
+                continue
+            check_packing(topo, ranks, p, reverse)  # spanning arborescences within every capacity
+            assert max(tree_depth(t) for t in p.trees) <= cap < depth(deep)
+            assert sum(t.rate for t in p.trees) == pytest.approx(want, rel=1e-6)
+            capped += 1
+    assert capped  # the case has shallower packings than the deep one to check
+
+
+def test_a_depth_below_every_tree_is_refused():
+    # a one-way ring of 6: every spanning tree from r0 is the 5-deep chain
+    topo = ring(6, bidir=False)
+    treepack.clear_cache()
+    assert treepack.pack_broadcast(topo, topo.nodes, "r0", depth=3) is None
+    assert treepack.pack_broadcast(topo, topo.nodes, "r0", depth=-1) is None
+
+
+def test_dgx1_broadcast_beats_the_deep_trees_best_timed_plan():
+    program = hcc.load(ROOT / "samples" / "dgx1.hcl")
+    spec = next(c for c in program.collectives if c.name == "broadcast")
+    spec = replace(spec, size_bytes=256 << 20, algorithm="treepack")
+    topo = program.topology_of(spec)
+    treepack.clear_cache()
+    deep = treepack.pack_broadcast(topo, spec.ranks, "gpu0")
+    u = Unit(program=program, spec=spec, topology=topo, model=DEFAULT_MODEL)
+    chosen = faster_broadcast_packing(u, "gpu0", reverse=False)
+    assert "faster than" in chosen.method and "shallow(depth" in chosen.method
+    assert depth(chosen) < depth(deep) and chosen.rate == pytest.approx(deep.rate, rel=1e-6)
+    plan = hcc.compile(replace(program, collectives=(spec,)), spec.name)
+    assert plan.algorithm == "treepack"
+    # the deep trees' fastest timed plan over every chunk from 256 MiB down to 1 MiB by
+    # halves (their plan was 0.843 of the bound; the capped trees' 0.866 when written)
+    assert plan.figures.predicted_s < 0.98 * best_timed(spec, topo, deep.trees)
