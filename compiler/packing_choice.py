@@ -47,6 +47,11 @@ __all__ = ["BROADCAST_CHOICE_MAX_RANKS", "faster_allgather_packing", "faster_bro
 # search, which the depth caps steer, runs up to treepack_few._FEW_MAX_RANKS = 16); past it
 # the LP's trees are kept without pricing others
 BROADCAST_CHOICE_MAX_RANKS = 16
+# CP-SAT's deterministic seconds for each depth-capped few-trees search (the deep packing's
+# keeps treepack's 0.5): DGX-1's capped trees were found at 0.25 as at 0.5 (the same plans on
+# DGX-1, its fragment 1-7, one MI250 node and a random 6-rank graph), not at 0.1; the two
+# searches were most of the broadcast's compile (2.7 of 4.2 CPU s at 64 MiB)
+CAPPED_BUDGET_S = 0.25
 
 # chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
@@ -121,13 +126,15 @@ def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str
     deep = treepack.pack_broadcast(topo, ranks, root, reverse=reverse)
     if len(ranks) > BROADCAST_CHOICE_MAX_RANKS or len(deep.trees) < 2:
         return deep
-    shallow = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=-1)
+    shallow = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=-1,
+                                      few_trees_time=CAPPED_BUDGET_S)
     if shallow is None:
         return deep
     found = max(tree_depth(t) for t in shallow.trees)
     forms = [deep, shallow]
     if found > 2:
-        lower = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=found - 1)
+        lower = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=found - 1,
+                                        few_trees_time=CAPPED_BUDGET_S)
         if lower is not None:
             forms.append(lower)
     seen, timed = set(), []

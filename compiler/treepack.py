@@ -120,7 +120,9 @@ _LARGE_BROADCAST_ROUNDS = 12
 # second phase (treepack_shallow.py) after the first phase's optimum: DGX-1 7 -> 2 levels,
 # two A100 servers 8 -> 2, four 17 -> 2 (93 -> about 55 trees), one MI250 node 13 -> 5-6.
 # A round prices every root, so its budget is a count of pricings: _SHALLOW_PHASE_PRICINGS / n
-# rounds (40 at 16 ranks, 20 at 32, where a round took about 0.2 s of CPU on four A100s)
+# rounds (40 at 16 ranks, 20 at 32, where a round took about 0.2 s of CPU on four A100s).
+# Broadcast and reduce packs run it when asked for a depth cap (pack_broadcast's ``depth``:
+# compiler/packing_choice.py prices them against the deep packing)
 _SHALLOW_PHASE_MAX_RANKS = 32
 _SHALLOW_PHASE_PRICINGS = 640
 
@@ -244,7 +246,8 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
     if depth:
         if len(ranks) > _SHALLOW_PHASE_MAX_RANKS or obj <= 0 or stop:
             return None
-        got = shallow_packing(ix, pricer, [r], cols, weights, obj, scale, _SHALLOW_PHASE_PRICINGS)  # one root: a pricing a round
+        # one root: a pricing a round, so the budget's pricings are its rounds
+        got = shallow_packing(ix, pricer, [r], cols, weights, obj, scale, _SHALLOW_PHASE_PRICINGS)
         if got is None:
             return None
         weights, cols, _, found = got
