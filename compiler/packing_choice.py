@@ -25,13 +25,21 @@ change of plan at 1 GB on either.
 
 Broadcast and reduce (:func:`faster_broadcast_packing`, up to BROADCAST_CHOICE_MAX_RANKS
 ranks): the LP's trees at the cut rate are as deep as its vertex solution makes them (DGX-1:
-chains 7 deep), and CP-SAT's fewest trees, built from the LP's edges, as deep as they come
-out. The depth-bounded phase finds the same rate over shallower trees, and CP-SAT then keeps
-its fewest trees within a depth cap: the phase's depth D and one level less. Shallower is
-not always faster here (a rank with more children sends more copies in a row, and the
-trees the cap leaves may share links unevenly), so the candidates are priced as above and
-the fastest is kept. DGX-1's broadcast at 256 MiB / 1 GiB: 0.843 / 0.916 of the bound over
-the deep trees, 0.855 / 0.922 at the phase's depth 5, 0.866 / 0.926 at depth 4.
+chains 7 deep, one MI250 node 14), and CP-SAT's fewest trees, built from the LP's edges, as
+deep as they come out. So the same rate is looked for within depth caps
+(treepack.pack_broadcast's ``depth``): the depth-bounded phase's own depth D and one level
+less, CP-SAT's fewest trees within each over the phase's columns; then, a level at a time
+below the shallowest found, caps probed alone (the depth-bounded pricer's columns at that
+depth, at whatever rate it reaches, and CP-SAT's fewest trees within the cap at the full
+rate over their edges), until a cap has none or CAPPED_FORMS caps were tried. Shallower is
+not always faster (a rank with more children sends more copies in a row, and the trees a
+cap leaves may share links unevenly: the phase's own packing, kept unpriced, lost on
+dgx1:03457, 0.965 -> 0.945 at 256 MiB), and CP-SAT's trees depend on the columns it starts
+from (DGX-1 fragment 1-7 at depth 4: 0.897 of the bound from the phase's, 0.881 from the
+probe's), so every packing found is lowered as the candidate lowers it and the fastest is
+kept. DGX-1's broadcast at 256 MiB / 1 GiB: 0.843 / 0.916 of the bound over the 7-deep
+trees, 0.866 / 0.926 over 4-deep ones; one MI250 node's from GCD 0: 0.705 / 0.826 over
+14-deep trees, 0.754 / 0.862 over 10-deep ones.
 """
 from __future__ import annotations
 
@@ -49,9 +57,12 @@ __all__ = ["BROADCAST_CHOICE_MAX_RANKS", "faster_allgather_packing", "faster_bro
 BROADCAST_CHOICE_MAX_RANKS = 16
 # CP-SAT's deterministic seconds for each depth-capped few-trees search (the deep packing's
 # keeps treepack's 0.5): DGX-1's capped trees were found at 0.25 as at 0.5 (the same plans on
-# DGX-1, its fragment 1-7, one MI250 node and a random 6-rank graph), not at 0.1; the two
-# searches were most of the broadcast's compile (2.7 of 4.2 CPU s at 64 MiB)
+# DGX-1, its fragment 1-7, one MI250 node and a random 6-rank graph), not at 0.1; the
+# searches were most of the broadcast's compile (2.7 of 4.2 CPU s at 64 MiB for two)
 CAPPED_BUDGET_S = 0.25
+# depth caps tried, at most (one MI250 node: the phase's 12 and 11, probes at 10 and 9, 9 has
+# none; DGX-1: 5, 4, a probe at 3 that has none)
+CAPPED_FORMS = 5
 
 # chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
@@ -116,27 +127,36 @@ def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:
 def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str = "treepack") -> Any:
     """The broadcast packing from ``root`` (in-trees to it with ``reverse``: a reduce's) of
     unit ``u`` whose schedule under ``algorithm``'s lowering is predicted fastest, of the
-    deep one and the depth-capped ones (module docstring): the deep one where it is a single
-    tree, past BROADCAST_CHOICE_MAX_RANKS ranks or where no shallower packing keeps its rate;
-    ties keep the earlier of deep, depth D, depth D - 1. A depth-capped packing kept says so
-    in its ``method``."""
+    deep one and those within depth caps below it (module docstring): the deep one where it
+    is a single tree, past BROADCAST_CHOICE_MAX_RANKS ranks or where no cap keeps its rate;
+    ties keep the one found first. A depth-capped packing kept says so in its ``method``."""
     from . import treepack
 
     topo, ranks = u.topology, u.spec.ranks
     deep = treepack.pack_broadcast(topo, ranks, root, reverse=reverse)
     if len(ranks) > BROADCAST_CHOICE_MAX_RANKS or len(deep.trees) < 2:
         return deep
-    shallow = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=-1,
-                                      few_trees_time=CAPPED_BUDGET_S)
-    if shallow is None:
-        return deep
-    found = max(tree_depth(t) for t in shallow.trees)
-    forms = [deep, shallow]
-    if found > 2:
-        lower = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=found - 1,
-                                        few_trees_time=CAPPED_BUDGET_S)
+
+    def capped(cap: int, probe: bool = False):
+        return treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=cap, probe=probe,
+                                       few_trees_time=CAPPED_BUDGET_S)
+
+    forms = [deep]
+    shallow = capped(-1)
+    if shallow is not None:
+        forms.append(shallow)
+        lower = capped(tree_depth_of(shallow) - 1)
         if lower is not None:
             forms.append(lower)
+    cap = min(tree_depth_of(p) for p in forms) - 1
+    while cap >= 1 and len(forms) <= CAPPED_FORMS:
+        got = capped(cap, probe=True)
+        if got is None:
+            break
+        forms.append(got)
+        cap = tree_depth_of(got) - 1
+    if len(forms) == 1:
+        return deep
     seen, timed = set(), []
     for p in forms:
         key = tuple(sorted((t.edges, round(t.rate)) for t in p.trees))
@@ -148,6 +168,11 @@ def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str
     if best is deep:
         return deep
     return replace(best, method=f"{best.method} (faster than {deep.method})")
+
+
+def tree_depth_of(packing: Any) -> int:
+    """The deepest of ``packing``'s trees (:func:`tree_depth`)."""
+    return max(tree_depth(t) for t in packing.trees)
 
 
 def tree_depth(tree: Any) -> int:

@@ -200,7 +200,8 @@ def clear_cache() -> None:
 
 def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, few_trees: bool = True,
                    tolerance: float = 0.0, time_limit: float = _WALL_SAFETY_S,
-                   few_trees_time: float = _FEW_BROADCAST_BUDGET_S, depth: int = 0) -> Packing | None:
+                   few_trees_time: float = _FEW_BROADCAST_BUDGET_S, depth: int = 0,
+                   probe: bool = False) -> Packing | None:
     """Pack out-trees rooted at ``root`` (in-trees for reduce with ``reverse=True``) spanning
     ``ranks``, maximising the total rate; then, with ``few_trees``, CP-SAT searches (for at
     most ``few_trees_time`` deterministic seconds, so results do not depend on machine load)
@@ -211,19 +212,23 @@ def pack_broadcast(topo: Topology, ranks, root: str, *, reverse: bool = False, f
     same LP rate over trees of bounded depth (None where none was found): -1, the
     depth-bounded second phase's (treepack_shallow.py; ``method`` says "shallow(depth D)"),
     and CP-SAT's few trees no deeper; D > 0, that phase's columns and CP-SAT's few trees at
-    most D levels deep (else the phase's own trees where they are no deeper).
+    most D levels deep (else the phase's own trees where they are no deeper). With ``probe``
+    (D > 0) the columns are column generation's at depth D alone, at whatever rate it
+    reaches there, and CP-SAT looks for the full rate over their edges (one MI250 node from
+    GCD 0 at depth 10, where the column generation stalls at 0.88 of the rate).
 
     Results are memoised per arguments (Topology and Packing are frozen values): broadcast,
     scatter, reduce and gather of one program often ask for the same packing, and the same
     question then gets the same trees."""
     args = (topo, tuple(ranks), root, reverse, few_trees, float(tolerance), float(time_limit), float(few_trees_time),
-            int(depth))
+            int(depth), bool(probe and depth > 0))
     return _memo(_pack_broadcast, args)
 
 
 @functools.lru_cache(maxsize=64)
 def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: bool, few_trees: bool,
-                    tolerance: float, time_limit: float, few_trees_time: float, depth: int) -> Packing | None:
+                    tolerance: float, time_limit: float, few_trees_time: float, depth: int,
+                    probe: bool) -> Packing | None:
     t0 = time.perf_counter()
     if root not in ranks:
         raise PackError(f"root {root!r} is not one of the ranks")
@@ -243,28 +248,34 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
     lp_rate = obj * scale
     method = f"colgen({stop})" if stop else "colgen"
     cap = found = None  # the depth bound of the trees and the second phase's depth (depth != 0)
+    reached = obj  # the LP rate within the cap (below obj only where ``probe`` stalled)
     if depth:
         if len(ranks) > _SHALLOW_PHASE_MAX_RANKS or obj <= 0 or stop:
             return None
         # one root: a pricing a round, so the budget's pricings are its rounds
-        got = shallow_packing(ix, pricer, [r], cols, weights, obj, scale, _SHALLOW_PHASE_PRICINGS)
+        got = shallow_packing(ix, pricer, [r], cols, weights, obj, scale, _SHALLOW_PHASE_PRICINGS,
+                              at_depth=depth if probe else None)
         if got is None:
             return None
-        weights, cols, _, found = got
+        weights, cols, reached, found = got
         cap = found if depth < 0 else depth
-        method += f"+shallow(depth {found})"
-    pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > lp_rate * 1e-12]
+        method += f"+shallow(depth {found})" if not probe else f"+probe(depth {depth}, {reached / obj:.3f} of the rate)"
+        phase = method[method.rindex("+"):]
+    pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > reached * scale * 1e-12]
     lp_trees = len(pairs)
-    if few_trees and lp_trees > 1:
+    if few_trees and (lp_trees > 1 or reached < obj):
         got, note = _few_trees(ix, pricer, [r], cols, weights, (1.0 - tolerance) * lp_rate, None,
                                deadline, scale, few_trees_time, cap)
         if got is not None:
             pairs = got
             if cap is not None:
-                note += f"+shallow(depth {found})" + (f"+depth <= {cap}" if depth > 0 else "")
+                note += phase
         method = note if got is not None else f"{method}+{note}"
-    if cap is not None and max(_depth(c) for c, _ in pairs) > cap:
+    if cap is not None and (max(_depth(c) for c, _ in pairs) > cap
+                            or sum(w for _, w in pairs) < (1.0 - tolerance) * lp_rate * (1 - 1e-9)):
         return None
+    if depth > 0:
+        method += f"+depth <= {cap}"
     pairs = _fit(pricer, pairs)
     rate = sum(w for _, w in pairs)
     trees = tuple(_to_tree(ix, c, w) for c, w in pairs)

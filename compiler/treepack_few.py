@@ -86,7 +86,11 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
     used_lp = sum(lp_count.values())
     if n > _FEW_MAX_RANKS or (len(roots) > 1 and n > _FEW_MAX_ALLGATHER_RANKS):
         return None, f"lp(cpsat skipped: {n} ranks)"
-    if used_lp <= len(roots):
+    # a broadcast's depth-capped search (treepack.pack_broadcast's ``depth``) wants trees no
+    # deeper than the cap at the target, as few as it finds: as many as the LP's are kept too,
+    # and the LP's may be one tree short of the target
+    capped = max_depth is not None and len(roots) == 1
+    if used_lp <= len(roots) and not capped:
         return None, "lp(already one tree per root)"
     quanta = _quanta(pricer.cap, exact_rate)
     if not quanta:
@@ -103,9 +107,6 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
     if len(roots) > 1 and len(cand) > _FEW_MAX_ALLGATHER_EDGES:
         return None, f"lp(cpsat skipped: {len(cand)} candidate edges)"
     reason = "lp(cpsat found no fewer trees)"
-    # a broadcast's depth-capped search (treepack.pack_broadcast's ``depth``) wants trees no
-    # deeper than the cap, as few as it finds: as many as the LP's are kept too
-    capped = max_depth is not None and len(roots) == 1
     spent = 0.0  # deterministic seconds used by earlier quanta
     for q in quanta:
         remaining = deadline - time.perf_counter()
@@ -124,7 +125,8 @@ def _few_trees(ix: Indexed, pricer: _Pricer, roots: list[int], cols, weights, ta
         loads: dict[int, list] = {}
         for r in roots:
             edges = [e for e in cand if e[1] != r]
-            k_r = min(lp_count[r] if len(roots) > 1 or capped else lp_count[r] - 1, _FEW_MAX_SLOTS)
+            k_r = min(max(2, lp_count[r]) if capped else lp_count[r] if len(roots) > 1 else lp_count[r] - 1,
+                      _FEW_MAX_SLOTS)
             # hint: the root's heaviest LP trees, weights rounded to quanta (not feasible in
             # general, but it steers the first solution: on DGX-1 with PCIe switches and a
             # 1 GB/s quantum, CP-SAT found none within 1 s without it)

@@ -305,7 +305,7 @@ def eccentricity(w: np.ndarray, root: int) -> int | None:
 
 
 def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_Col], weights: list[float],
-                    target: float, scale: float, rounds: int, sym=None):
+                    target: float, scale: float, rounds: int, sym=None, at_depth: int | None = None):
     """Second phase: a packing of scaled rate >= ``target`` (_HOLD relative; the first phase's
     optimum: x per root with several roots, the total with one) whose trees are all at most
     D deep, for the least D this search finds below the first phase's deepest tree of
@@ -318,7 +318,12 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
 
     With ``sym`` (a treepack_symmetry._Symmetry) the master is the symmetric one: ``roots``
     are its slots, ``cols`` representatives, each column standing for the tree and its
-    images at one weight, one row per link orbit; the returned columns are representatives."""
+    images at one weight, one row per link orbit; the returned columns are representatives.
+
+    With ``at_depth``: that depth alone, whatever the first phase's, and where the rate
+    stalls below ``target`` the packing at the rate reached (its ``rate`` says which): the
+    columns of a depth-capped search (compiler/packing_choice.py, where CP-SAT may still
+    find the full rate over their edges). None below the roots' eccentricity."""
     capn = pricer.cap / scale
     w1, route1 = pricer.matrix(1.0 / capn)
     ecc = [eccentricity(w1, r) for r in roots]
@@ -326,6 +331,10 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
         return None
     top = max((_depth(c) for c, x in zip(cols, weights) if x > 1e-12), default=pricer.n - 1)
     lo = max(ecc)
+    if at_depth is not None:
+        if at_depth < lo:
+            return None
+        lo, top = at_depth, at_depth + 1
     if lo >= top:
         return None
     if sym is None:
@@ -381,7 +390,7 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
             # depth is too small (MI250 mesh, depth 5: 3 rounds closed 9 % of the gap left at
             # 0.0994 of 0.1071), and closes in fast where it is not (depth 6: 83 % at 0.1053)
             if len(history) > _STALL_ROUNDS and obj - history[-1 - _STALL_ROUNDS] < _STALL_SHARE * (target - obj):
-                return None
+                return short(obj)
             y, z = master.duals()
             if sym is not None:  # a link's cost: its orbit's dual x |G| / |orbit|
                 y = y[list(sym.orbit)] * lift
@@ -398,14 +407,23 @@ def shallow_packing(ix: Indexed, pricer: _Pricer, roots: list[int], cols: list[_
                 if cost < z[r] * (1.0 - _EPS) and add(col, D if _levels(par, r) <= D else None):
                     added = True
             if not added:
-                return None
-        return None
+                return short(obj)
+        return short(master.objective()) if budget[0] < rounds else None
+
+    reached = [target]
+
+    def short(obj: float):
+        """Below the target: nothing, or with ``at_depth`` the packing at the rate reached."""
+        if at_depth is None or obj <= 0:
+            return None
+        reached[0] = obj
+        return _sparsify(master, obj, [sum(m / capn[li] for li, m in c.usage) for c in reps])
 
     step, D = 1, lo
     while D < top and budget[0] > 0:  # steps of 1, 1, 2, 4, ... up from the eccentricity
         got = probe(D)
         if got is not None:
-            return got, reps, target, D
+            return got, reps, min(target, reached[0]), D
         D += step
         step *= 1 if D == lo + 1 else 2
     return None

@@ -133,6 +133,16 @@ def test_depth_capped_broadcast_packings_keep_the_cut_rate(name):
             assert max(tree_depth(t) for t in p.trees) <= cap < depth(deep)
             assert sum(t.rate for t in p.trees) == pytest.approx(want, rel=1e-6)
             capped += 1
+        # caps probed alone, a level at a time down from the deep packing's depth
+        for cap in range(depth(deep) - 1, 0, -1):
+            p = treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=cap, probe=True)
+            if p is None:
+                break
+            assert f"probe(depth {cap}" in p.method and f"depth <= {cap}" in p.method
+            check_packing(topo, ranks, p, reverse)
+            assert max(tree_depth(t) for t in p.trees) <= cap
+            assert sum(t.rate for t in p.trees) == pytest.approx(want, rel=1e-6)
+            capped += 1
     assert capped  # the case has shallower packings than the deep one to check
 
 
