@@ -151,7 +151,7 @@ def test_the_selected_plan_is_priced_between_its_chunks_neighbours():
     from hcc.compiler.pipeline import REFINE
 
     topo = dgx1()
-    sp = spec("broadcast", topo, size=128 << 20)
+    sp = spec("broadcast", topo, size=64 << 20)  # 768 KiB, between 512 KiB and 1 MiB
     u = compile_unit(program(topo, sp))
     got = u.chosen.choice
     times = dict(got.tried)
