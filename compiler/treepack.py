@@ -259,8 +259,8 @@ def _pack_broadcast(topo: Topology, ranks: tuple[str, ...], root: str, reverse: 
             return None
         weights, cols, reached, found = got
         cap = found if depth < 0 else depth
-        method += f"+shallow(depth {found})" if not probe else f"+probe(depth {depth}, {reached / obj:.3f} of the rate)"
-        phase = method[method.rindex("+"):]
+        phase = f"+probe(depth {depth}, {reached / obj:.3f} of the rate)" if probe else f"+shallow(depth {found})"
+        method += phase
     pairs = [(c, w * scale) for c, w in zip(cols, weights) if w * scale > reached * scale * 1e-12]
     lp_trees = len(pairs)
     if few_trees and (lp_trees > 1 or reached < obj):
