@@ -40,6 +40,19 @@ probe's), so every packing found is lowered as the candidate lowers it and the f
 kept. DGX-1's broadcast at 256 MiB / 1 GiB: 0.843 / 0.916 of the bound over the 7-deep
 trees, 0.866 / 0.926 over 4-deep ones; one MI250 node's from GCD 0: 0.705 / 0.826 over
 14-deep trees, 0.754 / 0.862 over 10-deep ones.
+
+Twins (allgather and reduce-scatter, up to TWIN_MAX_RANKS ranks). In-trees over a topology
+are out-trees over its links turned round (:meth:`Topology.transposed`), recorded alike
+(each edge's path parent .. child), so an allgather packing can be solved either way: as
+out-trees over the links, or as in-trees over the links turned round. The LP's optimum is
+degenerate and GLOP's vertex, and CP-SAT's few trees over its columns, depend on the order
+the links are indexed in, so the two *twins* are different trees at the same rate; both are
+lowered as the candidate lowers them and the faster is kept. samples/hetero.hcl's mesh
+allgather at 64 MiB / 256 MiB / 1 GiB: 0.950 / 0.974 / 0.987 of the bound -> 0.994 / 0.995
+/ 0.996 over the twin (its reduce-scatter keeps its own in-trees, whose twin is slower, and
+``replay`` of the faster allgather wins there). The same pair for broadcast (a reduce already
+has one: its own in-trees and ``replay``'s broadcast over the transposed links) changed no
+plan on DGX-1, three of its fragments, one MI250 node, the hetero graphs or the random ones.
 """
 from __future__ import annotations
 
@@ -63,6 +76,12 @@ CAPPED_BUDGET_S = 0.25
 # depth caps tried, at most (one MI250 node: the phase's 12 and 11, probes at 10 and 9, 9 has
 # none; DGX-1: 5, 4, a probe at 3 that has none)
 CAPPED_FORMS = 5
+
+# up to this many ranks an allgather (reduce-scatter) packing is also solved as in-trees
+# (out-trees) over the links turned round, and the faster kept (module docstring, "Twins"):
+# each costs a packing and two chunk searches, which at 16 ranks (one MI250 node's allgather,
+# 0.14 CPU s) would triple the compile
+TWIN_MAX_RANKS = 8
 
 # chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
@@ -115,6 +134,12 @@ def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:
 
     topo, ranks = u.topology, u.spec.ranks
     shallow = treepack.pack_allgather(topo, ranks, reverse=reverse)
+    if len(ranks) <= TWIN_MAX_RANKS:
+        # the same LP indexed the other way round (module docstring, "Twins")
+        twin = treepack.pack_allgather(topo.transposed(), ranks, reverse=not reverse)
+        if {t.edges for t in twin.trees} != {t.edges for t in shallow.trees} \
+                and _priced(u, twin, algorithm) < _priced(u, shallow, algorithm):
+            shallow = replace(twin, method=f"{twin.method}, over the links turned round (faster)")
     if "shallow(" not in shallow.method or not stars_through_switch(shallow, topo, ranks):
         return shallow
     deep = treepack.pack_allgather(topo, ranks, reverse=reverse, shallow=False)

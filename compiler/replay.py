@@ -210,15 +210,10 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
 
 
 def transposed(topo: Topology) -> Topology:
-    """``topo`` with every link turned round (``a -> b`` becomes ``b -> a``, same capacity and
-    latency): a broadcast over it, replayed backwards, is a reduce over ``topo``, each message
-    on the link it used turned back.
-
-    >>> from hcc.ir.topology import Link
-    >>> transposed(Topology("t", ("a", "b"), links=(Link("a", "b", 2.0, 1e-6),))).links
-    (Link(src='b', dst='a', capacity=2.0, latency=1e-06),)
-    """
-    return replace(topo, links=tuple(replace(l, src=l.dst, dst=l.src) for l in topo.links))
+    """``topo`` with every link turned round (:meth:`Topology.transposed`): a broadcast over
+    it, replayed backwards, is a reduce over ``topo``, each message on the link it used
+    turned back."""
+    return topo.transposed()
 
 
 def replayed_reduce(program: Any, spec: Any, topo: Topology, model,

@@ -63,6 +63,16 @@ class Topology:
                 g.add_edge(l.src, l.dst, capacity=l.capacity, latency=l.latency)
         return g
 
+    def transposed(self) -> "Topology":
+        """Every link turned round (``a -> b`` becomes ``b -> a``, same capacity and latency),
+        in the same order: in-trees to a vertex here are out-trees from it there.
+
+        >>> Topology("t", ("a", "b"), links=(Link("a", "b", 2.0, 1e-6),)).transposed().links
+        (Link(src='b', dst='a', capacity=2.0, latency=1e-06),)
+        """
+        return Topology(self.name, self.nodes, self.switches,
+                        tuple(Link(l.dst, l.src, l.capacity, l.latency) for l in self.links), self.hosts)
+
     def restricted(self, ranks: tuple[str, ...]) -> "Topology":
         """The sub-topology a collective may use: its ranks and every switch, no other node
         (language.md: nodes outside ``ranks`` neither send, receive nor forward)."""

@@ -4,7 +4,8 @@ packing's own timed plan, found by an independent chunk search here, though the 
 packing (its 1-level stars) alone is slower; over direct links the shallow packing is kept
 without pricing. Broadcast and reduce: the depth-capped packings keep the cut rate (networkx's
 max-flows) within their cap, and DGX-1's compiled broadcast beats the deep trees' best timed
-plan."""
+plan. Allgather and reduce-scatter packings are priced with their twins over the links turned
+round."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -20,8 +21,8 @@ from hcc.compiler.packing_choice import (faster_allgather_packing, faster_broadc
                                         stars_through_switch, tree_depth)
 from hcc.compiler.pipeline import Pack, Unit, run_passes
 
-from test_bounds import dgx1, nx_broadcast, random_topology, ring
-from test_treepack import check_packing
+from test_bounds import brute_allgather_time, dgx1, nx_broadcast, random_topology, ring
+from test_treepack import check_packing, per_root_rate
 from test_treepack_shallow import depth_of as depth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,3 +171,33 @@ def test_dgx1_broadcast_beats_the_deep_trees_best_timed_plan():
     # the deep trees' fastest timed plan over every chunk from 256 MiB down to 1 MiB by
     # halves (their plan was 0.843 of the bound; the capped trees' 0.866 when written)
     assert plan.figures.predicted_s < 0.98 * best_timed(spec, topo, deep.trees)
+
+
+def test_allgather_packings_are_priced_with_their_twins_over_the_links_turned_round():
+    """On samples/hetero.hcl's mesh (four nodes, one slow pair) the allgather's in-trees over
+    the transposed links, the same LP solved in another order, are out-trees of the mesh itself
+    at the exact rate (brute force over every cut) and schedule faster than the packing
+    solved directly: the
+    compiled allgather takes them (under 0.99x the direct trees' best timed plan over every
+    chunk from 256 MiB down by halves), and the reduce-scatter, whose twin is slower, keeps
+    its own in-trees. Each plan is as fast as the faster packing's best timed plan."""
+    program = hcc.load(ROOT / "samples" / "hetero.hcl")
+    base = replace(next(c for c in program.collectives if c.name == "mesh_allgather"), size_bytes=256 << 20,
+                   algorithm="treepack")
+    got = {}
+    for kind in ("allgather", "reduce_scatter"):
+        spec = replace(base, kind=kind, op=None if kind == "allgather" else "sum")
+        topo, ranks, inward = program.topology_of(spec), spec.ranks, kind == "reduce_scatter"
+        treepack.clear_cache()
+        direct = treepack.pack_allgather(topo, ranks, reverse=inward)
+        twin = treepack.pack_allgather(topo.transposed(), ranks, reverse=not inward)
+        check_packing(topo, ranks, twin, inward)  # the twin's trees, read over the mesh itself
+        x = spec.size_bytes / len(ranks) / brute_allgather_time(topo, ranks, spec.size_bytes, reverse=inward)
+        assert all(r == pytest.approx(x, rel=1e-6) for r in per_root_rate(twin).values())
+        times = best_timed(spec, topo, direct.trees), best_timed(spec, topo, twin.trees)
+        plan = hcc.compile(replace(program, collectives=(spec,)), spec.name)
+        assert plan.algorithm == "treepack"
+        assert plan.figures.predicted_s <= min(times) * 1.001
+        got[kind] = times
+    assert got["allgather"][1] < 0.99 * got["allgather"][0]  # the twin wins (0.979x when written)
+    assert got["reduce_scatter"][0] < got["reduce_scatter"][1]

@@ -174,10 +174,10 @@ def test_one_path_per_pair_replays_the_allgather_time_exactly():
 
 def test_auto_offers_the_reduce_scatter_replay_of_its_own_allgathers_only():
     """auto prices the replay where the allgather it compiles is one of the compiler's own
-    schedules and keeps the fastest (here the replayed tree packing, 14.06 ms against 14.29
+    schedules and keeps the fastest (here the replayed tree packing, 6.41 ms against 6.76
     for the in-trees); where that allgather is NCCL's rings (the demo) there is no replay:
     its reverse is the rings' own reduce-scatter, priced already."""
-    prog = scatter_program("size = 64 MiB  op = sum", lopsided(6, 1))
+    prog = scatter_program("size = 64 MiB  op = sum", lopsided(6, 3))
     u = compile_unit(prog, "c")
     assert source_broadcast(prog, "a").algorithm == "treepack"
     times = {c.algorithm: c.predicted_s for c in u.candidates}
