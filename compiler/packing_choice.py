@@ -41,6 +41,13 @@ kept. DGX-1's broadcast at 256 MiB / 1 GiB: 0.843 / 0.916 of the bound over the 
 trees, 0.866 / 0.926 over 4-deep ones; one MI250 node's from GCD 0: 0.705 / 0.826 over
 14-deep trees, 0.754 / 0.862 over 10-deep ones.
 
+Lanes (broadcast and reduce, up to LANES_MAX_RANKS ranks, :func:`_lanes`): where the ranks
+sit on hosts of one size and each has its own route onto the fabric (two MI250 nodes), the
+lane trees of compiler/rank_lanes.py are one more form, priced beside the others (past
+BROADCAST_CHOICE_MAX_RANKS ranks, beside the deep packing alone). Two MI250 nodes' broadcast
+from GCD 0 at 64 MiB / 256 MiB / 1 GiB: 0.473 / 0.638 / 0.766 of the bound over the packing's
+63 trees, 0.535 / 0.729 / 0.873 over 53 lane trees.
+
 Twins (allgather and reduce-scatter, up to TWIN_MAX_RANKS ranks). In-trees over a topology
 are out-trees over its links turned round (:meth:`Topology.transposed`), recorded alike
 (each edge's path parent .. child), so an allgather packing can be solved either way: as
@@ -82,6 +89,10 @@ CAPPED_FORMS = 5
 # each costs a packing and two chunk searches, which at 16 ranks (one MI250 node's allgather,
 # 0.14 CPU s) would triple the compile
 TWIN_MAX_RANKS = 8
+
+# broadcast and reduce price rank_lanes.py's lane trees beside the others up to this many
+# ranks (replay.REPLAY_MAX_RANKS's reach): two MI250 nodes, 32 ranks, 53 lane trees
+LANES_MAX_RANKS = 64
 
 # chunk sizes the choice tries past the first slower one (chunks.choose_chunk's patience): the
 # timed tree plans are not unimodal in the chunk size while a tree share holds 1-3 chunks
@@ -152,34 +163,20 @@ def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:
 def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str = "treepack") -> Any:
     """The broadcast packing from ``root`` (in-trees to it with ``reverse``: a reduce's) of
     unit ``u`` whose schedule under ``algorithm``'s lowering is predicted fastest, of the
-    deep one and those within depth caps below it (module docstring): the deep one where it
-    is a single tree, past BROADCAST_CHOICE_MAX_RANKS ranks or where no cap keeps its rate;
-    ties keep the one found first. A depth-capped packing kept says so in its ``method``."""
+    deep one, those within depth caps below it (up to BROADCAST_CHOICE_MAX_RANKS ranks, where
+    the deep one has two trees or more) and the lane trees (module docstring): the deep one
+    where there is no other; ties keep the one found first. Another packing kept says so in
+    its ``method``."""
     from . import treepack
 
     topo, ranks = u.topology, u.spec.ranks
     deep = treepack.pack_broadcast(topo, ranks, root, reverse=reverse)
-    if len(ranks) > BROADCAST_CHOICE_MAX_RANKS or len(deep.trees) < 2:
-        return deep
-
-    def capped(cap: int, probe: bool = False):
-        return treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=cap, probe=probe,
-                                       few_trees_time=CAPPED_BUDGET_S)
-
     forms = [deep]
-    shallow = capped(-1)
-    if shallow is not None:
-        forms.append(shallow)
-        lower = capped(tree_depth_of(shallow) - 1)
-        if lower is not None:
-            forms.append(lower)
-    cap = min(tree_depth_of(p) for p in forms) - 1
-    while cap >= 1 and len(forms) <= CAPPED_FORMS:
-        got = capped(cap, probe=True)
-        if got is None:
-            break
-        forms.append(got)
-        cap = tree_depth_of(got) - 1
+    if len(ranks) <= BROADCAST_CHOICE_MAX_RANKS and len(deep.trees) >= 2:
+        forms += _capped_forms(topo, ranks, root, reverse, deep)
+    lanes = _lanes(topo, ranks, root, reverse, deep) if len(ranks) <= LANES_MAX_RANKS else None
+    if lanes is not None:
+        forms.append(lanes)
     if len(forms) == 1:
         return deep
     seen, timed = set(), []
@@ -193,6 +190,50 @@ def faster_broadcast_packing(u: Any, root: str, *, reverse: bool, algorithm: str
     if best is deep:
         return deep
     return replace(best, method=f"{best.method} (faster than {deep.method})")
+
+
+def _capped_forms(topo: Any, ranks, root: str, reverse: bool, deep: Any) -> list:
+    """The depth-capped packings below ``deep`` (module docstring), shallowest last."""
+    from . import treepack
+
+    def capped(cap: int, probe: bool = False):
+        return treepack.pack_broadcast(topo, ranks, root, reverse=reverse, depth=cap, probe=probe,
+                                       few_trees_time=CAPPED_BUDGET_S)
+
+    forms = []
+    shallow = capped(-1)
+    if shallow is not None:
+        forms.append(shallow)
+        lower = capped(tree_depth_of(shallow) - 1)
+        if lower is not None:
+            forms.append(lower)
+    cap = min(tree_depth_of(p) for p in forms + [deep]) - 1
+    while cap >= 1 and len(forms) < CAPPED_FORMS:
+        got = capped(cap, probe=True)
+        if got is None:
+            break
+        forms.append(got)
+        cap = tree_depth_of(got) - 1
+    return forms
+
+
+def _lanes(topo: Any, ranks, root: str, reverse: bool, deep: Any) -> Any:
+    """rank_lanes.py's lane trees as a Packing beside ``deep`` (in-trees: the out-trees of
+    the transposed topology), or None where lanes do not apply."""
+    import time
+
+    from .rank_lanes import host_groups, rank_lane_trees
+    from .treepack import Packing
+
+    t0 = time.perf_counter()
+    trees = rank_lane_trees(topo.transposed() if reverse else topo, ranks, root, deep.bound)
+    if not trees:
+        return None
+    hosts = host_groups(topo, ranks, root)
+    rate = sum(t.rate for t in trees)
+    gap = 1.0 - rate / deep.bound if deep.bound > 0 else 0.0
+    return Packing((root,), tuple(trees), rate, deep.bound, rate, gap, time.perf_counter() - t0,
+                   f"rank lanes ({len(hosts[0])} lanes over {len(hosts)} hosts)", len(trees))
 
 
 def tree_depth_of(packing: Any) -> int:

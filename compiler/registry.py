@@ -29,7 +29,9 @@ The names (``Plan.algorithm`` tells which ran):
     treepack-levels  allgather, reduce_scatter and allreduce in two levels over the hosts or
                      racks the topology groups its ranks into (levels.py): rings inside each
                      group, host- or rack-sized ranges across the fabric in parallel lanes
-    treepack         the trees of the packing (treepack.py; lower.lower_priced)
+    treepack         the trees of the packing (treepack.py; lower.lower_priced), for broadcast
+                     and reduce the fastest of its forms (packing_choice.py), lane trees
+                     over hosts whose ranks each reach the fabric among them (rank_lanes.py)
     treepack-dbt     broadcast and reduce over topology-aware double binary trees
                      (bcast_trees.py): host-grouped, routes spread over the spines, one
                      pair of host-level trees per port where hosts have several
