@@ -56,7 +56,7 @@ degenerate and GLOP's vertex, and CP-SAT's few trees over its columns, depend on
 the links are indexed in, so the two *twins* are different trees at the same rate; both are
 lowered as the candidate lowers them and the faster is kept. samples/hetero.hcl's mesh
 allgather at 64 MiB / 256 MiB / 1 GiB: 0.950 / 0.974 / 0.987 of the bound -> 0.994 / 0.995
-/ 0.996 over the twin (its reduce-scatter keeps its own in-trees, whose twin is slower, and
+/ 0.995 over the twin (its reduce-scatter keeps its own in-trees, whose twin is slower, and
 ``replay`` of the faster allgather wins there). The same pair for broadcast (a reduce already
 has one: its own in-trees and ``replay``'s broadcast over the transposed links) changed no
 plan on DGX-1, three of its fragments, one MI250 node, the hetero graphs or the random ones.
