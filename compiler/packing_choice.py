@@ -138,24 +138,30 @@ def _priced(u: Any, packing: Any, algorithm: str) -> float:
 
 def faster_allgather_packing(u: Any, *, reverse: bool, algorithm: str) -> Any:
     """The allgather packing (in-trees with ``reverse``) of unit ``u`` whose schedule under
-    ``algorithm``'s lowering is predicted faster: the shallow one unless it differs from the
-    deep one, has a star through a switch (:func:`stars_through_switch`), and simulates slower than the deep one (ties keep
-    the shallow one). The deep packing, when kept, says so in its ``method``."""
+    ``algorithm``'s lowering is predicted faster: up to TWIN_MAX_RANKS ranks the faster of the
+    shallow one and its twin (module docstring); then that one unless it differs from the deep
+    one, has a star through a switch (:func:`stars_through_switch`), and simulates slower than
+    the deep one (ties keep it). A twin or the deep packing, when kept, says so in its
+    ``method``."""
     from . import treepack
 
     topo, ranks = u.topology, u.spec.ranks
     shallow = treepack.pack_allgather(topo, ranks, reverse=reverse)
+    t_shallow = None  # its predicted time, once priced
     if len(ranks) <= TWIN_MAX_RANKS:
         # the same LP indexed the other way round (module docstring, "Twins")
         twin = treepack.pack_allgather(topo.transposed(), ranks, reverse=not reverse)
-        if {t.edges for t in twin.trees} != {t.edges for t in shallow.trees} \
-                and _priced(u, twin, algorithm) < _priced(u, shallow, algorithm):
-            shallow = replace(twin, method=f"{twin.method}, over the links turned round (faster)")
+        if {t.edges for t in twin.trees} != {t.edges for t in shallow.trees}:
+            t_twin, t_shallow = _priced(u, twin, algorithm), _priced(u, shallow, algorithm)
+            if t_twin < t_shallow:
+                shallow = replace(twin, method=f"{twin.method}, over the links turned round (faster)")
+                t_shallow = t_twin
     if "shallow(" not in shallow.method or not stars_through_switch(shallow, topo, ranks):
         return shallow
     deep = treepack.pack_allgather(topo, ranks, reverse=reverse, shallow=False)
-    t_shallow, t_deep = _priced(u, shallow, algorithm), _priced(u, deep, algorithm)
-    if t_deep < t_shallow:
+    if t_shallow is None:
+        t_shallow = _priced(u, shallow, algorithm)
+    if _priced(u, deep, algorithm) < t_shallow:
         return replace(deep, method=f"{deep.method} (faster than {shallow.method})")
     return shallow
 
@@ -243,7 +249,6 @@ def tree_depth_of(packing: Any) -> int:
 
 def tree_depth(tree: Any) -> int:
     """Levels of a PackedTree below its root (a route through switches is one level)."""
-    level = {tree.root: 0}
-    for parent, child, _ in tree.edges:  # parents come before their children
-        level[child] = level[parent] + 1
-    return max(level.values())
+    from .trees import tree_levels
+
+    return max(tree_levels(tree).values())

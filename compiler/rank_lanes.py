@@ -36,7 +36,7 @@ from collections import deque
 from typing import Sequence
 
 from ..ir.topology import Topology
-from .trees import PackedTree
+from .trees import PackedTree, tree_levels
 
 __all__ = ["host_groups", "rank_lane_trees"]
 
@@ -104,13 +104,6 @@ def _weighted(trees: Sequence[PackedTree]) -> list[tuple[PackedTree, float]]:
     return [(t, t.rate / total) for t in trees]
 
 
-def _level(tree: PackedTree, v: str) -> int:
-    level = {tree.root: 0}
-    for parent, child, _ in tree.edges:  # parents come before their children
-        level[child] = level[parent] + 1
-    return level[v]
-
-
 def rank_lane_trees(topo: Topology, ranks: Sequence[str], root: str, bound: float) -> list[PackedTree] | None:
     """The lane trees (module docstring) from ``root``, their rates summing to R (at most
     ``bound``, the broadcast bound); None where the ranks are not on two or more hosts of one
@@ -156,7 +149,8 @@ def rank_lane_trees(topo: Topology, ranks: Sequence[str], root: str, bound: floa
         for tr in p.trees:
             mine.setdefault(tr.root, []).append(tr)
     firsts = _weighted(first.trees)
-    pieces = _transport([1.0 / P] * P, [w for _, w in firsts], lambda t, i: _level(firsts[i][0], hosts[0][t]))
+    levels = [tree_levels(t) for t, _ in firsts]
+    pieces = _transport([1.0 / P] * P, [w for _, w in firsts], lambda t, i: levels[i][hosts[0][t]])
     out_trees = []
     for t in range(P):
         # lane t's pieces of the root's host trees (weights summing to 1), each then split

@@ -14,7 +14,7 @@ rank sends a range once it has added every partial sum of it that comes in.
 Terms
 - source: the broadcast plan ``hcc compile`` gives for the same ranks, root, size and dtype
   (``algorithm = auto``: whichever broadcast form is fastest, tree packing, lane trees,
-  rings) over the *transposed* topology (every link turned round, :func:`transposed`), so
+  rings) over the *transposed* topology (every link turned round, :meth:`Topology.transposed`), so
   that each reversed message crosses, the other way, a link of the capacity it was priced
   at (the random graphs' two directions differ).
 - reversible: every message of the source lands in ``out`` (a relay may forward a range
@@ -44,7 +44,7 @@ from ..ir.topology import Topology
 from .builder import ProgramBuilder, Spans, plan_op
 from .lower import assemble
 
-__all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast", "transposed"]
+__all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast"]
 
 REPLAY_MAX_RANKS = 64
 # the pacings priced, (per_tree, window, gate): one message in flight per rank pair replays
@@ -209,13 +209,6 @@ def reversed_broadcast(spec: Any, topo: Topology, source: Plan, model, *, per_tr
     return assemble(spec, topo, B, source.trees, "replay", ce)
 
 
-def transposed(topo: Topology) -> Topology:
-    """``topo`` with every link turned round (:meth:`Topology.transposed`): a broadcast over
-    it, replayed backwards, is a reduce over ``topo``, each message on the link it used
-    turned back."""
-    return topo.transposed()
-
-
 def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
                     compile_plan: Callable[[Any, str], Plan],
                     source_ok: Callable[[Plan], bool] = lambda plan: True) -> tuple[Plan, Any] | None:
@@ -233,7 +226,7 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     source = replace(spec, name=f"{spec.name}'s {kind}", kind=kind, op=None, algorithm="auto",
                      compress="none")
     topologies = dict(program.topologies)
-    topologies[spec.topology] = transposed(program.topology_of(spec))
+    topologies[spec.topology] = program.topology_of(spec).transposed()
     prog = replace(program, topologies=topologies, collectives=(source,))
     source_plan = compile_plan(prog, source.name)
     if not source_ok(source_plan):

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from ..ir.errors import PlanError
 from ..ir.plan import Tree
 
-__all__ = ["PackedTree", "TreeShape"]
+__all__ = ["PackedTree", "TreeShape", "tree_levels"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,14 @@ class PackedTree:
     # (parent_rank, child_rank, vertex path parent..child through switches or relaying ranks), parents first
     edges: tuple[tuple[str, str, tuple[str, ...]], ...]
     rate: float = 1.0  # bytes/s this tree carries
+
+
+def tree_levels(tree: PackedTree) -> dict[str, int]:
+    """Each rank's level below the root of ``tree`` (a route through switches is one level)."""
+    level = {tree.root: 0}
+    for parent, child, _ in tree.edges:  # parents come before their children
+        level[child] = level[parent] + 1
+    return level
 
 
 @dataclass(frozen=True)

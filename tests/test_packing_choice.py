@@ -177,10 +177,10 @@ def test_allgather_packings_are_priced_with_their_twins_over_the_links_turned_ro
     """On samples/hetero.hcl's mesh (four nodes, one slow pair) the allgather's in-trees over
     the transposed links, the same LP solved in another order, are out-trees of the mesh itself
     at the exact rate (brute force over every cut) and schedule faster than the packing
-    solved directly: the
-    compiled allgather takes them (under 0.99x the direct trees' best timed plan over every
-    chunk from 256 MiB down by halves), and the reduce-scatter, whose twin is slower, keeps
-    its own in-trees. Each plan is as fast as the faster packing's best timed plan."""
+    solved directly: the compiled allgather takes them (under 0.99x the direct trees' best
+    timed plan over every chunk from 1 GiB down to 1 MiB by halves), and the reduce-scatter,
+    whose twin is slower, keeps its own in-trees. Each plan is as fast as the faster
+    packing's best timed plan."""
     program = hcc.load(ROOT / "samples" / "hetero.hcl")
     base = replace(next(c for c in program.collectives if c.name == "mesh_allgather"), size_bytes=256 << 20,
                    algorithm="treepack")

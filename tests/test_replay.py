@@ -14,7 +14,7 @@ import pytest
 import hcc
 from hcc.compiler.cost import DEFAULT_MODEL, simulate
 from hcc.compiler.pipeline import compile_unit
-from hcc.compiler.replay import reversed_broadcast, transposed
+from hcc.compiler.replay import reversed_broadcast
 from hcc.ir.plan import ChunkRef, Recv, Scale
 from hcc.ir.verify import verify
 
@@ -44,7 +44,7 @@ def source_broadcast(prog, name: str = "b"):
     """The plan of ``prog``'s ``name`` (its broadcast ``b`` by default, or its allgather ``a``)
     over the transposed topology: what replay compiles and runs backwards."""
     tops = dict(prog.topologies)
-    tops["t"] = transposed(prog.topologies["t"])
+    tops["t"] = prog.topologies["t"].transposed()
     return compile_unit(replace(prog, topologies=tops), name).plan
 
 
