@@ -1161,7 +1161,44 @@ def _ends_halved(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     return [(lo, lo + half), (lo + half, head)] + _even_chunks(head, mid, ce) + [(mid, mid + half), (mid + half, hi)]
 
 
-def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], min_chunk: float) -> list[int]:
+def narrow_factors(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], topo: Topology) -> list[float]:
+    """Per job, the capacity of the narrowest link its trees' messages cross (the up tree's
+    routes walked backwards) over the widest such capacity among the jobs: the share of the
+    chunk each job cuts at in the *narrow-link* form (:func:`lower_jobs` ``factors``).
+
+    A message moves cut-through at its path's narrowest capacity, so a tree level over a
+    12 GB/s PCIe route takes a 25 GB/s NVLink level's time twice over for the same chunk,
+    and a job whose trees cross it fills and drains its pipeline that much slower; the
+    schedule's rebalancing then moves bytes from it to the others, loading their links
+    above the bound. Scaled, every job's level takes about one chunk time."""
+    ranks = L.spec.ranks
+    kind = L.spec.kind
+    up = kind in ("reduce", "reduce_scatter", "allreduce")
+    down = kind in ("broadcast", "allgather", "allreduce")
+    links = _msg_paths(topo, ranks)
+
+    def narrowest(sh: TreeShape, backwards: bool) -> float:
+        low = float("inf")
+        for c in range(len(ranks)):
+            if c == sh.root:
+                continue
+            verts = sh.paths[c] or (ranks[sh.parent[c]], ranks[c])
+            if backwards:
+                verts = tuple(reversed(verts))
+            for a, b in zip(verts, verts[1:]):
+                i = links.id.get((a, b))
+                if i is not None:
+                    low = min(low, links.cap[i])
+        return low
+
+    low = [min(narrowest(ush[t], True) if up else float("inf"), narrowest(dsh[t], False) if down else float("inf"))
+           for t in range(len(ush))]
+    top = max((x for x in low if x < float("inf")), default=0.0)
+    return [x / top if 0 < x < float("inf") and top > 0 else 1.0 for x in low]
+
+
+def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], min_chunk: float,
+                factors: Sequence[float] | None = None) -> list[int]:
     """Per job, its chunk in elements: ``ce`` scaled by its weight over the heaviest of its
     group, at least ``min_chunk x ce`` (1: every job cuts at ``ce``). A job of 1/J of the
     links' rate under weighted fair queueing moves one chunk per J chunk times, so with one
@@ -1169,9 +1206,15 @@ def _job_chunks(ce: int, weight: Sequence[float], groups: dict[int, list[int]], 
     every job of a group cuts its share into about the same number of chunks and all fill
     and drain together.
 
+    ``factors``: per job, its chunk's share of ``ce``, in place of that (:func:`narrow_factors`).
+
     >>> _job_chunks(100, [4.0, 1.0, 0.01], {0: [0, 1, 2]}, 0.1)
     [100, 25, 10]
+    >>> _job_chunks(100, [4.0, 1.0], {0: [0, 1]}, 1.0, [1.0, 0.48])
+    [100, 48]
     """
+    if factors is not None:
+        return [max(1, int(ce * f)) for f in factors]
     out = [ce] * len(weight)
     if min_chunk >= 1.0:
         return out
@@ -1301,7 +1344,7 @@ def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
 
 def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg: float, window: int,
                 min_chunk: float, rounds: int, up: bool, down: bool, lag=None, memo: bool = True, weight=None,
-                tail: bool | str = False, exact: bool = False, rival=None, rival_ops: int = 0):
+                tail: bool | str = False, exact: bool = False, rival=None, rival_ops: int = 0, factors=None):
     """The fastest of up to ``rounds + 1`` schedules of the jobs, each job's share scaled
     between rounds by its group's mean finish time over its own (see :func:`lower_jobs`):
     ``(T, order, spans)``, or None when a tree path is not made of the collective's links.
@@ -1311,7 +1354,8 @@ def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, link
     ``tail``: the last chunks in halves (TAIL_HALVES), "ends" the first too; ``exact``: see
     :func:`lower_jobs`;
     ``rival``, ``rival_ops``: as :func:`lower_jobs` takes them, for the stop after
-    REBALANCE_STALL."""
+    REBALANCE_STALL; ``factors``: per job, its chunk's share of ``L.ce`` (None: by
+    ``min_chunk``, :func:`_job_chunks`)."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1347,7 +1391,7 @@ def _rebalanced(L: _Lowering, ush, dsh, utree, dtree, rates, groups, spans, link
             info, chunks = got
         T.shape_info = info
         T.lag = lag
-        sizes = _job_chunks(L.ce, weight, groups, min_chunk)
+        sizes = _job_chunks(L.ce, weight, groups, min_chunk, factors)
         try:
             T.fill(spans, sizes, weight, up, down, chunks, tail)
         except KeyError:  # a message's direction of a tree path is not a link
@@ -1395,7 +1439,8 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
                dtree: Sequence[int], rates: Sequence[float], groups: dict[int, list[int]],
                spans: list[tuple[int, int]], topo: Topology, per_msg: float,
                window: int, min_chunk: float = 1.0, rival=None,
-               rival_ops: int = 0, exact: bool = False, halves: str | None = None) -> list[tuple[int, int]] | None:
+               rival_ops: int = 0, exact: bool = False, halves: str | None = None,
+               factors: Sequence[float] | None = None) -> list[tuple[int, int]] | None:
     """Schedule and emit the jobs (see the module docstring) over their ``spans``; return the
     spans used, or None (nothing emitted) when a tree path is not made of the collective's
     links or the plan would exceed TIMED_MAX_MESSAGES.
@@ -1420,7 +1465,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
 
     ``halves``: which of each job's chunks go as two halves where its down tree is two
     levels deep or more (TAIL_HALVES): "none", "last", or "ends" (the first and the last);
-    None: the last where the jobs only broadcast."""
+    None: the last where the jobs only broadcast.
+
+    ``factors``: per job, the share of the chunk it cuts at (:func:`narrow_factors`; None:
+    every job at the chunk)."""
     import numpy as np
 
     kind = L.spec.kind
@@ -1428,7 +1476,8 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     up = kind in ("reduce", "reduce_scatter", "allreduce")
     down = kind in ("broadcast", "allgather", "allreduce")
     per_chunk = (L.n - 1) * (int(up) + int(down))
-    messages = sum(-(-(hi - lo) // L.ce) for lo, hi in spans) * per_chunk
+    cuts = factors or [1.0] * len(spans)
+    messages = sum(-(-(hi - lo) // max(1, int(L.ce * f))) for (lo, hi), f in zip(spans, cuts)) * per_chunk
     if messages > TIMED_MAX_MESSAGES:
         return None
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
@@ -1437,7 +1486,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     if TAIL_HALVES and down:
         tail = (not up) if halves is None else {"none": False, "last": True, "ends": "ends"}[halves]
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
-                       up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops)
+                       up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops, factors=factors)
     if best is None:
         return None
     if DRAIN_TREE and kind == "broadcast" and rounds and len(groups) == 1 and not best[0].exact:
@@ -1452,7 +1501,8 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
             got = _rebalanced(L, ush + [shape], dsh + [shape], list(utree) + [j], list(dtree) + [j],
                               list(rates) + [rate], {g: ts + [j] for g, ts in groups.items()}, spans + [(0, 0)],
                               links, per_msg, window, min_chunk, rounds, up, down, lag, memo=False,
-                              weight=[x * scale for x in shares] + [rate], tail=tail, exact=exact)
+                              weight=[x * scale for x in shares] + [rate], tail=tail, exact=exact,
+                              factors=None if factors is None else list(factors) + [1.0])
             if got is not None and got[0].makespan < base.makespan * (1 - DRAIN_GAIN):
                 best = got
                 L.drain_shapes = [shape]

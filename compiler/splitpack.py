@@ -97,6 +97,14 @@ SPLIT_EXACT = True
 # gpu[0,1,2,5,6,7] 0.948 -> 0.950, gpu[0..3] 0.949 -> 0.947. The schedule's own makespan
 # does not always pick the faster plan
 SPLIT_HALVES = ("none", "last", "ends")
+# split_priced also lowers the fastest of those forms with each job's chunk scaled by the
+# narrowest link its trees cross over the widest such among the jobs (compiler/schedule.py
+# narrow_factors), and keeps it where it simulates faster: a job over a 12 GB/s PCIe route
+# takes an NVLink job's level time twice over per chunk, fills and drains that much slower,
+# and the rebalancing moved its bytes onto the NVLinks (gpu[0..3] at 1 GiB: its PCIe links
+# 91 % busy, gpu2->gpu0 3.8 % above the bound). gpu[0..3] at 256 MiB / 1 GiB: 0.905 / 0.949
+# -> 0.915 / 0.954; the scaled form alone lost on 46 of the 144 DGX-1 allocation figures
+SPLIT_NARROW = True
 
 
 @dataclass(frozen=True)
@@ -309,36 +317,47 @@ def split_jobs(ranks: Sequence[str], ins: Sequence[Any], outs: Sequence[Any]) ->
 
 
 def split_plan(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
-               port_window: int | None = None, min_chunk: float = 1.0, halves: str = "none") -> Plan:
+               port_window: int | None = None, min_chunk: float = 1.0, halves: str = "none",
+               narrow: bool = False) -> Plan:
     """The allreduce plan over ``packing``'s jobs, scheduled by compiler/schedule.py (each
     job's share of the buffer proportional to its rate, rebalanced by finish time). With
     SPLIT_CHUNK_AWARE the trees are packed again for ``chunk_bytes`` chunks, no deeper than
     ``packing``'s (module docstring), ``packing`` kept only where that packing fails.
     ``halves``: "none", "last" (each job's last chunk as two halves) or "ends" (its first
-    and last): compiler/schedule.py TAIL_HALVES."""
+    and last): compiler/schedule.py TAIL_HALVES. ``narrow``: each job's chunk scaled by the
+    narrowest link its trees cross (SPLIT_NARROW)."""
     jobs = _SplitJobs.at(spec, topo, packing, chunk_bytes, model)
-    return jobs.lower(port_window, min_chunk, halves)
+    return jobs.lower(port_window, min_chunk, halves, narrow and jobs.narrow is not None)
 
 
 def split_priced(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, *, model: Any = None,
                  port_window: int | None = None, min_chunk: float = 1.0) -> tuple[Plan, Any]:
-    """The fastest of :func:`split_plan`'s plans with each form of SPLIT_HALVES, with its
-    simulation (the trees packed once for the chunk size, every form lowered over them)."""
+    """The fastest of :func:`split_plan`'s plans with each form of SPLIT_HALVES, and of the
+    fastest of those in its narrow-link form (SPLIT_NARROW), with its simulation (the trees
+    packed once for the chunk size, every form lowered over them)."""
     from .cost import DEFAULT_MODEL, simulate
 
     jobs = _SplitJobs.at(spec, topo, packing, chunk_bytes, model)
     got = []
     for halves in SPLIT_HALVES or ("none",):
         plan = jobs.lower(port_window, min_chunk, halves)
-        got.append((plan, simulate(plan, model=model or DEFAULT_MODEL)))
-    return min(got, key=lambda x: x[1].time)
+        got.append((plan, simulate(plan, model=model or DEFAULT_MODEL), halves))
+    best = min(got, key=lambda x: x[1].time)
+    if SPLIT_NARROW and jobs.narrow is not None:
+        plan = jobs.lower(port_window, min_chunk, best[2], narrow=True)
+        sim = simulate(plan, model=model or DEFAULT_MODEL)
+        if sim.time < best[1].time:
+            return plan, sim
+    return best[0], best[1]
 
 
 @dataclass(frozen=True)
 class _SplitJobs:
     """The split allreduce's jobs at one chunk size, ready to lower: the collective, its
     topology, the chunk in bytes and in elements, the per-message cost, the in- and out-tree shapes and
-    the jobs (in-tree, out-tree, rate) of :func:`split_jobs`."""
+    the jobs (in-tree, out-tree, rate) of :func:`split_jobs`, and per job the share of the
+    chunk it cuts at in the narrow-link form (compiler/schedule.py narrow_factors; None where
+    every job's is 1)."""
 
     spec: Any
     topo: Topology
@@ -348,6 +367,7 @@ class _SplitJobs:
     ins: list
     outs: list
     jobs: list
+    narrow: list | None = None
 
     @staticmethod
     def at(spec: Any, topo: Topology, packing: SplitPacking, chunk_bytes: int, model: Any) -> "_SplitJobs":
@@ -373,10 +393,16 @@ class _SplitJobs:
         jobs = split_jobs(spec.ranks, packing.ins, packing.outs)
         if not jobs:
             raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
-        return _SplitJobs(spec, topo, chunk_bytes, ce, per_msg, ins, outs, jobs)
+        from .builder import _Lowering
+        from .schedule import narrow_factors
 
-    def lower(self, port_window: int | None, min_chunk: float, halves: str) -> Plan:
-        """The plan of these jobs, their chunks cut as ``halves`` says (:func:`split_plan`)."""
+        narrow = narrow_factors(_Lowering(spec, ce), [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs], topo)
+        return _SplitJobs(spec, topo, chunk_bytes, ce, per_msg, ins, outs, jobs,
+                          narrow if min(narrow) < 1.0 else None)
+
+    def lower(self, port_window: int | None, min_chunk: float, halves: str, narrow: bool = False) -> Plan:
+        """The plan of these jobs, their chunks cut as ``halves`` says (:func:`split_plan`);
+        ``narrow``: each job's chunk scaled by :attr:`narrow` (SPLIT_NARROW)."""
         from .builder import _Lowering, split_by_rate
         from .lower import assemble
         from .schedule import PORT_WINDOW, lower_jobs
@@ -387,7 +413,8 @@ class _SplitJobs:
         got = lower_jobs(L, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs],
                          [i for i, _, _ in jobs], [len(ins) + o for _, o, _ in jobs], rates,
                          {0: list(range(len(jobs)))}, split_by_rate(0, L.E, rates), self.topo, self.per_msg,
-                         port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT, halves=halves)
+                         port_window or PORT_WINDOW, min_chunk, exact=SPLIT_EXACT, halves=halves,
+                         factors=self.narrow if narrow else None)
         if got is None:
             raise PlanError(f"allreduce {spec.name!r}: the split-tree schedule cannot lower at {self.chunk_bytes} B "
                             f"chunks (a tree hop outside the collective's links, or too many messages)")

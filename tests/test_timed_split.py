@@ -247,7 +247,7 @@ def test_the_shared_master_holds_each_rank_to_what_it_reduced():
         _Master(capn, [0]).add(in_a, out=False)  # in-trees only in a balance master
 
 
-def test_split_priced_keeps_the_fastest_of_whole_and_halved_chunks():
+def test_split_priced_keeps_the_fastest_of_whole_and_halved_chunks(monkeypatch):
     # SPLIT_HALVES: every form verifies, each halving sends more messages (a half more per
     # job, at each end halved; how a share is cut: the next test), and split_priced returns
     # the fastest with its own simulation
@@ -269,10 +269,62 @@ def test_split_priced_keeps_the_fastest_of_whole_and_halved_chunks():
         sends[h] = sizes
     assert len(sends["none"]) < len(sends["last"]) < len(sends["ends"])
     assert sends["none"].count(ce // 2) < sends["last"].count(ce // 2) < sends["ends"].count(ce // 2)
+    monkeypatch.setattr(splitpack, "SPLIT_NARROW", False)  # the narrow form: the next test
     plan, sim = splitpack.split_priced(s, topo, packing, chunk)
     times = {h: simulate(p).time for h, p in plans.items()}
     assert sim.time == pytest.approx(simulate(plan).time, rel=1e-12)
     assert sim.time == pytest.approx(min(times.values()), rel=1e-12)
+
+
+def _narrowest_by_hand(topo: Topology, sh: TreeShape, ranks, backwards: bool) -> float:
+    """The least capacity of a link some edge of ``sh`` crosses (walked backwards for an
+    in-tree), read from the topology's link list, not from the scheduler's link table."""
+    caps = _caps(topo, ranks)
+    low = float("inf")
+    for c in range(len(ranks)):
+        if c == sh.root:
+            continue
+        verts = list(sh.paths[c] or (ranks[sh.parent[c]], ranks[c]))
+        if backwards:
+            verts.reverse()
+        low = min([low] + [caps[h] for h in zip(verts, verts[1:])])
+    return low
+
+
+def test_narrow_form_cuts_each_job_at_its_narrowest_link_and_split_priced_keeps_the_fastest():
+    # SPLIT_NARROW: each job's chunk is the chunk x the narrowest capacity its in- and out-tree
+    # cross over the widest such among the jobs; every job's messages stay within its own
+    # chunk, the plan verifies, and split_priced returns the fastest of the halves forms and
+    # the narrow form of the fastest of them
+    from hcc.compiler.lower import chunk_elems
+    from hcc.compiler.schedule import narrow_factors
+    from hcc.ir.plan import Send
+
+    topo = _fragment()
+    ranks = topo.nodes
+    s = spec("allreduce", ranks, 256 << 20)
+    packing = splitpack.pack_split(topo, ranks)
+    chunk = 2 << 20
+    ce = chunk_elems(chunk, s.dtype)
+    jobs = splitpack._SplitJobs.at(s, topo, packing, chunk, None)
+    ush = [jobs.ins[i] for i, _, _ in jobs.jobs]
+    dsh = [jobs.outs[o] for _, o, _ in jobs.jobs]
+    low = [min(_narrowest_by_hand(topo, u, ranks, True), _narrowest_by_hand(topo, d, ranks, False))
+           for u, d in zip(ush, dsh)]
+    want = [x / max(low) for x in low]
+    got = narrow_factors(_Lowering(s, ce), ush, dsh, topo)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert min(got) < 1.0 == max(got)  # jobs over PCIe and jobs over NVLink alone
+    assert jobs.narrow == pytest.approx(want, rel=1e-12)
+    plan = splitpack.split_plan(s, topo, packing, chunk, narrow=True)
+    verify(plan)
+    sizes = [op.src.count for prog in plan.programs for op in prog if isinstance(op, Send)]
+    assert max(sizes) <= ce and min(sizes) < ce * max(want[j] for j in range(len(want)) if want[j] < 1) + 1
+    times = {h: simulate(splitpack.split_plan(s, topo, packing, chunk, halves=h)).time for h in splitpack.SPLIT_HALVES}
+    fastest = min(times, key=times.get)
+    narrow = simulate(splitpack.split_plan(s, topo, packing, chunk, halves=fastest, narrow=True)).time
+    _, sim = splitpack.split_priced(s, topo, packing, chunk)
+    assert sim.time == pytest.approx(min(min(times.values()), narrow), rel=1e-12)
 
 
 @settings(max_examples=300, deadline=None)
@@ -293,14 +345,17 @@ def test_halved_chunks_cover_the_share_in_pieces_of_half_a_chunk_to_a_chunk(lo, 
     assert len(_ends_halved(lo, lo + n, ce)) >= len(_tail_halved(lo, lo + n, ce)) >= len(_even_chunks(lo, lo + n, ce))
 
 
-def test_the_chunk_search_of_repacked_trees_is_not_stopped_by_the_fitted_curve():
+def test_the_chunk_search_of_repacked_trees_is_not_stopped_by_the_fitted_curve(monkeypatch):
     # the split trees are packed again at each chunk size, so their time is not the curve
     # A + Bc + C/c: DGX-1 gpu[0,1,2,3,4,5,7] at 1 GiB takes 18.4 / 16.8 / 16.5 ms at 16 / 8 /
     # 4 MiB, where a fit through those three put 2 MiB above 16.9 ms and stopped the search
-    # (0.877 of the bound); at 2 MiB the plan takes 14.7 ms
+    # (0.877 of the bound); at 2 MiB the plan takes 14.7 ms. (The even chunks: in its
+    # narrow-link form, SPLIT_NARROW, this plan is fastest at 4 MiB.)
     from pathlib import Path
 
     import hcc
+
+    monkeypatch.setattr(splitpack, "SPLIT_NARROW", False)
 
     src = (Path(__file__).resolve().parents[1] / "samples" / "dgx1.hcl").read_text().split("\ncollective")[0]
     program = hcc.load(src + "\ncollective c = allreduce on dgx1 {\n ranks = gpu[0,1,2,3,4,5,7]\n size = 1 GiB\n"
