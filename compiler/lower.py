@@ -49,6 +49,7 @@ so they are unique per pair and small (``< 2**24``, ir/plan.py).
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from ..ir.errors import PlanError
@@ -348,6 +349,7 @@ def lower(
     port_window: int | None = None,
     rival=None,
     rival_ops: int = 0,
+    narrow: bool = False,
 ) -> Plan:
     """Lower ``trees`` for the collective ``spec`` to a
     :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
@@ -366,7 +368,9 @@ def lower(
     compiler/schedule.py under ``model``'s per-message cost and writes its order into
     the plan, ``port_window`` sends in flight per port when the links include a switch, one
     without (``proportional`` and ``window`` do not apply to it). ``rival`` and
-    ``rival_ops``: see schedule.lower_jobs (raises schedule.Outrun; for lower_priced).
+    ``rival_ops``: see schedule.lower_jobs (raises schedule.Outrun; for lower_priced);
+    ``narrow`` (timed): each tree's chunk scaled by the narrowest link it crosses
+    (schedule.narrow_factors).
     """
     kind = spec.kind
     n = len(spec.ranks)
@@ -398,7 +402,7 @@ def lower(
         if schedule == "timed":
             from .cost import DEFAULT_MODEL
 
-            timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window, rival, rival_ops)
+            timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window, rival, rival_ops, narrow)
         spans = _lower_trees(L, shapes, per_root, proportional, window, timed)
         shapes += L.drain_shapes  # the timed broadcast's drain tree (schedule.DRAIN_TREE)
         tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
@@ -462,17 +466,33 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
     return assemble(spec, topo, L.B, values, algorithm, ce)
 
 
+# lower_priced(narrow=True), which the tree candidates' own chunk search asks for
+# (registry.py; not the packing choice's pricing of each packing, compiler/packing_choice.py),
+# also prices for these kinds the timed schedule with each tree's chunk scaled by the
+# narrowest link its messages cross over the widest such among the trees
+# (schedule.narrow_factors), where that differs between trees, and keeps the faster: a tree
+# over a 12 GB/s PCIe route fills and drains twice as slowly per chunk as one over NVLink,
+# and the rebalancing moves its bytes onto the root's other links (DGX-1's broadcast from
+# gpu0 at 1 GiB 0.926 -> 0.932). Off while NARROWING says so (replay.py compiles the
+# broadcast it runs backwards without it: reversed, that form loses)
+NARROW_KINDS = frozenset({"broadcast", "reduce"})
+NARROWING: ContextVar[bool] = ContextVar("NARROWING", default=True)
+# ... where the buffer is at least this many chunks: the chunk search starts from the whole
+# buffer and halves, and the sizes where these plans are fastest are 1/64-1/512 of it (DGX-1's
+# broadcast, 1 GiB: 2-4 MiB), so the narrow form is not lowered at the first five sizes
+NARROW_MIN_CHUNKS = 32
 # both orders are priced up to this many ops per plan (the plain order's lowering and a second
 # simulation cost about as much again as the timed plan's); above it the timed plan alone
 BOTH_ORDERS_MAX_OPS = 200_000
 
 
 def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int,
-                 algorithm: str = "treepack", *, model: CostModel | None = None):
+                 algorithm: str = "treepack", *, model: CostModel | None = None, narrow: bool = False):
     """``(plan, simulation)``: the timed lowering, or the plain chunk-major one where that
     simulates faster (the timed schedule is a heuristic: on a 4-GPU DGX-1 fragment's
     allreduce it lost 0.96 -> 0.93 of the bound to the plain order), for
-    chunks.choose_chunk."""
+    chunks.choose_chunk. ``narrow``: the timed lowering in its narrow-link form too, kept
+    where faster (NARROW_KINDS)."""
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
@@ -493,11 +513,27 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
     except Outrun:
         return got[0]
     st = simulate(timed, model=model)
+    if (narrow and NARROWING.get() and spec.kind in NARROW_KINDS and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes
+            and _narrows(spec, topo, trees, chunk_bytes)):
+        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, narrow=True)
+        so = simulate(other, model=model)
+        if so.time < st.time:
+            timed, st = other, so
     if sum(len(p) for p in timed.programs) > BOTH_ORDERS_MAX_OPS:
         return timed, st
     plain_time()
     plain, sp = got[0]
     return (timed, st) if st.time <= sp.time else (plain, sp)
+
+
+def _narrows(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int) -> bool:
+    """Whether the narrow-link form of the timed schedule cuts some tree's chunks smaller
+    than the others'."""
+    from .schedule import narrow_factors
+
+    shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
+    return min(narrow_factors(_Lowering(spec, chunk_elems(chunk_bytes, spec.dtype)), shapes, shapes, topo),
+               default=1.0) < 1.0
 
 
 def assemble(spec: CollectiveLike, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],

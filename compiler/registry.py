@@ -220,7 +220,7 @@ def _lower_trees(name: str):
         # the timed schedule keeps each tree at its packed share of every link (lower.py,
         # "timed lowering"): DGX-1 allgather 0.63 -> 0.80 of the bound at 1 GB; the plain
         # order is kept where it simulates faster (lower_priced)
-        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model)
+        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model, narrow=True)
 
     return build
 

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, Scale, Send, block_range
 from ..ir.topology import Topology
 from .builder import ProgramBuilder, Spans, plan_op
-from .lower import assemble
+from .lower import NARROWING, assemble
 
 __all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast"]
 
@@ -228,7 +228,11 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     topologies = dict(program.topologies)
     topologies[spec.topology] = program.topology_of(spec).transposed()
     prog = replace(program, topologies=topologies, collectives=(source,))
-    source_plan = compile_plan(prog, source.name)
+    token = NARROWING.set(False)  # lower.NARROW_KINDS: reversed, the narrow-link form loses
+    try:
+        source_plan = compile_plan(prog, source.name)
+    finally:
+        NARROWING.reset(token)
     if not source_ok(source_plan):
         return None
     best = None

@@ -1272,20 +1272,22 @@ def _replays_exactly(T: _Timed) -> bool:
 
 def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
                 topo: Topology, per_msg: float, window: int, rival=None,
-                rival_ops: int = 0) -> list[tuple[int, int]] | None:
+                rival_ops: int = 0, narrow: bool = False) -> list[tuple[int, int]] | None:
     """Emit the tree kinds through the timed schedule and return the trees' spans; None
     (nothing emitted) when a tree path is not made of the collective's links (the plain
     lowering then routes it). Each tree is one job (its own up and down tree); the trees
     sharing one block form a group (allgather, reduce_scatter and per-root allreduce: one
-    group per root; otherwise one group)."""
+    group per root; otherwise one group). ``narrow``: each tree cuts its chunks at the
+    share :func:`narrow_factors` gives it."""
     kind = L.spec.kind
     grouped = kind in ("allgather", "reduce_scatter") or per_root
     groups: dict[int, list[int]] = {}
     for t, sh in enumerate(shapes):
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     ids = list(range(len(shapes)))
+    factors = narrow_factors(L, shapes, shapes, topo) if narrow else None
     return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window,
-                      TREE_MIN_CHUNK, rival, rival_ops)
+                      TREE_MIN_CHUNK, rival, rival_ops, factors=factors)
 
 
 def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
