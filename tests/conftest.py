@@ -11,6 +11,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 
 
+# The suite runs on two pytest-xdist workers (pyproject.toml: ``-n 2 --dist loadgroup``).
+# Each test file is one unit of work, so its module fixtures are built once; the files of
+# tests/runtime/ are one unit together, run one at a time on one worker, since their ranks'
+# processes, Ray cluster, MPI jobs and /dev/shm checks must not overlap each other; and
+# test_golden and test_compact share sample_unit's compiles.
+SHARED_UNITS = {"test_golden": "samples", "test_compact": "samples"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        group = "runtime" if path.parent.name == "runtime" else SHARED_UNITS.get(path.stem, path.stem)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def samples_dir() -> Path:
     return SAMPLES
