@@ -349,7 +349,7 @@ def lower(
     port_window: int | None = None,
     rival=None,
     rival_ops: int = 0,
-    narrow: bool = False,
+    narrow: Sequence[float] | None = None,
 ) -> Plan:
     """Lower ``trees`` for the collective ``spec`` to a
     :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
@@ -369,8 +369,7 @@ def lower(
     the plan, ``port_window`` sends in flight per port when the links include a switch, one
     without (``proportional`` and ``window`` do not apply to it). ``rival`` and
     ``rival_ops``: see schedule.lower_jobs (raises schedule.Outrun; for lower_priced);
-    ``narrow`` (timed): each tree's chunk scaled by the narrowest link it crosses
-    (schedule.narrow_factors).
+    ``narrow`` (timed): per tree, the share of the chunk it cuts at (:func:`narrow_tree_factors`).
     """
     kind = spec.kind
     n = len(spec.ranks)
@@ -466,7 +465,7 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
     return assemble(spec, topo, L.B, values, algorithm, ce)
 
 
-# lower_priced(narrow=True), which the tree candidates' own chunk search asks for
+# lower_priced(narrow=narrow_tree_factors(...)), which the tree candidates' own chunk search asks for
 # (registry.py; not the packing choice's pricing of each packing, compiler/packing_choice.py),
 # also prices for these kinds the timed schedule with each tree's chunk scaled by the
 # narrowest link its messages cross over the widest such among the trees
@@ -487,12 +486,13 @@ BOTH_ORDERS_MAX_OPS = 200_000
 
 
 def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int,
-                 algorithm: str = "treepack", *, model: CostModel | None = None, narrow: bool = False):
+                 algorithm: str = "treepack", *, model: CostModel | None = None,
+                 narrow: Sequence[float] | None = None):
     """``(plan, simulation)``: the timed lowering, or the plain chunk-major one where that
     simulates faster (the timed schedule is a heuristic: on a 4-GPU DGX-1 fragment's
     allreduce it lost 0.96 -> 0.93 of the bound to the plain order), for
-    chunks.choose_chunk. ``narrow``: the timed lowering in its narrow-link form too, kept
-    where faster (NARROW_KINDS)."""
+    chunks.choose_chunk. ``narrow``: the trees' :func:`narrow_tree_factors`, the timed
+    lowering in that narrow-link form priced too and kept where faster (NARROW_KINDS)."""
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
@@ -513,9 +513,9 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
     except Outrun:
         return got[0]
     st = simulate(timed, model=model)
-    if (narrow and NARROWING.get() and spec.kind in NARROW_KINDS and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes
-            and _narrows(spec, topo, trees, chunk_bytes)):
-        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, narrow=True)
+    if (narrow is not None and NARROWING.get() and spec.kind in NARROW_KINDS
+            and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes):
+        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, narrow=narrow)
         so = simulate(other, model=model)
         if so.time < st.time:
             timed, st = other, so
@@ -526,14 +526,15 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
     return (timed, st) if st.time <= sp.time else (plain, sp)
 
 
-def _narrows(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int) -> bool:
-    """Whether the narrow-link form of the timed schedule cuts some tree's chunks smaller
-    than the others'."""
+def narrow_tree_factors(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree]) -> list[float] | None:
+    """Per tree, the share of the chunk it cuts at in the narrow-link form of the timed
+    schedule (schedule.narrow_factors: they do not depend on the chunk size, so a chunk
+    search reads them once); None where every tree cuts the whole chunk."""
     from .schedule import narrow_factors
 
     shapes = [TreeShape.of(t, spec.ranks, i) for i, t in enumerate(trees)]
-    return min(narrow_factors(_Lowering(spec, chunk_elems(chunk_bytes, spec.dtype)), shapes, shapes, topo),
-               default=1.0) < 1.0
+    factors = narrow_factors(spec, shapes, shapes, topo)
+    return factors if min(factors, default=1.0) < 1.0 else None
 
 
 def assemble(spec: CollectiveLike, topo: Topology, builder: ProgramBuilder, trees: tuple[Tree, ...],

@@ -215,12 +215,14 @@ def _lower_trees(name: str):
     def build(u, spec, p) -> Builder | None:
         if p is None:
             return None
-        from .lower import lower_priced
+        from .lower import NARROW_KINDS, lower_priced, narrow_tree_factors
 
         # the timed schedule keeps each tree at its packed share of every link (lower.py,
         # "timed lowering"): DGX-1 allgather 0.63 -> 0.80 of the bound at 1 GB; the plain
-        # order is kept where it simulates faster (lower_priced)
-        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model, narrow=True)
+        # order is kept where it simulates faster (lower_priced), and broadcast and reduce
+        # are priced in the narrow-link form too
+        narrow = narrow_tree_factors(spec, u.topology, p.trees) if spec.kind in NARROW_KINDS else None
+        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model, narrow=narrow)
 
     return build
 

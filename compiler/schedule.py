@@ -1161,18 +1161,19 @@ def _ends_halved(lo: int, hi: int, ce: int) -> list[tuple[int, int]]:
     return [(lo, lo + half), (lo + half, head)] + _even_chunks(head, mid, ce) + [(mid, mid + half), (mid + half, hi)]
 
 
-def narrow_factors(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], topo: Topology) -> list[float]:
-    """Per job, the capacity of the narrowest link its trees' messages cross (the up tree's
-    routes walked backwards) over the widest such capacity among the jobs: the share of the
-    chunk each job cuts at in the *narrow-link* form (:func:`lower_jobs` ``factors``).
+def narrow_factors(spec, ush: list[TreeShape], dsh: list[TreeShape], topo: Topology) -> list[float]:
+    """Per job of collective ``spec`` (its ranks and kind), the capacity of the narrowest
+    link its trees' messages cross (the up tree's routes walked backwards) over the widest
+    such capacity among the jobs: the share of the chunk each job cuts at in the
+    *narrow-link* form (:func:`lower_jobs` ``factors``).
 
     A message moves cut-through at its path's narrowest capacity, so a tree level over a
     12 GB/s PCIe route takes a 25 GB/s NVLink level's time twice over for the same chunk,
     and a job whose trees cross it fills and drains its pipeline that much slower; the
     schedule's rebalancing then moves bytes from it to the others, loading their links
     above the bound. Scaled, every job's level takes about one chunk time."""
-    ranks = L.spec.ranks
-    kind = L.spec.kind
+    ranks = spec.ranks
+    kind = spec.kind
     up = kind in ("reduce", "reduce_scatter", "allreduce")
     down = kind in ("broadcast", "allgather", "allreduce")
     links = _msg_paths(topo, ranks)
@@ -1272,22 +1273,21 @@ def _replays_exactly(T: _Timed) -> bool:
 
 def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
                 topo: Topology, per_msg: float, window: int, rival=None,
-                rival_ops: int = 0, narrow: bool = False) -> list[tuple[int, int]] | None:
+                rival_ops: int = 0, narrow: Sequence[float] | None = None) -> list[tuple[int, int]] | None:
     """Emit the tree kinds through the timed schedule and return the trees' spans; None
     (nothing emitted) when a tree path is not made of the collective's links (the plain
     lowering then routes it). Each tree is one job (its own up and down tree); the trees
     sharing one block form a group (allgather, reduce_scatter and per-root allreduce: one
-    group per root; otherwise one group). ``narrow``: each tree cuts its chunks at the
-    share :func:`narrow_factors` gives it."""
+    group per root; otherwise one group). ``narrow``: per tree, the share of the chunk it
+    cuts at (:func:`narrow_factors`; None: by :func:`_job_chunks`' weights)."""
     kind = L.spec.kind
     grouped = kind in ("allgather", "reduce_scatter") or per_root
     groups: dict[int, list[int]] = {}
     for t, sh in enumerate(shapes):
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     ids = list(range(len(shapes)))
-    factors = narrow_factors(L, shapes, shapes, topo) if narrow else None
     return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window,
-                      TREE_MIN_CHUNK, rival, rival_ops, factors=factors)
+                      TREE_MIN_CHUNK, rival, rival_ops, factors=narrow)
 
 
 def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):

@@ -393,10 +393,9 @@ class _SplitJobs:
         jobs = split_jobs(spec.ranks, packing.ins, packing.outs)
         if not jobs:
             raise PlanError(f"allreduce {spec.name!r}: the split packing has no trees")
-        from .builder import _Lowering
         from .schedule import narrow_factors
 
-        narrow = narrow_factors(_Lowering(spec, ce), [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs], topo)
+        narrow = narrow_factors(spec, [ins[i] for i, _, _ in jobs], [outs[o] for _, o, _ in jobs], topo)
         return _SplitJobs(spec, topo, chunk_bytes, ce, per_msg, ins, outs, jobs,
                           narrow if min(narrow) < 1.0 else None)
 

@@ -168,9 +168,10 @@ def test_lower_priced_keeps_the_narrow_form_where_it_is_faster(kind):
     """lower.NARROW_KINDS: on DGX-1's gpu[0,3,4,5,7] with its PCIe switches, the broadcast
     (reduce) trees from gpu0 cross 12 GB/s PCIe routes as well as NVLinks; the narrow form
     cuts each tree's chunks at its narrowest link over the widest, verifies, and
-    lower_priced(narrow=True) keeps the fastest of the plain order, the timed one and the
-    narrow one; with lower.NARROWING off, of the first two."""
-    from hcc.compiler.lower import NARROW_KINDS, NARROWING, _narrows, lower_priced
+    lower_priced given the trees' narrow_tree_factors keeps the fastest of the plain order,
+    the timed one and the narrow one; without them, or with lower.NARROWING off, the faster
+    of the first two."""
+    from hcc.compiler.lower import NARROW_KINDS, NARROWING, lower_priced, narrow_tree_factors
     from hcc.compiler.treepack import pack_broadcast
     from hcc.ir.verify import verify
 
@@ -183,22 +184,24 @@ def test_lower_priced_keeps_the_narrow_form_where_it_is_faster(kind):
     trees = pack_broadcast(topo, ranks, "gpu0", reverse=kind == "reduce").trees
     model = CostModel()
     chunk = 4 << 20  # where the narrow form is the fastest of the three, for both kinds
-    assert _narrows(s, topo, trees, chunk)
-    narrow = lower(s, topo, trees, chunk, schedule="timed", model=model, narrow=True)
+    factors = narrow_tree_factors(s, topo, trees)
+    assert factors is not None and len(factors) == len(trees) and 0 < min(factors) < max(factors) == 1.0
+    narrow = lower(s, topo, trees, chunk, schedule="timed", model=model, narrow=factors)
     verify(narrow)
     times = [simulate(lower(s, topo, trees, chunk, schedule=o, model=model), model=model).time
              for o in ("fifo", "timed")]
     t_narrow = simulate(narrow, model=model).time
     assert t_narrow < min(times)
-    plan, sim = lower_priced(s, topo, trees, chunk, model=model, narrow=True)
+    plan, sim = lower_priced(s, topo, trees, chunk, model=model, narrow=factors)
     assert sim.time == pytest.approx(t_narrow, rel=1e-12)
     assert simulate(plan, model=model).time == pytest.approx(sim.time, rel=1e-12)
     token = NARROWING.set(False)
     try:
-        _, off = lower_priced(s, topo, trees, chunk, model=model, narrow=True)
+        _, off = lower_priced(s, topo, trees, chunk, model=model, narrow=factors)
     finally:
         NARROWING.reset(token)
     assert off.time == pytest.approx(min(times), rel=1e-12)
+    assert lower_priced(s, topo, trees, chunk, model=model)[1].time == pytest.approx(min(times), rel=1e-12)
 
 
 def test_last_chunk_in_halves_shortens_the_drain(monkeypatch):

@@ -312,7 +312,7 @@ def test_narrow_form_cuts_each_job_at_its_narrowest_link_and_split_priced_keeps_
     low = [min(_narrowest_by_hand(topo, u, ranks, True), _narrowest_by_hand(topo, d, ranks, False))
            for u, d in zip(ush, dsh)]
     want = [x / max(low) for x in low]
-    got = narrow_factors(_Lowering(s, ce), ush, dsh, topo)
+    got = narrow_factors(s, ush, dsh, topo)
     assert got == pytest.approx(want, rel=1e-12)
     assert min(got) < 1.0 == max(got)  # jobs over PCIe and jobs over NVLink alone
     assert jobs.narrow == pytest.approx(want, rel=1e-12)
