@@ -350,6 +350,7 @@ def lower(
     rival=None,
     rival_ops: int = 0,
     narrow: Sequence[float] | None = None,
+    halves: str | None = None,
 ) -> Plan:
     """Lower ``trees`` for the collective ``spec`` to a
     :class:`Plan` with chunks of ``chunk_bytes`` (rounded down to whole elements, at least 1).
@@ -369,7 +370,8 @@ def lower(
     the plan, ``port_window`` sends in flight per port when the links include a switch, one
     without (``proportional`` and ``window`` do not apply to it). ``rival`` and
     ``rival_ops``: see schedule.lower_jobs (raises schedule.Outrun; for lower_priced);
-    ``narrow`` (timed): per tree, the share of the chunk it cuts at (:func:`narrow_tree_factors`).
+    ``narrow`` (timed): per tree, the share of the chunk it cuts at (:func:`narrow_tree_factors`);
+    ``halves`` (timed): which chunks go as two halves (schedule.lower_jobs; None: its default).
     """
     kind = spec.kind
     n = len(spec.ranks)
@@ -401,7 +403,7 @@ def lower(
         if schedule == "timed":
             from .cost import DEFAULT_MODEL
 
-            timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window, rival, rival_ops, narrow)
+            timed = (topo, (model or DEFAULT_MODEL).per_message_s, port_window, rival, rival_ops, narrow, halves)
         spans = _lower_trees(L, shapes, per_root, proportional, window, timed)
         shapes += L.drain_shapes  # the timed broadcast's drain tree (schedule.DRAIN_TREE)
         tree_values = tuple(s.to_tree(i, spans[i]) for i, s in enumerate(shapes))
@@ -480,6 +482,15 @@ NARROWING: ContextVar[bool] = ContextVar("NARROWING", default=True)
 # buffer and halves, and the sizes where these plans are fastest are 1/64-1/512 of it (DGX-1's
 # broadcast, 1 GiB: 2-4 MiB), so the narrow form is not lowered at the first five sizes
 NARROW_MIN_CHUNKS = 32
+# lower_priced(halves=True), which the tree candidates' own chunk search asks for (as for the
+# narrow form, not the packing choice's pricing of each packing: there it cost a third more
+# CPU and moved a ring-fill plan's packing for the worse), also prices for these kinds the
+# timed schedule with each tree's last chunk in halves (schedule.TAIL_HALVES, asked for jobs
+# that only reduce) and keeps the faster where the buffer is at least this many chunks:
+# DGX-1 gpu[0,2,4,6]'s reduce-scatter at 1 GiB 0.945 -> 0.963 of the bound; forced,
+# gpu[0,3,4,5,7]'s at 256 MiB fell 0.976 -> 0.960
+HALVES_KINDS = frozenset({"reduce", "reduce_scatter"})
+HALVES_MIN_CHUNKS = 4
 # both orders are priced up to this many ops per plan (the plain order's lowering and a second
 # simulation cost about as much again as the timed plan's); above it the timed plan alone
 BOTH_ORDERS_MAX_OPS = 200_000
@@ -487,12 +498,13 @@ BOTH_ORDERS_MAX_OPS = 200_000
 
 def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTree], chunk_bytes: int,
                  algorithm: str = "treepack", *, model: CostModel | None = None,
-                 narrow: Sequence[float] | None = None):
+                 narrow: Sequence[float] | None = None, halves: bool = False):
     """``(plan, simulation)``: the timed lowering, or the plain chunk-major one where that
     simulates faster (the timed schedule is a heuristic: on a 4-GPU DGX-1 fragment's
     allreduce it lost 0.96 -> 0.93 of the bound to the plain order), for
     chunks.choose_chunk. ``narrow``: the trees' :func:`narrow_tree_factors`, the timed
-    lowering in that narrow-link form priced too and kept where faster (NARROW_KINDS)."""
+    lowering in that narrow-link form priced too and kept where faster (NARROW_KINDS);
+    ``halves``: the timed lowering with the last chunks in halves likewise (HALVES_KINDS)."""
     from .cost import DEFAULT_MODEL, simulate
 
     model = model or DEFAULT_MODEL
@@ -516,6 +528,11 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
     if (narrow is not None and NARROWING.get() and spec.kind in NARROW_KINDS
             and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes):
         other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, narrow=narrow)
+        so = simulate(other, model=model)
+        if so.time < st.time:
+            timed, st = other, so
+    if halves and spec.kind in HALVES_KINDS and spec.size_bytes >= HALVES_MIN_CHUNKS * chunk_bytes:
+        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, halves="last")
         so = simulate(other, model=model)
         if so.time < st.time:
             timed, st = other, so

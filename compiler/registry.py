@@ -219,10 +219,11 @@ def _lower_trees(name: str):
 
         # the timed schedule keeps each tree at its packed share of every link (lower.py,
         # "timed lowering"): DGX-1 allgather 0.63 -> 0.80 of the bound at 1 GB; the plain
-        # order is kept where it simulates faster (lower_priced), and broadcast and reduce
-        # are priced in the narrow-link form too
+        # order is kept where it simulates faster (lower_priced), broadcast and reduce are
+        # priced in the narrow-link form too, reduce and reduce-scatter with halved last chunks
         narrow = narrow_tree_factors(spec, u.topology, p.trees) if spec.kind in NARROW_KINDS else None
-        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model, narrow=narrow)
+        return lambda c: lower_priced(spec, u.topology, p.trees, c, algorithm=name, model=u.model, narrow=narrow,
+                                      halves=True)
 
     return build
 

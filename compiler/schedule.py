@@ -146,9 +146,12 @@ EXACT_GATE = True
 # loaded to its packed rate): the best chunk's plan 0.912 -> 0.933 of the bound (and the
 # reduce-scatter replayed from it, compiler/replay.py, as much); broadcasts gain a little
 # (DGX-1 fragment 0.948 -> 0.951, the demo 0.770 -> 0.774). Jobs that reduce keep even
-# chunks: reduce-scatter's in-trees gained nothing (MI250 at 1 GiB: 0.900 either way), and
-# the allreduces lost a little (split trees on a DGX-1 fragment 0.843 -> 0.842, bidir on a
-# 4-rank mesh 0.912 -> 0.910)
+# chunks unless asked (lower_jobs ``halves``): for the allreduces the halves lost a little
+# (split trees on a DGX-1 fragment 0.843 -> 0.842, bidir on a 4-rank mesh 0.912 -> 0.910), and
+# for reduce and reduce-scatter they win on some graphs and lose on others (the last chunk
+# climbs every level of the in-tree after the leaves send it, as a broadcast's descends them:
+# DGX-1 gpu[0,2,4,6]'s reduce-scatter at 1 GiB 0.945 -> 0.963, gpu[0,3,4,5,7]'s at 256 MiB
+# 0.976 -> 0.960), so lower.lower_priced prices both
 TAIL_HALVES = True
 # the smallest chunk of a thin tree, as a share of the chunk size (1: one size for every
 # tree; see _job_chunks): scaling chunks by tree rate lost on 2 x A100 allgather at 1 GB
@@ -1273,13 +1276,15 @@ def _replays_exactly(T: _Timed) -> bool:
 
 def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, int]], per_root: bool,
                 topo: Topology, per_msg: float, window: int, rival=None,
-                rival_ops: int = 0, narrow: Sequence[float] | None = None) -> list[tuple[int, int]] | None:
+                rival_ops: int = 0, narrow: Sequence[float] | None = None,
+                halves: str | None = None) -> list[tuple[int, int]] | None:
     """Emit the tree kinds through the timed schedule and return the trees' spans; None
     (nothing emitted) when a tree path is not made of the collective's links (the plain
     lowering then routes it). Each tree is one job (its own up and down tree); the trees
     sharing one block form a group (allgather, reduce_scatter and per-root allreduce: one
     group per root; otherwise one group). ``narrow``: per tree, the share of the chunk it
-    cuts at (:func:`narrow_factors`; None: by :func:`_job_chunks`' weights)."""
+    cuts at (:func:`narrow_factors`; None: by :func:`_job_chunks`' weights); ``halves``: see
+    :func:`lower_jobs`."""
     kind = L.spec.kind
     grouped = kind in ("allgather", "reduce_scatter") or per_root
     groups: dict[int, list[int]] = {}
@@ -1287,7 +1292,7 @@ def lower_timed(L: _Lowering, shapes: list[TreeShape], spans: list[tuple[int, in
         groups.setdefault(sh.root if grouped else 0, []).append(t)
     ids = list(range(len(shapes)))
     return lower_jobs(L, shapes, shapes, ids, ids, [sh.rate for sh in shapes], groups, spans, topo, per_msg, window,
-                      TREE_MIN_CHUNK, rival, rival_ops, factors=narrow)
+                      TREE_MIN_CHUNK, rival, rival_ops, halves=halves, factors=narrow)
 
 
 def _drain_tree(T: _Timed, L: _Lowering, links, per_msg: float, share: float):
@@ -1465,9 +1470,10 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     rank has a link to another (EXACT_GATE names where it is used otherwise); the split
     allreduce asks for it (compiler/splitpack.py SPLIT_EXACT).
 
-    ``halves``: which of each job's chunks go as two halves where its down tree is two
-    levels deep or more (TAIL_HALVES): "none", "last", or "ends" (the first and the last);
-    None: the last where the jobs only broadcast.
+    ``halves``: which of each job's chunks go as two halves where its down tree (its in-tree,
+    where the jobs only reduce) is two levels deep or more (TAIL_HALVES): "none", "last", or
+    "ends" (the first and the last); None: the last where the jobs only broadcast, none where
+    they reduce.
 
     ``factors``: per job, the share of the chunk it cuts at (:func:`narrow_factors`; None:
     every job at the chunk)."""
@@ -1485,7 +1491,7 @@ def lower_jobs(L: _Lowering, ush: list[TreeShape], dsh: list[TreeShape], utree: 
     rounds = REBALANCE_ROUNDS if messages <= REBALANCE_MAX_MESSAGES else 0
     # which chunks go in halves (TAIL_HALVES): unless asked, the last where the jobs only broadcast
     tail: bool | str = False
-    if TAIL_HALVES and down:
+    if TAIL_HALVES and (down or halves is not None):
         tail = (not up) if halves is None else {"none": False, "last": True, "ends": "ends"}[halves]
     best = _rebalanced(L, ush, dsh, utree, dtree, rates, groups, spans, links, per_msg, window, min_chunk, rounds,
                        up, down, tail=tail, exact=exact, rival=rival, rival_ops=rival_ops, factors=factors)

@@ -204,6 +204,49 @@ def test_lower_priced_keeps_the_narrow_form_where_it_is_faster(kind):
     assert lower_priced(s, topo, trees, chunk, model=model)[1].time == pytest.approx(min(times), rel=1e-12)
 
 
+def test_lower_priced_keeps_the_reduces_last_chunk_in_halves_where_it_is_faster():
+    """lower.HALVES_KINDS: DGX-1's gpu[0,2,4,6] reduce-scatter over its packed in-trees, each
+    tree's last chunk in two halves: the plan verifies, computes what numpy computes, every
+    message holds between half a chunk and a chunk, and the last piece of each tree's share is
+    half a chunk; at 4 MiB chunks it is the fastest form, at 1 MiB the even chunks are, and
+    lower_priced(halves=True) returns the fastest of the plain order, the even timed and the
+    halved plans at both (without it, the faster of the first two)."""
+    import hcc
+    from hcc.compiler.lower import HALVES_KINDS, lower_priced
+    from hcc.compiler.pipeline import resolve
+    from hcc.ir.plan import Send
+    from hcc.ir.verify import verify
+
+    from test_drain_tree import SRC
+    from test_lower import check_numeric
+
+    prog = hcc.load(SRC.split("\ncollective")[0] + "\ncollective rs = reduce_scatter on dgx1 "
+                    "{ size = 1 GiB ranks = gpu[0,2,4,6] }\n")
+    s = resolve(prog, "rs")
+    assert s.kind in HALVES_KINDS
+    topo = prog.topology_of(s)
+    trees = treepack.pack_allgather(topo, s.ranks, reverse=True).trees
+    small = CollectiveSpec(name="c", kind=s.kind, topology=s.topology, ranks=s.ranks, root=-1,
+                           size_bytes=96 << 10, dtype="float64", op="sum")
+    tiny = lower(small, topo, trees, 4 << 10, schedule="timed", halves="last")
+    verify(tiny)
+    check_numeric(tiny, seed=7)
+    wins = {}
+    for chunk in (1 << 20, 4 << 20):
+        halved = lower(s, topo, trees, chunk, schedule="timed", halves="last")
+        verify(halved)
+        sizes = [op.src.count for prog_ in halved.programs for op in prog_ if isinstance(op, Send)]
+        ce = chunk // 4
+        assert all(ce // 2 <= n <= ce for n in sizes) and sizes.count(ce // 2) > 0
+        t_plain, t_even, t_halved = (simulate(p).time for p in (
+            lower(s, topo, trees, chunk), lower(s, topo, trees, chunk, schedule="timed"), halved))
+        wins[chunk] = t_halved < t_even
+        _, sim = lower_priced(s, topo, trees, chunk, halves=True)
+        assert sim.time == pytest.approx(min(t_plain, t_even, t_halved), rel=1e-12)
+        assert lower_priced(s, topo, trees, chunk)[1].time == pytest.approx(min(t_plain, t_even), rel=1e-12)
+    assert wins == {1 << 20: False, 4 << 20: True}
+
+
 def test_last_chunk_in_halves_shortens_the_drain(monkeypatch):
     """schedule.TAIL_HALVES: DGX-1's NVLink allgather at 256 MiB over the shallow packing
     (trees rooted at every rank sharing every link): with each share's last chunk sent as
