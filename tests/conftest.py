@@ -12,11 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 
 
-# The suite runs on two pytest-xdist workers (pyproject.toml: ``-n 2 --dist loadgroup``).
-# Each test file is one unit of work, so its module fixtures are built once; the files of
-# tests/runtime/ are one unit together, run one at a time on one worker, since their ranks'
-# processes, Ray cluster, MPI jobs and /dev/shm checks must not overlap each other; and
-# test_golden and test_compact share sample_unit's compiles.
+# The suite runs on two pytest-xdist workers (pyproject.toml: ``-n 2``), in units of work
+# that this scheduler hands out whole (LoadScopeScheduling over :func:`_unit`, not
+# ``--dist loadgroup``, whose group marks pytest 9 no longer carries into the node ids). Each
+# test file is one unit, so its module fixtures are built once; the files of tests/runtime/
+# are one unit together, run one at a time on one worker, since their ranks' processes, Ray
+# cluster, MPI jobs and /dev/shm checks must not overlap each other; and test_golden and
+# test_compact share sample_unit's compiles.
 SHARED_UNITS = {"test_golden": "samples", "test_compact": "samples"}
 # ... and the worker running the compiler's tests yields the CPU to the runtime tests' ranks
 # (nice 19): their bounds on detection and completion times are the product's, and a
@@ -25,15 +27,23 @@ SHARED_UNITS = {"test_golden": "samples", "test_compact": "samples"}
 COMPILE_NICE = 19
 
 
-def _unit(item) -> str:
-    path = Path(str(item.fspath))
-    return "runtime" if path.parent.name == "runtime" else SHARED_UNITS.get(path.stem, path.stem)
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    if path.startswith("tests/runtime/"):
+        return "runtime"
+    stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+    return SHARED_UNITS.get(stem, path)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_unit(item)))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Units(config, log)
 
 
 _START_NICE: list[int] = []
@@ -45,7 +55,7 @@ def pytest_runtest_setup(item):
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     if not _START_NICE:
         _START_NICE.append(nice)
-    want = max(_START_NICE[0], COMPILE_NICE) if _unit(item) != "runtime" else _START_NICE[0]
+    want = max(_START_NICE[0], COMPILE_NICE) if _unit(item.nodeid) != "runtime" else _START_NICE[0]
     if nice != want:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, want)
