@@ -63,6 +63,25 @@ def pytest_runtest_setup(item):
             pass
 
 
+@pytest.fixture(autouse=True)
+def _runtime_alone(request, tmp_path_factory):
+    """Under xdist, a runtime test holds a lock shared by the workers (in the run's temporary
+    root) while it runs, and fails at once if another worker holds it: the scheduler above is
+    what keeps them apart, and this says so loudly if it ever stops doing so."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or _unit(request.node.nodeid) != "runtime":
+        yield
+        return
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "runtime.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail("another worker is running a runtime test at the same time "
+                        "(tests/conftest.py's scheduler keeps tests/runtime/ on one worker)")
+        yield
+
+
 @pytest.fixture
 def samples_dir() -> Path:
     return SAMPLES
