@@ -525,14 +525,14 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
     except Outrun:
         return got[0]
     st = simulate(timed, model=model)
+    forms: list[dict] = []  # the timed lowering's other forms priced here, each kept where faster
     if (narrow is not None and NARROWING.get() and spec.kind in NARROW_KINDS
             and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes):
-        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, narrow=narrow)
-        so = simulate(other, model=model)
-        if so.time < st.time:
-            timed, st = other, so
+        forms.append({"narrow": narrow})
     if halves and spec.kind in HALVES_KINDS and spec.size_bytes >= HALVES_MIN_CHUNKS * chunk_bytes:
-        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, halves="last")
+        forms.append({"halves": "last"})
+    for form in forms:
+        other = lower(spec, topo, trees, chunk_bytes, algorithm, schedule="timed", model=model, **form)
         so = simulate(other, model=model)
         if so.time < st.time:
             timed, st = other, so
