@@ -160,7 +160,26 @@ def check_breakdown(plan) -> None:
     assert tuple(f.bottleneck_link) in {(l.src, l.dst) for l in plan.topology.links}
     if f.pack_rate_Bps:
         assert f.pack_rate_Bps <= f.bound_rate_Bps * (1 + 1e-9)
+    check_breakdown_link(plan)
     check_latency_bound(plan)
+
+
+def check_breakdown_link(plan):
+    """The breakdown's link, recomputed from the plan's simulation: of the links whose bytes per
+    capacity are within a millionth of the most, the one busy longest; its per-message and
+    contention parts are its own."""
+    from hcc.compiler.cost import simulate
+
+    f = plan.figures
+    links = simulate(plan).links
+    if not links:
+        return
+    most = max(l.bytes / l.capacity for l in links)
+    alike = [l for l in links if l.bytes / l.capacity >= most * (1 - 1e-6)]
+    e = next(l for l in links if (l.src, l.dst) == tuple(f.bottleneck_link))
+    assert e.busy_s == max(l.busy_s for l in alike) and e.bytes / e.capacity >= most * (1 - 1e-6)
+    assert f.message_s == pytest.approx(e.busy_s - e.bytes / e.capacity, rel=1e-9, abs=1e-15)
+    assert f.contention_s == pytest.approx(e.last_s - e.first_s - e.busy_s, rel=1e-9, abs=1e-15)
 
 
 def check_latency_bound(plan) -> None:
@@ -216,6 +235,31 @@ def test_dgx1_packings_reach_the_bound_and_name_gpu0s_links():
             assert f.cut_capacity_Bps == pytest.approx(150 * GB)
         text = explain(plan)
         assert "bound" in text and "bottleneck link" in text and "packing" in text
+
+
+def test_breakdown_names_the_busiest_of_the_links_loaded_alike():
+    """One MI250 node's allgather at 1 GiB over its packed trees loads 50 GB/s and 100 GB/s
+    links to the cut rate alike; a 100 GB/s link carries twice the messages and is busy longest,
+    so the breakdown is taken there: its loss is per-message cost, not the fill a 50 GB/s cut
+    link (the most bytes per capacity, by a few elements) sits idle for."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import hcc
+    from hcc.compiler.cost import simulate
+    from hcc.compiler.pipeline import bottleneck
+    from schedule_bench import mi250
+
+    program = hcc.load(mi250(1) + "\ncollective c = allgather on mi250x1 { size = 1 GiB  algorithm = treepack }\n")
+    plan = hcc.compile(program, "c")
+    check_breakdown(plan)
+    f = plan.figures
+    caps = {(l.src, l.dst): l.capacity for l in plan.topology.links}
+    assert caps[tuple(f.bottleneck_link)] == 100 * GB
+    assert f.message_s > f.fill_s + f.contention_s
+    top = bottleneck(simulate(plan))
+    assert top.capacity == 50 * GB and (top.src, top.dst) != tuple(f.bottleneck_link)
 
 
 def test_figures_round_trip_and_old_files_load():
