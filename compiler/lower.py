@@ -475,7 +475,7 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
 # over a 12 GB/s PCIe route fills and drains twice as slowly per chunk as one over NVLink,
 # and the rebalancing moves its bytes onto the root's other links (DGX-1's broadcast from
 # gpu0 at 1 GiB 0.926 -> 0.932). Off while NARROWING says so (replay.py compiles the
-# broadcast it runs backwards without it: reversed, that form loses)
+# broadcast it runs backwards without it, and up to 8 ranks with it too, keeping the faster)
 NARROW_KINDS = frozenset({"broadcast", "reduce"})
 NARROWING: ContextVar[bool] = ContextVar("NARROWING", default=True)
 # ... where the buffer is at least this many chunks: the chunk search starts from the whole

@@ -42,9 +42,9 @@ from typing import Any, Callable
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, Scale, Send, block_range
 from ..ir.topology import Topology
 from .builder import ProgramBuilder, Spans, plan_op
-from .lower import NARROWING, assemble
+from .lower import NARROW_KINDS, NARROWING, assemble
 
-__all__ = ["REPLAY_MAX_RANKS", "replayed_reduce", "reversed_broadcast"]
+__all__ = ["REPLAY_MAX_RANKS", "REPLAY_NARROW_MAX_RANKS", "replayed_reduce", "reversed_broadcast"]
 
 REPLAY_MAX_RANKS = 64
 # the pacings priced, (per_tree, window, gate): one message in flight per rank pair replays
@@ -57,6 +57,11 @@ REPLAY_MAX_RANKS = 64
 # that, reversed, ends last before the send should start (DGX-1 1.000x, 4 x A100's rings
 # 1.007x against 1.019x at best paced; 2 x A100's lane trees 1.43x). No one is fastest
 # everywhere
+# a reduce of up to this many ranks replays its broadcast compiled both without and with the
+# narrow-link form (lower.NARROW_KINDS); past it, without: on two and four A100 servers and one
+# and two MI250 nodes the second broadcast changed no plan and cost up to 1.4x the reduce's
+# compile (two MI250 nodes at 1 GiB: 31 -> 74 CPU s)
+REPLAY_NARROW_MAX_RANKS = 8
 PACINGS = ((False, 1, False), (False, 2, False), (True, 1, False), (True, 2, False), (False, 0, True))
 
 
@@ -214,8 +219,9 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
                     source_ok: Callable[[Plan], bool] = lambda plan: True) -> tuple[Plan, Any] | None:
     """``(plan, simulation)``: the reduce ``spec`` of ``program`` as the broadcast ``hcc
     compile`` gives for its ranks, root, size and dtype over the transposed topology, replayed
-    backwards at the fastest of :data:`PACINGS`; None where that broadcast is not
-    reversible. A reduce-scatter ``spec`` replays the allgather of its ranks, size and dtype
+    backwards at the fastest of :data:`PACINGS`, that broadcast compiled without its
+    narrow-link form and, up to :data:`REPLAY_NARROW_MAX_RANKS` ranks, with it (the faster
+    replay kept); None where that broadcast is not reversible. A reduce-scatter ``spec`` replays the allgather of its ranks, size and dtype
     the same way. ``compile_plan(program, name)``: the compiler's plan of a collective (the
     pipeline's, handed in: this module is below it); None also where ``source_ok`` rejects
     the source plan."""
@@ -228,23 +234,30 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     topologies = dict(program.topologies)
     topologies[spec.topology] = program.topology_of(spec).transposed()
     prog = replace(program, topologies=topologies, collectives=(source,))
-    token = NARROWING.set(False)  # lower.NARROW_KINDS: reversed, the narrow-link form loses
-    try:
-        source_plan = compile_plan(prog, source.name)
-    finally:
-        NARROWING.reset(token)
-    if not source_ok(source_plan):
-        return None
     best = None
-    for per_tree, window, gate in PACINGS:
-        plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window, gate=gate)
-        if plan is None:
-            return None
-        sim = simulate(plan, model=model)
-        if best is None or sim.time < best[1].time:
-            best = (plan, sim)
-        if sim.time <= source_plan.figures.predicted_s * (1 + 1e-9):
-            # it replays the source's own time: the other pacings are not priced (one MI250
-            # node's reduce-scatter at 1 GiB: the first pacing, compile 1.7 -> 1.1 CPU s)
-            break
+    # the broadcast compiled without its narrow-link form (lower.NARROW_KINDS; reversed, the
+    # form can lose: DGX-1's reduce at 256 MiB 0.853 -> 0.841) and as hcc compile compiles it
+    # (the 7-GPU fragment 0-6's reduce to gpu4 at 256 MiB: 0.894 -> 0.903, its narrow-link
+    # broadcast replayed exactly). Either replaying in its own time is no reason to skip the
+    # other: the other broadcast may be the faster one, or replay faster than its own time
+    both = kind in NARROW_KINDS and len(spec.ranks) <= REPLAY_NARROW_MAX_RANKS
+    for narrowing in ((False, True) if both else (False,) if kind in NARROW_KINDS else (True,)):
+        token = NARROWING.set(narrowing)
+        try:
+            source_plan = compile_plan(prog, source.name)
+        finally:
+            NARROWING.reset(token)
+        if not source_ok(source_plan):
+            return best
+        for per_tree, window, gate in PACINGS:
+            plan = reversed_broadcast(spec, topo, source_plan, model, per_tree=per_tree, window=window, gate=gate)
+            if plan is None:
+                return best
+            sim = simulate(plan, model=model)
+            if best is None or sim.time < best[1].time:
+                best = (plan, sim)
+            if sim.time <= source_plan.figures.predicted_s * (1 + 1e-9):
+                # it replays the source's own time: the other pacings are not priced (one MI250
+                # node's reduce-scatter at 1 GiB: the first pacing, compile 1.7 -> 1.1 CPU s)
+                break
     return best

@@ -187,3 +187,40 @@ def test_auto_offers_the_reduce_scatter_replay_of_its_own_allgathers_only():
     demo = hcc.load(Path(__file__).resolve().parent.parent / "samples" / "demo.hcl")
     assert compile_unit(demo, "allgather").plan.algorithm == "rings"
     assert compile_unit(demo, "reduce_scatter").candidate("replay") is None
+
+
+def test_the_broadcasts_narrow_link_form_is_replayed_where_it_replays_exactly():
+    """The 7-GPU DGX-1 fragment 0-6's reduce to gpu4 at 256 MiB: its broadcast compiled as
+    ``hcc compile`` compiles it (lower.NARROWING, the narrow-link form priced) replays in that
+    broadcast's own time; compiled without the form, no pacing replays it in its own time and
+    the best is slower. replayed_reduce replays both and keeps the faster, and the reduce
+    ``hcc compile`` gives runs in its broadcast's time."""
+    from hcc.compiler.lower import NARROWING
+    from hcc.compiler.replay import PACINGS, replayed_reduce
+
+    dgx = (Path(__file__).resolve().parents[1] / "samples" / "dgx1.hcl").read_text().split("\ncollective")[0]
+    prog = hcc.load(dgx + "\ncollective c = reduce on dgx1 { size = 256 MiB  ranks = gpu[0..6]  root = gpu4"
+                          "  op = sum }\ncollective b = broadcast on dgx1 { size = 256 MiB  ranks = gpu[0..6]"
+                          "  root = gpu4 }\n")
+    spec = prog.collective("c")
+    topo = prog.topology_of(spec)
+    tops = dict(prog.topologies)
+    tops["dgx1"] = topo.transposed()
+    turned = replace(prog, topologies=tops)
+    best = {}
+    for narrowing in (True, False):
+        token = NARROWING.set(narrowing)
+        try:
+            b = compile_unit(turned, "b").plan
+        finally:
+            NARROWING.reset(token)
+        best[narrowing] = (simulate(b).time, min(
+            simulate(reversed_broadcast(spec, topo, b, DEFAULT_MODEL, per_tree=p, window=w, gate=g)).time
+            for p, w, g in PACINGS))
+    assert best[True][1] == pytest.approx(best[True][0], rel=1e-9)  # exact: the broadcast's own time
+    assert best[False][1] > best[False][0] * (1 + 1e-9) and best[False][1] > best[True][1] * 1.002
+    got = replayed_reduce(prog, spec, topo, DEFAULT_MODEL, lambda p, name: compile_unit(p, name).plan)
+    assert got is not None and got[1].time == pytest.approx(best[True][1], rel=1e-9)
+    verify(got[0])
+    plan = compile_unit(prog, "c").plan
+    assert plan.algorithm == "replay" and plan.figures.predicted_s == pytest.approx(best[True][1], rel=1e-9)
