@@ -221,8 +221,8 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     compile`` gives for its ranks, root, size and dtype over the transposed topology, replayed
     backwards at the fastest of :data:`PACINGS`, that broadcast compiled without its
     narrow-link form and, up to :data:`REPLAY_NARROW_MAX_RANKS` ranks, with it (the faster
-    replay kept); None where that broadcast is not reversible. A reduce-scatter ``spec`` replays the allgather of its ranks, size and dtype
-    the same way. ``compile_plan(program, name)``: the compiler's plan of a collective (the
+    replay kept); None where that broadcast is not reversible. A reduce-scatter ``spec``
+    replays the allgather of its ranks, size and dtype the same way. ``compile_plan(program, name)``: the compiler's plan of a collective (the
     pipeline's, handed in: this module is below it); None also where ``source_ok`` rejects
     the source plan."""
     from .cost import simulate
@@ -241,7 +241,7 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     # broadcast replayed exactly). Either replaying in its own time is no reason to skip the
     # other: the other broadcast may be the faster one, or replay faster than its own time
     both = kind in NARROW_KINDS and len(spec.ranks) <= REPLAY_NARROW_MAX_RANKS
-    for narrowing in ((False, True) if both else (False,) if kind in NARROW_KINDS else (True,)):
+    for narrowing in (False, True) if both else (False,):
         token = NARROWING.set(narrowing)
         try:
             source_plan = compile_plan(prog, source.name)
