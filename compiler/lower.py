@@ -478,6 +478,9 @@ def lower_mixed(spec: CollectiveLike, topo: Topology, timed_trees: Sequence[Pack
 # broadcast it runs backwards without it, and up to 8 ranks with it too, keeping the faster)
 NARROW_KINDS = frozenset({"broadcast", "reduce"})
 NARROWING: ContextVar[bool] = ContextVar("NARROWING", default=True)
+# while NARROWING is off, where a list is set here lower_priced appends to it each time it
+# would have priced the narrow-link form: none appended, the compile with it on is the same
+NARROW_SKIPPED: ContextVar[list | None] = ContextVar("NARROW_SKIPPED", default=None)
 # ... where the buffer is at least this many chunks: the chunk search starts from the whole
 # buffer and halves, and the sizes where these plans are fastest are 1/64-1/512 of it (DGX-1's
 # broadcast, 1 GiB: 2-4 MiB), so the narrow form is not lowered at the first five sizes
@@ -526,9 +529,11 @@ def lower_priced(spec: CollectiveLike, topo: Topology, trees: Sequence[PackedTre
         return got[0]
     st = simulate(timed, model=model)
     forms: list[dict] = []  # the timed lowering's other forms priced here, each kept where faster
-    if (narrow is not None and NARROWING.get() and spec.kind in NARROW_KINDS
-            and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes):
-        forms.append({"narrow": narrow})
+    if narrow is not None and spec.kind in NARROW_KINDS and spec.size_bytes >= NARROW_MIN_CHUNKS * chunk_bytes:
+        if NARROWING.get():
+            forms.append({"narrow": narrow})
+        elif (skipped := NARROW_SKIPPED.get()) is not None:
+            skipped.append(chunk_bytes)
     if halves and spec.kind in HALVES_KINDS and spec.size_bytes >= HALVES_MIN_CHUNKS * chunk_bytes:
         forms.append({"halves": "last"})
     for form in forms:

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from ..ir.plan import DTYPE_SIZES, ChunkRef, Copy, Plan, Recv, Scale, Send, block_range
 from ..ir.topology import Topology
 from .builder import ProgramBuilder, Spans, plan_op
-from .lower import NARROW_KINDS, NARROWING, assemble
+from .lower import NARROW_KINDS, NARROW_SKIPPED, NARROWING, assemble
 
 __all__ = ["REPLAY_MAX_RANKS", "REPLAY_NARROW_MAX_RANKS", "replayed_reduce", "reversed_broadcast"]
 
@@ -240,12 +240,18 @@ def replayed_reduce(program: Any, spec: Any, topo: Topology, model,
     # (the 7-GPU fragment 0-6's reduce to gpu4 at 256 MiB: 0.894 -> 0.903, its narrow-link
     # broadcast replayed exactly). Either replaying in its own time is no reason to skip the
     # other: the other broadcast may be the faster one, or replay faster than its own time
+    # (the second compile only where the first would have priced the form somewhere: else the
+    # two are one compile)
     both = kind in NARROW_KINDS and len(spec.ranks) <= REPLAY_NARROW_MAX_RANKS
+    skipped: list[int] = []
     for narrowing in (False, True) if both else (False,):
-        token = NARROWING.set(narrowing)
+        if narrowing and not skipped:
+            break
+        token, noted = NARROWING.set(narrowing), NARROW_SKIPPED.set(skipped)
         try:
             source_plan = compile_plan(prog, source.name)
         finally:
+            NARROW_SKIPPED.reset(noted)
             NARROWING.reset(token)
         if not source_ok(source_plan):
             return best

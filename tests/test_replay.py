@@ -219,8 +219,27 @@ def test_the_broadcasts_narrow_link_form_is_replayed_where_it_replays_exactly():
             for p, w, g in PACINGS))
     assert best[True][1] == pytest.approx(best[True][0], rel=1e-9)  # exact: the broadcast's own time
     assert best[False][1] > best[False][0] * (1 + 1e-9) and best[False][1] > best[True][1] * 1.002
-    got = replayed_reduce(prog, spec, topo, DEFAULT_MODEL, lambda p, name: compile_unit(p, name).plan)
-    assert got is not None and got[1].time == pytest.approx(best[True][1], rel=1e-9)
+    calls = []
+    got = replayed_reduce(prog, spec, topo, DEFAULT_MODEL, lambda p, name: calls.append(name) or compile_unit(p, name).plan)
+    assert got is not None and got[1].time == pytest.approx(best[True][1], rel=1e-9) and len(calls) == 2
     verify(got[0])
     plan = compile_unit(prog, "c").plan
     assert plan.algorithm == "replay" and plan.figures.predicted_s == pytest.approx(best[True][1], rel=1e-9)
+
+
+def test_one_broadcast_compile_where_no_tree_has_a_narrower_link():
+    """Every link of one capacity: the narrow-link form is never priced, so the broadcast with
+    it would be the same compile, and replayed_reduce compiles it once; with capacities that
+    differ it compiles both."""
+    from hcc.compiler.replay import replayed_reduce
+
+    ring = "topology t {\n  node r[0..4]\n" + "".join(
+        f"  r{i} <-> r{(i + 1) % 5} : 4 GB/s, 1 us\n" for i in range(5)) + "  r0 <-> r2 : 4 GB/s, 1 us\n}\n"
+    for src, want in ((ring, 1), (lopsided(6, 1), 2)):
+        prog = program("size = 64 MiB  root = r1  op = sum", src)
+        spec = prog.collective("c")
+        calls = []
+        got = replayed_reduce(prog, spec, prog.topology_of(spec), DEFAULT_MODEL,
+                              lambda p, name: calls.append(name) or compile_unit(p, name).plan)
+        assert got is not None and len(calls) == want
+        verify(got[0])
