@@ -53,7 +53,11 @@ def _child(plan, rank: int, address: str, token: str, out: Path, hold: int | Non
                 comm.close()
         except RuntimeFault as e:
             rec["error"] = f"{type(e).__name__}: {e}"
-        out.write_text(json.dumps(rec))
+        # whole or not at all: the harness kills a rank still running at its deadline, and a
+        # kill between the truncate and the write of write_text left an empty record
+        part = out.with_suffix(".part")
+        part.write_text(json.dumps(rec))
+        os.replace(part, out)
     except BaseException:
         code = 3
     finally:
